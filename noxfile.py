@@ -1,0 +1,32 @@
+"""Sessions: tests (the CI job), lint (ruff + mypy), bench (foundation benchmarks)."""
+
+from __future__ import annotations
+
+import nox
+
+nox.options.sessions = ["tests"]
+nox.options.reuse_existing_virtualenvs = True
+
+CONSTRAINTS = ("-c", "constraints.txt")
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """Install the package with its test extras and run every test."""
+    session.install(*CONSTRAINTS, "-e", ".[test]")
+    session.run("pytest", "-q", "-p", "no:cacheprovider", *session.posargs)
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    session.install(*CONSTRAINTS, "-e", ".[lint]")
+    session.run("ruff", "check", "yogadl_plus", "tests", "bench", "examples")
+    session.run("ruff", "format", "--check", "yogadl_plus")
+    session.run("mypy")
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    """The foundation benchmarks; pass --quick after -- for the small sizes only."""
+    session.install(*CONSTRAINTS, "-e", ".")
+    session.run("python", "bench/bench_foundation.py", *session.posargs)

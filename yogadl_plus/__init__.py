@@ -1,0 +1,44 @@
+"""yogadl_plus: make any deep-learning dataset random-access.
+
+Cache a source once into a versioned LMDB cache, then read record ``i`` in O(1) (``DataRef``)
+and stream it with a true per-epoch shuffle, disjoint shards and free mid-epoch resume
+(``Stream``). No deep-learning framework is imported here.
+"""
+
+from __future__ import annotations
+
+from yogadl_plus import codecs, sources
+from yogadl_plus.build import cache_dataset
+from yogadl_plus.dataref import DataRef
+from yogadl_plus.errors import (
+    CacheCorrupted,
+    DatasetNotFound,
+    SchemaError,
+    SourceChangedWarning,
+    YogaError,
+)
+from yogadl_plus.schema import Field, Schema
+from yogadl_plus.storage import LocalStorage, Storage, default_storage, open_storage
+from yogadl_plus.stream import Stream
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CacheCorrupted",
+    "DataRef",
+    "DatasetNotFound",
+    "Field",
+    "LocalStorage",
+    "Schema",
+    "SchemaError",
+    "SourceChangedWarning",
+    "Storage",
+    "Stream",
+    "YogaError",
+    "__version__",
+    "cache_dataset",
+    "codecs",
+    "default_storage",
+    "open_storage",
+    "sources",
+]

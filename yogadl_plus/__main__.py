@@ -1,0 +1,3 @@
+from yogadl_plus.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,257 @@
+"""How one record's fields sit in one LMDB value, so that any subset can be read alone.
+
+A record value is::
+
+    [null bitmap][fixed region][uint32 end offsets of the variable fields][variable payloads]
+
+- the null bitmap has one bit per nullable field (absent when no field is nullable);
+- the fixed region holds the fields whose every value has the same size (fixed-shape Raw and
+  Scalar, not nullable) at offsets known from the schema alone, so a batch of records is decoded
+  with one ``np.frombuffer`` over a structured dtype, and one record with no parsing at all;
+- the variable fields (strings, bytes, variable shapes, compressed, images, nullable) follow,
+  located by a small table of end offsets.
+
+Reading a field slices the LMDB memoryview at its offsets: other fields are never decoded and, for
+large values that span overflow pages, never touched.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from yogadl_plus.errors import CacheCorrupted, SchemaError
+from yogadl_plus.schema import Field, Schema
+
+__all__ = ["RecordLayout"]
+
+_U32 = struct.Struct("<I")
+# Unselected bytes a bulk copy may carry along before per-field copies become cheaper.
+_SPAN_SLACK_BYTES = 4096
+
+
+class RecordLayout:
+    """Packs validated records into bytes and reads fields back, one record or a batch."""
+
+    def __init__(self, schema: Schema) -> None:
+        self.schema = schema
+        self.nullable = [f for f in schema if f.nullable]
+        self.null_bit = {f.name: i for i, f in enumerate(self.nullable)}
+        self.bitmap_bytes = (len(self.nullable) + 7) // 8
+        self.fixed = [f for f in schema if f.fixed]
+        self.variable = [f for f in schema if not f.fixed]
+        self.offset: dict[str, int] = {}
+        position = self.bitmap_bytes
+        for f in self.fixed:
+            self.offset[f.name] = position
+            position += f.nbytes
+        self.fixed_end = position
+        self.var_index = {f.name: i for i, f in enumerate(self.variable)}
+        self.var_table = struct.Struct(f"<{len(self.variable)}I") if self.variable else None
+        self.payload_start = self.fixed_end + 4 * len(self.variable)
+        self._names = set(schema.names)
+        self._num_fields = len(schema)
+        self._encoders = [(f.name, f, self._field_encoder(f)) for f in schema]
+        self._fixed_encoders = [(n, e) for n, f, e in self._encoders if f.fixed]
+        self._variable_encoders = [(n, e) for n, f, e in self._encoders if not f.fixed]
+        self._bitmap_zero = bytes(self.bitmap_bytes)
+        self._fixed_dtype = np.dtype(
+            {
+                "names": [f.name for f in self.fixed],
+                "formats": [(f.dtype, f.shape) if f.shape else f.dtype for f in self.fixed],
+                "offsets": [self.offset[f.name] for f in self.fixed],
+                "itemsize": self.fixed_end,
+            }
+        )
+
+    # --- writing ---
+
+    def _field_encoder(self, field: Field) -> Callable[[Any], bytes]:
+        """value -> bytes for one field: exact-type values skip the general conversion."""
+        codec = field.codec
+        assert codec is not None
+        convert = field.converter()
+        if field.fixed:
+            dtype, shape = field.dtype, field.shape
+            scalar_type = dtype.type
+
+            def encode_fixed(value: Any) -> bytes:
+                kind = type(value)
+                if kind is np.ndarray and value.dtype == dtype and value.shape == shape:
+                    return value.tobytes()  # type: ignore[no-any-return]
+                if kind is scalar_type:
+                    return value.tobytes()  # type: ignore[no-any-return]
+                return convert(value).tobytes()  # type: ignore[no-any-return]
+
+            return encode_fixed
+
+        def encode_variable(value: Any) -> bytes:
+            return codec.encode(field, convert(value))
+
+        return encode_variable
+
+    def encode(self, record: Mapping[str, Any], index: int) -> bytes:
+        """The bytes of one record, after checking every field; SchemaError names what is wrong."""
+        try:
+            if len(record) != self._num_fields:
+                raise KeyError
+            fixed = [encode(record[name]) for name, encode in self._fixed_encoders]
+            if not self._variable_encoders:
+                return self._bitmap_zero + b"".join(fixed)
+            variable = [encode(record[name]) for name, encode in self._variable_encoders]
+        except (KeyError, TypeError, ValueError):
+            # Rare path (a None, a bad value, a missing field): find the problem and say it.
+            return self._encode_checked(record, index)
+        return self._pack(0, fixed, variable)
+
+    def _encode_checked(self, record: Mapping[str, Any], index: int) -> bytes:
+        if not isinstance(record, Mapping):
+            raise SchemaError(
+                f"record {index}: expected a dict of field name -> value, got {type(record).__name__}"
+            )
+        if len(record) != len(self._names) or not self._names.issuperset(record):
+            self._raise_field_mismatch(record, index)
+        fixed: list[bytes] = []
+        variable: list[bytes] = []
+        bitmap = 0
+        for name, field, encode in self._encoders:
+            value = record[name]
+            if value is None:
+                if not field.nullable:
+                    raise SchemaError(
+                        f"record {index}, field {name!r}: got None but the field is not nullable "
+                        f"(expected {field.describe()}); declare Field(..., nullable=True)"
+                    )
+                bitmap |= 1 << self.null_bit[name]
+                variable.append(b"")
+                continue
+            try:
+                data = encode(value)
+            except (ValueError, TypeError) as exc:
+                if isinstance(exc, SchemaError):
+                    raise SchemaError(f"record {index}: {exc}") from None
+                raise SchemaError(
+                    f"record {index}, field {name!r}: expected {field.describe()}, {exc}"
+                ) from None
+            (fixed if field.fixed else variable).append(data)
+        return self._pack(bitmap, fixed, variable)
+
+    def _pack(self, bitmap: int, fixed: list[bytes], variable: list[bytes]) -> bytes:
+        head = bitmap.to_bytes(self.bitmap_bytes, "little") if self.bitmap_bytes else b""
+        if not variable:
+            return head + b"".join(fixed)
+        ends = []
+        end = 0
+        for data in variable:
+            end += len(data)
+            ends.append(end)
+        table = self.var_table.pack(*ends)  # type: ignore[union-attr]
+        return b"".join([head, *fixed, table, *variable])
+
+    def _raise_field_mismatch(self, record: Mapping[str, Any], index: int) -> None:
+        missing = sorted(self._names.difference(record))
+        extra = sorted(str(k) for k in set(record).difference(self._names))
+        parts = []
+        if missing:
+            parts.append(f"missing field(s) {missing}")
+        if extra:
+            parts.append(f"unexpected field(s) {extra}")
+        raise SchemaError(
+            f"record {index}: {' and '.join(parts)}; the schema has fields {list(self.schema.names)}"
+        )
+
+    # --- reading ---
+
+    def is_null(self, data: memoryview | bytes, field: Field) -> bool:
+        bit = self.null_bit.get(field.name)
+        return bit is not None and bool(data[bit >> 3] >> (bit & 7) & 1)
+
+    def field_bytes(self, data: memoryview | bytes, field: Field) -> memoryview | bytes:
+        """The slice of a record value holding one (variable) field."""
+        if field.fixed:
+            start = self.offset[field.name]
+            return data[start : start + field.nbytes]
+        i = self.var_index[field.name]
+        begin = _U32.unpack_from(data, self.fixed_end + 4 * (i - 1))[0] if i else 0
+        end = _U32.unpack_from(data, self.fixed_end + 4 * i)[0]
+        return data[self.payload_start + begin : self.payload_start + end]
+
+    def decode_field(self, data: memoryview | bytes, field: Field) -> Any:
+        """One field of one record, as the user sees it (None when null)."""
+        if field.fixed:
+            start = self.offset[field.name]
+            if field.shape == ():
+                return np.frombuffer(data, field.dtype, 1, start)[0]
+            count = field.nbytes // field.dtype.itemsize
+            copied = bytearray(data[start : start + field.nbytes])
+            return np.frombuffer(copied, field.dtype, count).reshape(field.shape)
+        if self.is_null(data, field):
+            return None
+        return field.codec.decode(field, self.field_bytes(data, field))  # type: ignore[union-attr]
+
+    def decode_columns(
+        self, values: Sequence[memoryview | bytes], fields: Sequence[Field]
+    ) -> dict[str, Any]:
+        """Fields of many records: fixed fields stacked in one vectorized step, the rest in lists."""
+        out: dict[str, Any] = {}
+        fixed = [f for f in fields if f.fixed]
+        if fixed:
+            out.update(self._decode_fixed(values, fixed))
+        for f in fields:
+            if not f.fixed:
+                out[f.name] = [self.decode_field(v, f) for v in values]
+        return {f.name: out[f.name] for f in fields}
+
+    def _decode_fixed(
+        self, values: Sequence[memoryview | bytes], fields: Sequence[Field]
+    ) -> dict[str, np.ndarray]:
+        n = len(values)
+        lo = min(self.offset[f.name] for f in fields)
+        hi = max(self.offset[f.name] + f.nbytes for f in fields)
+        selected = sum(f.nbytes for f in fields)
+        if (hi - lo) - selected > max(_SPAN_SLACK_BYTES, selected):
+            # Large unselected fixed fields in between: copy each selected field on its own.
+            return {f.name: self._decode_one_fixed(values, f) for f in fields}
+        whole = lo == 0 and hi == self.fixed_end and not self.variable and not self.bitmap_bytes
+        if whole:
+            buffer = bytearray().join(values)
+        else:
+            buffer = bytearray().join([v[lo:hi] for v in values])
+        dtype = np.dtype(
+            {
+                "names": [f.name for f in fields],
+                "formats": [self._fixed_dtype.fields[f.name][0] for f in fields],  # type: ignore[index]
+                "offsets": [self.offset[f.name] - lo for f in fields],
+                "itemsize": hi - lo,
+            }
+        )
+        if len(buffer) != n * (hi - lo):
+            raise CacheCorrupted(
+                f"record sizes do not match the stored schema's layout ({len(buffer)} bytes for "
+                f"{n} records of {hi - lo}); run storage.verify() and rebuild the version"
+            )
+        rows = np.frombuffer(buffer, dtype, n)
+        if len(fields) == 1 and hi - lo == fields[0].nbytes:
+            # The record region is exactly this field: reinterpret, no copy.
+            f = fields[0]
+            return {f.name: np.frombuffer(buffer, f.dtype).reshape((n, *f.shape))}  # type: ignore[misc]
+        return {f.name: np.ascontiguousarray(rows[f.name]) for f in fields}
+
+    def _decode_one_fixed(self, values: Sequence[memoryview | bytes], f: Field) -> np.ndarray:
+        start, stop = self.offset[f.name], self.offset[f.name] + f.nbytes
+        buffer = bytearray().join([v[start:stop] for v in values])
+        return np.frombuffer(buffer, f.dtype).reshape((len(values), *f.shape))  # type: ignore[misc]
+
+    def row_views(
+        self, values: Sequence[memoryview | bytes], fields: Sequence[Field]
+    ) -> list[list[Any]]:
+        """Per-field lists of per-record values (for record-by-record iteration)."""
+        columns = self.decode_columns(values, fields)
+        out = []
+        for f in fields:
+            column = columns[f.name]
+            out.append(list(column) if isinstance(column, np.ndarray) else column)
+        return out

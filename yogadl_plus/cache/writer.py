@@ -1,0 +1,168 @@
+"""Writes encoded records into LMDB chunk files, rolling over to a new chunk by size."""
+
+from __future__ import annotations
+
+import os
+from types import TracebackType
+
+import lmdb
+
+from yogadl_plus.cache.manifest import ChunkInfo, file_sha256
+from yogadl_plus.errors import CacheCorrupted
+
+__all__ = ["DEFAULT_CHUNK_BYTES", "ChunkWriter", "chunk_file_name", "record_key"]
+
+DEFAULT_CHUNK_BYTES = 256 << 20
+_COMMIT_BYTES = 64 << 20
+_COMMIT_RECORDS = 50_000
+_MAX_CHUNK_RECORDS = 2**32 - 1
+
+
+def chunk_file_name(number: int) -> str:
+    return f"chunk-{number:05d}.mdb"
+
+
+def record_key(local_index: int) -> bytes:
+    """The LMDB key of a record inside its chunk: big-endian, so keys sort in record order."""
+    return local_index.to_bytes(4, "big")
+
+
+class ChunkWriter:
+    """Appends record values to ``chunk-NNNNN.mdb`` files in ``directory``.
+
+    Puts are buffered and written in large transactions with MDB_APPEND. If the memory map is
+    too small, the transaction is aborted, the map grown, and the same buffered puts written
+    again, so nothing is lost.
+    """
+
+    def __init__(self, directory: str, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> None:
+        if chunk_bytes <= 0:
+            raise ValueError(f"chunk_bytes must be > 0, got {chunk_bytes}")
+        self.directory = directory
+        self.chunk_bytes = chunk_bytes
+        self.chunks: list[ChunkInfo] = []
+        self._env: lmdb.Environment | None = None
+        self._pending: list[tuple[bytes, bytes]] = []
+        self._pending_bytes = 0
+        self._chunk_records = 0
+        self._chunk_bytes = 0
+        self._map_size = 0
+
+    def __enter__(self) -> ChunkWriter:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if kind is None:
+            self.close()
+        else:
+            self.abort()
+
+    @property
+    def num_records(self) -> int:
+        return sum(c.records for c in self.chunks) + self._chunk_records
+
+    def add(self, value: bytes) -> None:
+        if self._env is None:
+            self._open_chunk()
+        self._pending.append((record_key(self._chunk_records), value))
+        self._chunk_records += 1
+        self._pending_bytes += len(value) + 4
+        self._chunk_bytes += len(value) + 4
+        if self._pending_bytes >= _COMMIT_BYTES or len(self._pending) >= _COMMIT_RECORDS:
+            self._commit()
+        if self._chunk_bytes >= self.chunk_bytes or self._chunk_records >= _MAX_CHUNK_RECORDS:
+            self._close_chunk()
+
+    def add_many(self, values: list[bytes]) -> None:
+        """Append records in order (the build loop's fast path)."""
+        start = 0
+        while start < len(values):
+            if self._env is None:
+                self._open_chunk()
+            # Fill the current chunk up to its size limit, then roll over.
+            room = self.chunk_bytes - self._chunk_bytes
+            stop = start
+            taken = 0
+            while stop < len(values) and taken < room:
+                taken += len(values[stop]) + 4
+                stop += 1
+            first = self._chunk_records
+            keys = [record_key(first + j) for j in range(stop - start)]
+            self._pending.extend(zip(keys, values[start:stop]))
+            self._chunk_records += stop - start
+            self._chunk_bytes += taken
+            self._pending_bytes += taken
+            if self._pending_bytes >= _COMMIT_BYTES or len(self._pending) >= _COMMIT_RECORDS:
+                self._commit()
+            if self._chunk_bytes >= self.chunk_bytes or self._chunk_records >= _MAX_CHUNK_RECORDS:
+                self._close_chunk()
+            start = stop
+
+    def close(self) -> list[ChunkInfo]:
+        """Finish the last chunk; returns every chunk written, each checked and hashed."""
+        if self._env is not None:
+            self._close_chunk()
+        return self.chunks
+
+    def abort(self) -> None:
+        if self._env is not None:
+            self._env.close()
+            self._env = None
+        self._pending.clear()
+
+    def _path(self, number: int) -> str:
+        return os.path.join(self.directory, chunk_file_name(number))
+
+    def _open_chunk(self) -> None:
+        self._map_size = max(2 * self.chunk_bytes, 64 << 20)
+        self._env = lmdb.open(
+            self._path(len(self.chunks)),
+            subdir=False,
+            map_size=self._map_size,
+            lock=False,
+            sync=False,
+            metasync=False,
+            meminit=False,
+            max_dbs=0,
+        )
+        self._chunk_records = 0
+        self._chunk_bytes = 0
+
+    def _commit(self) -> None:
+        assert self._env is not None
+        while True:
+            try:
+                with self._env.begin(write=True) as txn:
+                    txn.cursor().putmulti(self._pending, append=True)
+                break
+            except lmdb.MapFullError:
+                # The aborted transaction dropped its puts; they are still in self._pending.
+                self._map_size *= 2
+                self._env.set_mapsize(self._map_size)
+        self._pending = []
+        self._pending_bytes = 0
+
+    def _close_chunk(self) -> None:
+        assert self._env is not None
+        self._commit()
+        self._env.sync(True)
+        entries = self._env.stat()["entries"]
+        self._env.close()
+        self._env = None
+        path = self._path(len(self.chunks))
+        if entries != self._chunk_records:
+            raise CacheCorrupted(
+                f"{path}: wrote {self._chunk_records} records but the chunk holds {entries}"
+            )
+        self.chunks.append(
+            ChunkInfo(
+                file=os.path.basename(path),
+                records=self._chunk_records,
+                bytes=os.path.getsize(path),
+                sha256=file_sha256(path),
+            )
+        )
+        self._chunk_records = 0
+        self._chunk_bytes = 0

@@ -1,0 +1,273 @@
+"""Codecs turn one field value into bytes and back; the schema names them, never pickles them.
+
+A codec is a small object with ``encode(field, value) -> bytes`` and
+``decode(field, data) -> value``. ``encode`` receives a value already checked against the field
+(right dtype, right shape). Codecs are found again by ``name`` and ``params()`` when a stored
+schema is read, so reading a cache never runs code that came with the data.
+"""
+
+from __future__ import annotations
+
+import io
+import struct
+import threading
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
+
+from yogadl_plus.errors import SchemaError
+
+if TYPE_CHECKING:
+    from yogadl_plus.schema import Field
+
+__all__ = ["Bytes", "Codec", "Compressed", "Image", "Raw", "Scalar", "String", "codec_from_json"]
+
+
+class Codec:
+    """Base of all codecs; subclasses set ``name`` and implement encode/decode."""
+
+    name: ClassVar[str] = ""
+    #: Fixed-size codecs store exactly ``field.nbytes`` bytes and are decoded in bulk.
+    fixed_size: ClassVar[bool] = False
+
+    def encode(self, field: Field, value: Any) -> bytes:
+        raise NotImplementedError
+
+    def decode(self, field: Field, data: memoryview | bytes) -> Any:
+        raise NotImplementedError
+
+    def check(self, field: Field) -> None:
+        """Raise SchemaError if this codec cannot store ``field``."""
+
+    def params(self) -> dict[str, Any]:
+        return {}
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, **self.params()}
+
+    def is_fixed_for(self, field: Field) -> bool:
+        """True when every value of ``field`` encodes to the same ``field.nbytes`` bytes."""
+        return False
+
+    def __eq__(self, other: object) -> bool:
+        return type(self) is type(other) and self.params() == other.params()  # type: ignore[attr-defined]
+
+    def __hash__(self) -> int:
+        return hash((self.name, tuple(sorted(self.params().items()))))
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in self.params().items())
+        return f"codecs.{type(self).__name__}({args})"
+
+
+def _pack_dims(field: Field, shape: tuple[int, ...]) -> bytes:
+    """The variable dims of ``shape`` (the ones the schema leaves as None), as uint32s."""
+    variable = [d for d, f in zip(shape, field.shape) if f is None]
+    return struct.pack(f"<{len(variable)}I", *variable) if variable else b""
+
+
+def _unpack_dims(field: Field, data: memoryview | bytes) -> tuple[tuple[int, ...], int]:
+    """Shape stored by _pack_dims and the number of header bytes it took."""
+    n_var = field.num_variable_dims
+    if not n_var:
+        return field.shape, 0  # type: ignore[return-value]
+    dims = iter(struct.unpack_from(f"<{n_var}I", data, 0))
+    shape = tuple(next(dims) if d is None else d for d in field.shape)
+    return shape, 4 * n_var
+
+
+class Raw(Codec):
+    """The array's bytes as they are: the fast default for numeric tensors."""
+
+    name = "raw"
+
+    def check(self, field: Field) -> None:
+        field.require_numeric(self)
+
+    def is_fixed_for(self, field: Field) -> bool:
+        return field.num_variable_dims == 0
+
+    def encode(self, field: Field, value: np.ndarray) -> bytes:
+        return _pack_dims(field, value.shape) + value.tobytes()
+
+    def decode(self, field: Field, data: memoryview | bytes) -> np.ndarray:
+        shape, start = _unpack_dims(field, data)
+        # A private copy: the caller may keep the array after the read transaction ends.
+        return np.frombuffer(bytearray(data[start:]), dtype=field.dtype).reshape(shape)
+
+
+class Scalar(Codec):
+    """One numeric or bool value, as its fixed-size bytes."""
+
+    name = "scalar"
+
+    def check(self, field: Field) -> None:
+        field.require_numeric(self)
+        if field.shape != ():
+            raise SchemaError(
+                f"field {field.name!r}: codecs.Scalar stores shape (), got shape {field.shape}; "
+                "use codecs.Raw() for arrays"
+            )
+
+    def is_fixed_for(self, field: Field) -> bool:
+        return True
+
+    def encode(self, field: Field, value: np.ndarray) -> bytes:
+        return value.tobytes()
+
+    def decode(self, field: Field, data: memoryview | bytes) -> Any:
+        return np.frombuffer(data, dtype=field.dtype, count=1)[0]
+
+
+class Compressed(Codec):
+    """The array's bytes, zstd-compressed: for large, compressible tensors."""
+
+    name = "compressed"
+    _local = threading.local()  # zstd (de)compressor objects are not thread-safe
+
+    def __init__(self, level: int = 3) -> None:
+        if not isinstance(level, int) or isinstance(level, bool) or not 1 <= level <= 22:
+            raise ValueError(f"codecs.Compressed: level must be an int in [1, 22], got {level!r}")
+        self.level = level
+
+    def params(self) -> dict[str, Any]:
+        return {"level": self.level}
+
+    def check(self, field: Field) -> None:
+        field.require_numeric(self)
+
+    def _compressor(self) -> Any:
+        import zstandard
+
+        cache = self._local.__dict__.setdefault("compressors", {})
+        if self.level not in cache:
+            cache[self.level] = zstandard.ZstdCompressor(level=self.level)
+        return cache[self.level]
+
+    def _decompressor(self) -> Any:
+        import zstandard
+
+        if not hasattr(self._local, "decompressor"):
+            self._local.decompressor = zstandard.ZstdDecompressor()
+        return self._local.decompressor
+
+    def encode(self, field: Field, value: np.ndarray) -> bytes:
+        return _pack_dims(field, value.shape) + self._compressor().compress(value.tobytes())
+
+    def decode(self, field: Field, data: memoryview | bytes) -> np.ndarray:
+        shape, start = _unpack_dims(field, data)
+        raw = self._decompressor().decompress(bytes(data[start:]))
+        return np.frombuffer(bytearray(raw), dtype=field.dtype).reshape(shape)
+
+
+class Image(Codec):
+    """An image array (H, W) or (H, W, C) stored as PNG (lossless) or JPEG (lossy)."""
+
+    name = "image"
+    _CHANNELS: ClassVar[dict[str, tuple[int, ...]]] = {"png": (1, 3, 4), "jpeg": (1, 3)}
+
+    def __init__(self, format: str = "png", quality: int = 90) -> None:
+        fmt = format.lower().replace("jpg", "jpeg")
+        if fmt not in self._CHANNELS:
+            raise ValueError(f"codecs.Image: format must be 'png' or 'jpeg', got {format!r}")
+        if not isinstance(quality, int) or not 1 <= quality <= 100:
+            raise ValueError(f"codecs.Image: quality must be an int in [1, 100], got {quality!r}")
+        self.format = fmt
+        self.quality = quality
+
+    def params(self) -> dict[str, Any]:
+        return {"format": self.format, "quality": self.quality}
+
+    def check(self, field: Field) -> None:
+        allowed = ("uint8", "uint16") if self.format == "png" else ("uint8",)
+        if field.kind != "numeric" or field.dtype.name not in allowed:
+            raise SchemaError(
+                f"field {field.name!r}: codecs.Image({self.format!r}) stores dtypes {allowed}, "
+                f"got {field.dtype_name}"
+            )
+        if len(field.shape) not in (2, 3):
+            raise SchemaError(
+                f"field {field.name!r}: codecs.Image stores shape (H, W) or (H, W, C), "
+                f"got {field.shape}"
+            )
+        channels = field.shape[2] if len(field.shape) == 3 else 1
+        if channels is not None and channels not in self._CHANNELS[self.format]:
+            raise SchemaError(
+                f"field {field.name!r}: codecs.Image({self.format!r}) stores "
+                f"{self._CHANNELS[self.format]} channels, got {channels}"
+            )
+        if field.dtype.name == "uint16" and len(field.shape) == 3:
+            raise SchemaError(f"field {field.name!r}: 16-bit PNG is supported for (H, W) only")
+
+    def encode(self, field: Field, value: np.ndarray) -> bytes:
+        from PIL import Image as PILImage
+
+        array = value[:, :, 0] if value.ndim == 3 and value.shape[2] == 1 else value
+        if array.ndim == 3 and array.shape[2] not in self._CHANNELS[self.format]:
+            raise SchemaError(
+                f"field {field.name!r}: codecs.Image({self.format!r}) cannot store "
+                f"{array.shape[2]} channels"
+            )
+        out = io.BytesIO()
+        image = PILImage.fromarray(np.ascontiguousarray(array))
+        if self.format == "png":
+            image.save(out, format="PNG", compress_level=1)
+        else:
+            image.save(out, format="JPEG", quality=self.quality)
+        return out.getvalue()
+
+    def decode(self, field: Field, data: memoryview | bytes) -> np.ndarray:
+        from PIL import Image as PILImage
+
+        with PILImage.open(io.BytesIO(bytes(data))) as image:
+            array = np.asarray(image, dtype=field.dtype)
+        if len(field.shape) == 3 and array.ndim == 2:
+            array = array[:, :, None]
+        return array
+
+
+class Bytes(Codec):
+    """A ``bytes`` value as is."""
+
+    name = "bytes"
+
+    def check(self, field: Field) -> None:
+        field.require_kind(self, "bytes")
+
+    def encode(self, field: Field, value: bytes) -> bytes:
+        return value
+
+    def decode(self, field: Field, data: memoryview | bytes) -> bytes:
+        return bytes(data)
+
+
+class String(Codec):
+    """A ``str`` value as UTF-8."""
+
+    name = "string"
+
+    def check(self, field: Field) -> None:
+        field.require_kind(self, "str")
+
+    def encode(self, field: Field, value: str) -> bytes:
+        return value.encode("utf-8")
+
+    def decode(self, field: Field, data: memoryview | bytes) -> str:
+        return str(data, "utf-8")
+
+
+_REGISTRY: dict[str, type[Codec]] = {
+    c.name: c for c in (Raw, Scalar, Compressed, Image, Bytes, String)
+}
+
+
+def codec_from_json(spec: dict[str, Any]) -> Codec:
+    """The codec a stored schema names; unknown names are an error, never a guess."""
+    params = dict(spec)
+    name = params.pop("name", None)
+    if name not in _REGISTRY:
+        raise SchemaError(
+            f"unknown codec {name!r} in stored schema; known: {sorted(_REGISTRY)}. "
+            "The cache may come from a newer yogadl_plus: upgrade it."
+        )
+    return _REGISTRY[name](**params)

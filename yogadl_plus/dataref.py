@@ -1,0 +1,128 @@
+"""DataRef: record ``i`` of a published version, in O(1), from any process."""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from yogadl_plus.cache.layout import RecordLayout
+from yogadl_plus.cache.manifest import Manifest
+from yogadl_plus.cache.reader import ChunkSet
+from yogadl_plus.schema import Field, Schema
+
+if TYPE_CHECKING:
+    from yogadl_plus.stream import Stream
+
+__all__ = ["DataRef"]
+
+
+class DataRef:
+    """Random access to one published version of a dataset.
+
+    Picklable: a copy sent to another process opens its own LMDB handles there.
+    """
+
+    def __init__(self, directory: str, manifest: Manifest) -> None:
+        self.directory = directory
+        self.manifest = manifest
+        self._chunks = ChunkSet(directory, manifest)
+        self._layout = RecordLayout(manifest.schema)
+        self._len = manifest.num_records
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"directory": self.directory, "manifest": self.manifest.to_json()}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        manifest = Manifest.from_json(state["manifest"], state["directory"])
+        self.__init__(state["directory"], manifest)  # type: ignore[misc]
+
+    def __repr__(self) -> str:
+        return (
+            f"DataRef({self.dataset_id!r}, {self.version!r}, records={self._len}, "
+            f"fields={list(self.schema.names)})"
+        )
+
+    @property
+    def schema(self) -> Schema:
+        return self.manifest.schema
+
+    @property
+    def dataset_id(self) -> str:
+        return self.manifest.dataset_id
+
+    @property
+    def version(self) -> str:
+        return self.manifest.version
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        """Record ``index`` (negative counts from the end) as a dict of decoded fields."""
+        try:
+            i = operator.index(index)
+        except TypeError:
+            raise TypeError(
+                f"DataRef indices are ints, got {type(index).__name__}; use get_batch() for many"
+            ) from None
+        if not -self._len <= i < self._len:
+            raise IndexError(f"record index {i} is out of range [-{self._len}, {self._len})")
+        if i < 0:
+            i += self._len
+        value = self._chunks.get(i)
+        decode = self._layout.decode_field
+        return {f.name: decode(value, f) for f in self.schema.fields}
+
+    def get_batch(
+        self, indices: Sequence[int] | np.ndarray, fields: Sequence[str] | str | None = None
+    ) -> dict[str, Any]:
+        """The records at ``indices`` as field -> stacked array (a list for variable shapes,
+        strings, bytes and nullable fields). Only the fields asked for are decoded."""
+        idx = self.check_indices(indices)
+        return self._layout.decode_columns(self._chunks.get_many(idx), self.select(fields))
+
+    def stream(self, **kwargs: Any) -> Stream:
+        """A Stream over this version; see Stream for the arguments."""
+        from yogadl_plus.stream import Stream
+
+        return Stream(self, **kwargs)
+
+    def verify(self) -> None:
+        """Re-hash every chunk against the manifest; raises CacheCorrupted on a mismatch."""
+        self._chunks.verify()
+
+    def close(self) -> None:
+        """Release this process's LMDB handles now (they reopen on the next read)."""
+        self._chunks.close()
+
+    # --- for the Stream and adapters ---
+
+    def select(self, fields: Sequence[str] | str | None) -> tuple[Field, ...]:
+        return self.schema.select(fields)
+
+    def check_indices(self, indices: Sequence[int] | np.ndarray) -> np.ndarray:
+        idx = np.asarray(indices)
+        if idx.ndim != 1 or (idx.size and idx.dtype.kind not in "iu"):
+            raise TypeError(
+                f"indices must be a 1-d sequence of ints, got {idx.dtype} with shape {idx.shape}"
+            )
+        idx = idx.astype(np.int64, copy=False)
+        if idx.size:
+            low, high = int(idx.min()), int(idx.max())
+            if low < -self._len or high >= self._len:
+                bad = low if low < -self._len else high
+                raise IndexError(f"record index {bad} is out of range [-{self._len}, {self._len})")
+            if low < 0:
+                idx = np.where(idx < 0, idx + self._len, idx)
+        return idx
+
+    def read_columns(self, indices: np.ndarray, fields: Sequence[Field]) -> dict[str, Any]:
+        """get_batch for checked indices and resolved fields (the Stream's hot path)."""
+        return self._layout.decode_columns(self._chunks.get_many(indices), fields)
+
+    def read_rows(self, indices: np.ndarray, fields: Sequence[Field]) -> list[list[Any]]:
+        """Per-field lists of values for checked indices (record-by-record iteration)."""
+        return self._layout.row_views(self._chunks.get_many(indices), fields)

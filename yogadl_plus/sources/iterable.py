@@ -1,0 +1,32 @@
+"""Any iterable of records, or a zero-argument callable that returns one."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any
+
+from yogadl_plus.sources.base import Source
+
+__all__ = ["IterableSource"]
+
+
+class IterableSource(Source):
+    """Records from an iterable of dicts (read once) or a callable returning one."""
+
+    kind = "iterable"
+
+    def __init__(
+        self, records: Iterable[Mapping[str, Any]] | Callable[[], Iterable[Mapping[str, Any]]]
+    ) -> None:
+        self._records = records
+
+    def records(self) -> Iterator[Mapping[str, Any]]:
+        produced = self._records() if callable(self._records) else self._records
+        return iter(produced)
+
+    @property
+    def length(self) -> int | None:
+        try:
+            return len(self._records)  # type: ignore[arg-type]
+        except TypeError:
+            return None

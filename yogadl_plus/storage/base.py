@@ -1,0 +1,131 @@
+"""What every storage does with versions: validate names, build each version once, publish it
+whole, and hand out DataRefs. Subclasses say where the bytes live."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import re
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from yogadl_plus.cache.manifest import Manifest
+
+if TYPE_CHECKING:
+    from yogadl_plus.dataref import DataRef
+
+__all__ = ["Storage", "check_name"]
+
+_NAME = re.compile(r"[A-Za-z0-9._-]+")
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def check_name(what: str, name: object) -> str:
+    """``name`` if it is a valid dataset_id / version, else ValueError saying why."""
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"{what} must be a non-empty str, got {name!r}")
+    if not _NAME.fullmatch(name) or name == "." or ".." in name:
+        raise ValueError(
+            f"{what} {name!r} is not allowed: use letters, digits, '.', '_' and '-' only, "
+            "not '.' alone and no '..'"
+        )
+    return name
+
+
+class Storage(ABC):
+    """A place where versioned caches live; see LocalStorage."""
+
+    # --- what a concrete storage provides ---
+
+    @abstractmethod
+    def _manifest_exists(self, dataset_id: str, version: str) -> bool: ...
+
+    @abstractmethod
+    def _open(self, dataset_id: str, version: str) -> DataRef:
+        """The DataRef of a published version; DatasetNotFound if there is none."""
+
+    @abstractmethod
+    def _builder_lock(self, dataset_id: str, version: str) -> contextlib.AbstractContextManager[None]:
+        """Held by the one builder of (dataset_id, version), across threads, processes, machines."""
+
+    @abstractmethod
+    def _staging(
+        self, dataset_id: str, version: str, replace: bool
+    ) -> contextlib.AbstractContextManager[str]:
+        """A private local folder to build into; published whole when the block ends cleanly."""
+
+    @abstractmethod
+    def _versions(self) -> Iterator[tuple[str, str]]: ...
+
+    @abstractmethod
+    def _remove(self, dataset_id: str, version: str) -> None: ...
+
+    # --- the public face (API.md section 1) ---
+
+    def fetch(self, dataset_id: str, version: str) -> DataRef:
+        """The DataRef of a published version; raises DatasetNotFound if it is not there."""
+        return self._open(check_name("dataset_id", dataset_id), check_name("version", version))
+
+    def list(self) -> list[tuple[str, str]]:
+        """Every published (dataset_id, version), sorted."""
+        return sorted(self._versions())
+
+    def delete(self, dataset_id: str, version: str) -> None:
+        """Remove a published version; raises DatasetNotFound if it is not there."""
+        check_name("dataset_id", dataset_id)
+        check_name("version", version)
+        with self._builder_lock(dataset_id, version):
+            self._remove(dataset_id, version)
+
+    def verify(self, dataset_id: str, version: str) -> None:
+        """Re-check every chunk's checksum; raises CacheCorrupted naming the first bad chunk."""
+        self.fetch(dataset_id, version).verify()
+
+    def cacheable(self, dataset_id: str, version: str) -> Callable[[F], Callable[..., DataRef]]:
+        """Decorator: the function makes a source, and runs only when the version is missing."""
+        check_name("dataset_id", dataset_id)
+        check_name("version", version)
+
+        def decorate(make_source: F) -> Callable[..., DataRef]:
+            @functools.wraps(make_source)
+            def cached(*args: Any, **kwargs: Any) -> DataRef:
+                from yogadl_plus.build import build_version
+
+                return self.get_or_build(
+                    dataset_id,
+                    version,
+                    lambda directory: build_version(
+                        directory, make_source(*args, **kwargs), dataset_id, version
+                    ),
+                )
+
+            return cached
+
+        return decorate
+
+    # --- the build protocol used by cache_dataset ---
+
+    def get_or_build(
+        self,
+        dataset_id: str,
+        version: str,
+        build: Callable[[str], Manifest],
+        *,
+        overwrite: bool = False,
+    ) -> DataRef:
+        """The version, built by ``build(folder)`` first if it is missing (or ``overwrite``).
+
+        Only one caller builds; the others wait for the lock and then read what it published.
+        """
+        check_name("dataset_id", dataset_id)
+        check_name("version", version)
+        if not overwrite and self._manifest_exists(dataset_id, version):
+            return self._open(dataset_id, version)
+        with self._builder_lock(dataset_id, version):
+            exists = self._manifest_exists(dataset_id, version)
+            if exists and not overwrite:
+                return self._open(dataset_id, version)
+            with self._staging(dataset_id, version, replace=exists) as folder:
+                build(folder)
+        return self._open(dataset_id, version)
