@@ -50,7 +50,12 @@ def cache_dataset(
 
     def build(folder: str) -> Manifest:
         return build_version(
-            folder, src, dataset_id, version, schema=schema, progress=progress,
+            folder,
+            src,
+            dataset_id,
+            version,
+            schema=schema,
+            progress=progress,
             chunk_bytes=chunk_bytes,
         )
 
@@ -79,7 +84,7 @@ def build_version(
     progress: bool = True,
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
 ) -> Manifest:
-    """Write every record of ``source`` into chunks in ``folder``, check them, write the manifest."""
+    """Write all records of ``source`` as chunks in ``folder``, check them, write the manifest."""
     from yogadl_plus import __version__
 
     src = as_source(source)

@@ -38,10 +38,16 @@ def cmd_build(args: argparse.Namespace) -> int:
     columns = args.columns.split(",") if args.columns else None
     source = ydl.sources.ParquetSource(args.source, columns=columns)
     ref = ydl.cache_dataset(
-        source, args.dataset_id, args.version, _storage(args),
-        overwrite=args.overwrite, chunk_bytes=args.chunk_mb << 20,
+        source,
+        args.dataset_id,
+        args.version,
+        _storage(args),
+        overwrite=args.overwrite,
+        chunk_bytes=args.chunk_mb << 20,
     )
-    print(f"{ref.dataset_id}:{ref.version}: {len(ref)} records in {len(ref.manifest.chunks)} chunk(s)")
+    print(
+        f"{ref.dataset_id}:{ref.version}: {len(ref)} records in {len(ref.manifest.chunks)} chunk(s)"
+    )
     return 0
 
 
@@ -101,7 +107,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"yogadl_plus {ydl.__version__}")
     storage = argparse.ArgumentParser(add_help=False)
     storage.add_argument(
-        "--storage", metavar="URL",
+        "--storage",
+        metavar="URL",
         help="where caches live: a path or file:// URL (default: $YOGADL_PLUS_HOME or "
         "~/.cache/yogadl_plus)",
     )
@@ -110,7 +117,9 @@ def build_parser() -> argparse.ArgumentParser:
     version.add_argument("version")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p = sub.add_parser("demo", parents=[storage], help="cache the bundled example dataset and tour it")
+    p = sub.add_parser(
+        "demo", parents=[storage], help="cache the bundled example dataset and tour it"
+    )
     p.set_defaults(run=cmd_demo)
 
     p = sub.add_parser("build", parents=[storage], help="cache Parquet data as a new version")

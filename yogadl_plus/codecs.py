@@ -50,7 +50,7 @@ class Codec:
         return False
 
     def __eq__(self, other: object) -> bool:
-        return type(self) is type(other) and self.params() == other.params()  # type: ignore[attr-defined]
+        return type(self) is type(other) and self.params() == other.params()
 
     def __hash__(self) -> int:
         return hash((self.name, tuple(sorted(self.params().items()))))

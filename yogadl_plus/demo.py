@@ -39,7 +39,10 @@ def write_demo_parquet(path: str = DEMO_PARQUET) -> None:
     import pyarrow.parquet as pq
 
     pq.write_table(
-        make_demo_table(), path, row_group_size=1000, compression="zstd",
+        make_demo_table(),
+        path,
+        row_group_size=1000,
+        compression="zstd",
         use_dictionary=["station"],
     )
 
@@ -57,25 +60,41 @@ def run_demo(storage: Any = None, out: TextIO | None = None) -> int:
 
     started = time.perf_counter()
     ref = ydl.cache_dataset(DEMO_PARQUET, "demo-sensors", "v1", storage, progress=False)
-    say(f"cached {DEMO_PARQUET} as {ref.dataset_id}:{ref.version} "
-        f"in {time.perf_counter() - started:.2f} s (built once, reused after)")
-    say(f"  {len(ref)} records; fields: " + ", ".join(f"{f.name} {f.describe()}" for f in ref.schema))
+    say(
+        f"cached {DEMO_PARQUET} as {ref.dataset_id}:{ref.version} "
+        f"in {time.perf_counter() - started:.2f} s (built once, reused after)"
+    )
+    say(
+        f"  {len(ref)} records; fields: "
+        + ", ".join(f"{f.name} {f.describe()}" for f in ref.schema)
+    )
 
     record = ref[1234]
-    say(f"random access, ref[1234]: id={record['id']} station={record['station']!r} "
-        f"label={record['label']} features[:3]={[round(float(v), 3) for v in record['features'][:3]]}")
+    say(
+        f"random access, ref[1234]: id={record['id']} station={record['station']!r} "
+        f"label={record['label']} "
+        f"features[:3]={[round(float(v), 3) for v in record['features'][:3]]}"
+    )
 
     say("two shards, shuffled, seed 7 (each epoch reshuffles across shards):")
     for epoch in range(2):
         shards = []
         for rank in range(2):
-            stream = ref.stream(shuffle=True, shuffle_seed=7, num_shards=2, shard_rank=rank,
-                                start_offset=epoch * (len(ref) // 2), fields=["id"])
+            stream = ref.stream(
+                shuffle=True,
+                shuffle_seed=7,
+                num_shards=2,
+                shard_rank=rank,
+                start_offset=epoch * (len(ref) // 2),
+                fields=["id"],
+            )
             shards.append([int(r["id"]) for r in stream])
         disjoint = not set(shards[0]) & set(shards[1])
         covering = sorted(shards[0] + shards[1]) == list(range(len(ref)))
-        say(f"  epoch {epoch}: rank 0 starts {shards[0][:6]}, rank 1 starts {shards[1][:6]}; "
-            f"disjoint={disjoint} covering={covering}")
+        say(
+            f"  epoch {epoch}: rank 0 starts {shards[0][:6]}, rank 1 starts {shards[1][:6]}; "
+            f"disjoint={disjoint} covering={covering}"
+        )
 
     stream = ref.stream(shuffle=True, shuffle_seed=7, fields=["id"])
     it = iter(stream)
@@ -84,8 +103,10 @@ def run_demo(storage: Any = None, out: TextIO | None = None) -> int:
     resumed = ref.stream(shuffle=True, shuffle_seed=7, fields=["id"], start_offset=offset)
     following = [int(r["id"]) for r, _ in zip(resumed, range(5))]
     expected = [int(next(it)["id"]) for _ in range(5)]
-    say(f"resume: after {len(seen)} records stream.offset={offset}; a new stream at that offset "
-        f"continues with ids {following} (the original went on with {expected})")
+    say(
+        f"resume: after {len(seen)} records stream.offset={offset}; a new stream at that offset "
+        f"continues with ids {following} (the original went on with {expected})"
+    )
 
     stream = ref.stream(shuffle=True, shuffle_seed=7, batch_size=256)
     started = time.perf_counter()

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field as dataclass_field
-from typing import Any, Union
+from dataclasses import dataclass
+from dataclasses import field as dataclass_field
+from typing import Any
 
 import numpy as np
 
@@ -19,8 +20,7 @@ from yogadl_plus.errors import SchemaError
 
 __all__ = ["Field", "Schema", "infer_schema"]
 
-DTypeLike = Union[np.dtype, type, str]
-Shape = tuple[Union[int, None], ...]
+Shape = tuple[int | None, ...]
 
 _TEXT_NAMES = {"str": "str", "string": "str", "unicode": "str", "bytes": "bytes", "binary": "bytes"}
 
@@ -82,15 +82,16 @@ class Field:
         set_ = object.__setattr__
         set_(self, "kind", kind)
         set_(self, "dtype", dt if kind == "numeric" else (str if kind == "str" else bytes))
-        set_(self, "shape", _normalize_shape(self.name, self.shape) if kind == "numeric" else ())
         if kind != "numeric" and self.shape not in ((), None):
             raise SchemaError(f"field {self.name!r}: {kind} fields have shape (), got {self.shape}")
+        set_(self, "shape", _normalize_shape(self.name, self.shape) if kind == "numeric" else ())
         if self.codec is None:
             default = {"str": codecs.String(), "bytes": codecs.Bytes()}.get(kind)
             set_(self, "codec", default or (codecs.Scalar() if self.shape == () else codecs.Raw()))
         elif not isinstance(self.codec, codecs.Codec):
             raise SchemaError(
-                f"field {self.name!r}: codec must be a yogadl_plus.codecs object, got {self.codec!r}"
+                f"field {self.name!r}: codec must be a yogadl_plus.codecs object, "
+                f"got {self.codec!r}"
             )
         set_(self, "nullable", bool(self.nullable))
         self.codec.check(self)  # type: ignore[union-attr]
@@ -117,7 +118,9 @@ class Field:
 
     def require_numeric(self, codec: codecs.Codec) -> None:
         if self.kind != "numeric":
-            raise SchemaError(f"field {self.name!r}: {codec!r} stores numeric arrays, not {self.kind}")
+            raise SchemaError(
+                f"field {self.name!r}: {codec!r} stores numeric arrays, not {self.kind}"
+            )
 
     def require_kind(self, codec: codecs.Codec, kind: str) -> None:
         if self.kind != kind:
@@ -209,7 +212,9 @@ def _numeric_converter(field: Field) -> Callable[[Any], np.ndarray]:
                 array = np.asarray(value, dtype=dtype)
                 same = np.array_equal(array, np.asarray(value), equal_nan=dtype.kind in "fc")
             except (OverflowError, ValueError, TypeError) as exc:
-                raise ValueError(f"got {_describe_value(value)}, not convertible to {dtype}: {exc}")
+                raise ValueError(
+                    f"got {_describe_value(value)}, not convertible to {dtype}: {exc}"
+                ) from None
             if not same:
                 raise ValueError(
                     f"got {_describe_value(value)} which is not exactly representable as {dtype}"
@@ -331,7 +336,8 @@ def infer_schema(records: Sequence[Mapping[str, Any]]) -> Schema:
     for index, record in enumerate(records):
         if not isinstance(record, Mapping) or set(record) != set(first):
             raise SchemaError(
-                f"record {index}: fields {sorted(record) if isinstance(record, Mapping) else record!r}"
+                f"record {index}: fields "
+                f"{sorted(record) if isinstance(record, Mapping) else record!r}"
                 f" differ from record 0's {sorted(first)}"
             )
         for name, value in record.items():
@@ -357,6 +363,8 @@ def infer_schema(records: Sequence[Mapping[str, Any]]) -> Schema:
         ranks = {len(s) for s in shapes}
         if len(ranks) > 1:
             raise SchemaError(f"field {name!r} has values of different ranks: {sorted(shapes)}")
-        shape = tuple(d if len({s[i] for s in shapes}) == 1 else None for i, d in enumerate(found[0][2]))
+        shape = tuple(
+            d if len({s[i] for s in shapes}) == 1 else None for i, d in enumerate(found[0][2])
+        )
         fields.append(Field(name, dtype, shape, nullable=nullable[name]))
     return Schema(fields)

@@ -70,9 +70,7 @@ class Stream:
                 "predicate=, ngram= and num_workers > 0 are not in this release of yogadl_plus"
             )
         _non_negative_int("num_workers", num_workers)
-        if batch_size is not None and (
-            _non_negative_int("batch_size", batch_size) == 0
-        ):
+        if batch_size is not None and (_non_negative_int("batch_size", batch_size) == 0):
             raise ValueError("batch_size must be an int >= 1 or None, got 0")
         if shuffle and shuffle_seed is None:
             if num_shards != 1:

@@ -33,6 +33,22 @@ _U32 = struct.Struct("<I")
 _SPAN_SLACK_BYTES = 4096
 
 
+def _struct_dtype(fields: Sequence[Field], offsets: list[int], itemsize: int) -> np.dtype:
+    """A structured dtype viewing fixed fields at ``offsets`` of ``itemsize``-byte records."""
+    spec: Any = {
+        "names": [f.name for f in fields],
+        "formats": [(f.dtype, f.shape) if f.shape else f.dtype for f in fields],
+        "offsets": offsets,
+        "itemsize": itemsize,
+    }
+    return np.dtype(spec)
+
+
+def _stacked(n: int, field: Field) -> tuple[int, ...]:
+    """The shape of ``n`` values of a fixed-shape field stacked together."""
+    return (n, *(int(d) for d in field.shape if d is not None))
+
+
 class RecordLayout:
     """Packs validated records into bytes and reads fields back, one record or a batch."""
 
@@ -58,14 +74,6 @@ class RecordLayout:
         self._fixed_encoders = [(n, e) for n, f, e in self._encoders if f.fixed]
         self._variable_encoders = [(n, e) for n, f, e in self._encoders if not f.fixed]
         self._bitmap_zero = bytes(self.bitmap_bytes)
-        self._fixed_dtype = np.dtype(
-            {
-                "names": [f.name for f in self.fixed],
-                "formats": [(f.dtype, f.shape) if f.shape else f.dtype for f in self.fixed],
-                "offsets": [self.offset[f.name] for f in self.fixed],
-                "itemsize": self.fixed_end,
-            }
-        )
 
     # --- writing ---
 
@@ -81,10 +89,10 @@ class RecordLayout:
             def encode_fixed(value: Any) -> bytes:
                 kind = type(value)
                 if kind is np.ndarray and value.dtype == dtype and value.shape == shape:
-                    return value.tobytes()  # type: ignore[no-any-return]
+                    return value.tobytes()
                 if kind is scalar_type:
-                    return value.tobytes()  # type: ignore[no-any-return]
-                return convert(value).tobytes()  # type: ignore[no-any-return]
+                    return value.tobytes()
+                return convert(value).tobytes()
 
             return encode_fixed
 
@@ -110,7 +118,8 @@ class RecordLayout:
     def _encode_checked(self, record: Mapping[str, Any], index: int) -> bytes:
         if not isinstance(record, Mapping):
             raise SchemaError(
-                f"record {index}: expected a dict of field name -> value, got {type(record).__name__}"
+                f"record {index}: expected a dict of field name -> value, "
+                f"got {type(record).__name__}"
             )
         if len(record) != len(self._names) or not self._names.issuperset(record):
             self._raise_field_mismatch(record, index)
@@ -160,7 +169,8 @@ class RecordLayout:
         if extra:
             parts.append(f"unexpected field(s) {extra}")
         raise SchemaError(
-            f"record {index}: {' and '.join(parts)}; the schema has fields {list(self.schema.names)}"
+            f"record {index}: {' and '.join(parts)}; "
+            f"the schema has fields {list(self.schema.names)}"
         )
 
     # --- reading ---
@@ -195,7 +205,7 @@ class RecordLayout:
     def decode_columns(
         self, values: Sequence[memoryview | bytes], fields: Sequence[Field]
     ) -> dict[str, Any]:
-        """Fields of many records: fixed fields stacked in one vectorized step, the rest in lists."""
+        """Fields of many records: fixed fields stacked in one vectorized step, others in lists."""
         out: dict[str, Any] = {}
         fixed = [f for f in fields if f.fixed]
         if fixed:
@@ -216,18 +226,9 @@ class RecordLayout:
             # Large unselected fixed fields in between: copy each selected field on its own.
             return {f.name: self._decode_one_fixed(values, f) for f in fields}
         whole = lo == 0 and hi == self.fixed_end and not self.variable and not self.bitmap_bytes
-        if whole:
-            buffer = bytearray().join(values)
-        else:
-            buffer = bytearray().join([v[lo:hi] for v in values])
-        dtype = np.dtype(
-            {
-                "names": [f.name for f in fields],
-                "formats": [self._fixed_dtype.fields[f.name][0] for f in fields],  # type: ignore[index]
-                "offsets": [self.offset[f.name] - lo for f in fields],
-                "itemsize": hi - lo,
-            }
-        )
+        # A record that is all selected fixed fields is copied as is, without slicing.
+        buffer = bytearray().join(values if whole else [v[lo:hi] for v in values])
+        dtype = _struct_dtype(fields, [self.offset[f.name] - lo for f in fields], hi - lo)
         if len(buffer) != n * (hi - lo):
             raise CacheCorrupted(
                 f"record sizes do not match the stored schema's layout ({len(buffer)} bytes for "
@@ -237,13 +238,13 @@ class RecordLayout:
         if len(fields) == 1 and hi - lo == fields[0].nbytes:
             # The record region is exactly this field: reinterpret, no copy.
             f = fields[0]
-            return {f.name: np.frombuffer(buffer, f.dtype).reshape((n, *f.shape))}  # type: ignore[misc]
+            return {f.name: np.frombuffer(buffer, f.dtype).reshape(_stacked(n, f))}
         return {f.name: np.ascontiguousarray(rows[f.name]) for f in fields}
 
     def _decode_one_fixed(self, values: Sequence[memoryview | bytes], f: Field) -> np.ndarray:
         start, stop = self.offset[f.name], self.offset[f.name] + f.nbytes
         buffer = bytearray().join([v[start:stop] for v in values])
-        return np.frombuffer(buffer, f.dtype).reshape((len(values), *f.shape))  # type: ignore[misc]
+        return np.frombuffer(buffer, f.dtype).reshape(_stacked(len(values), f))
 
     def row_views(
         self, values: Sequence[memoryview | bytes], fields: Sequence[Field]

@@ -12,7 +12,6 @@ import json
 import os
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
-from typing import Any
 
 from yogadl_plus.errors import CacheCorrupted
 from yogadl_plus.schema import Schema
@@ -90,7 +89,9 @@ class Manifest:
         except CacheCorrupted:
             raise
         except (ValueError, KeyError, TypeError) as exc:
-            raise CacheCorrupted(f"{where}: unreadable manifest ({type(exc).__name__}: {exc})")
+            raise CacheCorrupted(
+                f"{where}: unreadable manifest ({type(exc).__name__}: {exc})"
+            ) from None
         if manifest.num_records != body["num_records"]:
             raise CacheCorrupted(f"{where}: chunk record counts do not add up to num_records")
         return manifest

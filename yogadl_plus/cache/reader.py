@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import threading
 import weakref
-from collections.abc import Sequence
+from typing import cast
 
 import lmdb
 import numpy as np
@@ -116,7 +116,7 @@ class ChunkSet:
         value = self.txn(number).get(local.to_bytes(4, "big"))
         if value is None:
             raise CacheCorrupted(f"record {index} is missing from {self.chunks[number].file}")
-        return value  # type: ignore[no-any-return]
+        return cast(memoryview, value)
 
     def get_many(self, indices: np.ndarray) -> list[memoryview]:
         """The values of many records, in the order given."""
@@ -132,7 +132,7 @@ class ChunkSet:
         if None in values:
             missing = [int(indices[j]) for j, v in enumerate(values) if v is None]
             raise CacheCorrupted(f"records {missing[:10]} are missing from the chunk files")
-        return values
+        return cast(list[memoryview], values)
 
     def verify(self) -> None:
         """Re-hash every chunk file against the manifest; CacheCorrupted names the first bad one."""
@@ -144,7 +144,9 @@ class ChunkSet:
                 raise CacheCorrupted(f"chunk {path} is missing")
             size = os.path.getsize(path)
             if size != info.bytes:
-                raise CacheCorrupted(f"chunk {path} has {size} bytes, the manifest says {info.bytes}")
+                raise CacheCorrupted(
+                    f"chunk {path} has {size} bytes, the manifest says {info.bytes}"
+                )
             digest = file_sha256(path)
             if digest != info.sha256:
                 raise CacheCorrupted(
@@ -154,5 +156,3 @@ class ChunkSet:
 
     def __len__(self) -> int:
         return self.num_records
-
-

@@ -13,8 +13,10 @@ __all__ = ["IterableSource", "ParquetSource", "Source", "as_source"]
 
 
 def _is_path_list(obj: Any) -> bool:
-    return isinstance(obj, (list, tuple)) and bool(obj) and all(
-        isinstance(p, (str, os.PathLike)) for p in obj
+    return (
+        isinstance(obj, (list, tuple))
+        and bool(obj)
+        and all(isinstance(p, (str, os.PathLike)) for p in obj)
     )
 
 

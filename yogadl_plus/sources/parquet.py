@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import glob as globlib
 import hashlib
 import os
@@ -19,13 +20,22 @@ __all__ = ["ParquetSource", "arrow_to_schema"]
 _BATCH_ROWS = 4096
 
 
+def _is_list(arrow_type: Any) -> bool:
+    import pyarrow.types as pat
+
+    return bool(
+        pat.is_list(arrow_type)
+        or pat.is_large_list(arrow_type)
+        or pat.is_fixed_size_list(arrow_type)
+    )
+
+
 def _arrow_field(name: str, arrow_type: Any, nullable: bool) -> Field:
-    import pyarrow as pa
     import pyarrow.types as pat
 
     shape: list[int | None] = []
     inner = arrow_type
-    while pat.is_list(inner) or pat.is_large_list(inner) or pat.is_fixed_size_list(inner):
+    while _is_list(inner):
         shape.append(inner.list_size if pat.is_fixed_size_list(inner) else None)
         inner = inner.value_type
     if pat.is_dictionary(inner):
@@ -78,14 +88,14 @@ def _column_values(column: Any, field: Field) -> Sequence[Any]:
             return values
         return [None if v is None else np.asarray(v, dtype=field.dtype) for v in values]
     if field.kind == "str" or field.kind == "bytes":
-        return column.to_pylist()  # type: ignore[no-any-return]
+        return column.to_pylist()
     if not field.shape:
-        return column.to_numpy(zero_copy_only=False)  # type: ignore[no-any-return]
+        return column.to_numpy(zero_copy_only=False)
     if None not in field.shape:
         flat = column
         for _ in field.shape:
             flat = flat.flatten()
-        return flat.to_numpy(zero_copy_only=False).reshape((len(column), *field.shape))  # type: ignore[no-any-return]
+        return flat.to_numpy(zero_copy_only=False).reshape((len(column), *field.shape))
     return [np.asarray(v, dtype=field.dtype) for v in column.to_pylist()]
 
 
@@ -98,7 +108,9 @@ class ParquetSource(Source):
     kind = "parquet"
 
     def __init__(
-        self, paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], columns: Sequence[str] | None = None
+        self,
+        paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+        columns: Sequence[str] | None = None,
     ) -> None:
         self.paths = self._expand(paths)
         self.columns = list(columns) if columns is not None else None
@@ -109,7 +121,8 @@ class ParquetSource(Source):
             missing = [c for c in self.columns if c not in self._dataset.schema.names]
             if missing:
                 raise SchemaError(
-                    f"columns {missing} are not in the Parquet data; it has {self._dataset.schema.names}"
+                    f"columns {missing} are not in the Parquet data; "
+                    f"it has {self._dataset.schema.names}"
                 )
 
     @staticmethod
@@ -122,7 +135,8 @@ class ParquetSource(Source):
                 text = text[len("file://") :]
             elif "://" in text:
                 raise YogaError(
-                    f"{text}: only local Parquet paths and file:// URLs are supported in this release"
+                    f"{text}: only local Parquet paths and file:// URLs are supported "
+                    "in this release"
                 )
             if any(ch in text for ch in "*?["):
                 matched = sorted(globlib.glob(text, recursive=True))
@@ -155,24 +169,36 @@ class ParquetSource(Source):
         return schema
 
     def _columns_with_nulls(self) -> set[str] | None:
-        """Columns whose row-group statistics report nulls; None if some statistics are absent."""
+        """Columns that hold nulls, from row-group statistics; None if some are absent.
+
+        For list columns the leaf statistics also count empty lists, so a list column whose
+        statistics report nulls has its top-level validity checked for real.
+        """
         import pyarrow.parquet as pq
 
-        found: set[str] = set()
+        reported: set[str] = set()
+        names = set(self.arrow_schema.names)
         for path in self.paths:
             meta = pq.ParquetFile(path).metadata
             for g in range(meta.num_row_groups):
                 group = meta.row_group(g)
                 for c in range(group.num_columns):
                     column = group.column(c)
+                    name = column.path_in_schema.split(".")[0]
+                    if name not in names:
+                        continue
                     stats = column.statistics
                     if stats is None or not stats.has_null_count:
                         return None
                     if stats.null_count:
-                        found.add(column.path_in_schema.split(".")[0])
-        return found
+                        reported.add(name)
+        nested = {n for n in reported if _is_list(self.arrow_schema.field(n).type)}
+        if nested:
+            data = self._dataset.to_table(columns=sorted(nested))
+            reported -= {n for n in nested if data.column(n).null_count == 0}
+        return reported
 
-    @property
+    @functools.cached_property
     def schema(self) -> Schema:
         return arrow_to_schema(self.arrow_schema, self._columns_with_nulls())
 

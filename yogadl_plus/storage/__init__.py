@@ -30,6 +30,4 @@ def open_storage(url: str | os.PathLike[str]) -> Storage:
             f"{text}: {parsed.scheme}:// storage is not in this release yet; "
             "use a local path or file:// URL"
         )
-    raise ValueError(
-        f"unsupported storage URL {text!r}: use a path, file://, s3:// or gs://"
-    )
+    raise ValueError(f"unsupported storage URL {text!r}: use a path, file://, s3:// or gs://")

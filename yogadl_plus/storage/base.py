@@ -46,7 +46,9 @@ class Storage(ABC):
         """The DataRef of a published version; DatasetNotFound if there is none."""
 
     @abstractmethod
-    def _builder_lock(self, dataset_id: str, version: str) -> contextlib.AbstractContextManager[None]:
+    def _builder_lock(
+        self, dataset_id: str, version: str
+    ) -> contextlib.AbstractContextManager[None]:
         """Held by the one builder of (dataset_id, version), across threads, processes, machines."""
 
     @abstractmethod

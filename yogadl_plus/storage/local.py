@@ -54,7 +54,9 @@ class LocalStorage(Storage):
 
     def path(self, dataset_id: str, version: str) -> str:
         """The folder a published version lives in."""
-        return os.path.join(self.root, check_name("dataset_id", dataset_id), check_name("version", version))
+        return os.path.join(
+            self.root, check_name("dataset_id", dataset_id), check_name("version", version)
+        )
 
     def _manifest_exists(self, dataset_id: str, version: str) -> bool:
         return os.path.exists(os.path.join(self.path(dataset_id, version), MANIFEST_NAME))
@@ -111,7 +113,9 @@ class LocalStorage(Storage):
             if "+" in dataset_id or not os.path.isdir(folder):
                 continue
             for version in os.listdir(folder):
-                if "+" not in version and os.path.exists(os.path.join(folder, version, MANIFEST_NAME)):
+                if "+" not in version and os.path.exists(
+                    os.path.join(folder, version, MANIFEST_NAME)
+                ):
                     yield dataset_id, version
 
     def _remove(self, dataset_id: str, version: str) -> None:

@@ -1,0 +1,109 @@
+"""DataRef: record i in O(1), negative indices, batches of selected fields, across chunks."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import yogadl_plus as ydl
+
+N = 700
+
+
+def make_records():
+    rng = np.random.default_rng(5)
+    for i in range(N):
+        yield {
+            "i": np.int64(i),
+            "x": rng.standard_normal(8).astype(np.float32),
+            "name": f"rec-{i}",
+            "ragged": np.arange(i % 7, dtype=np.int16),
+            "big": np.full(2048, i % 251, np.uint8),
+        }
+
+
+@pytest.fixture(scope="module")
+def ref(tmp_path_factory):
+    storage = ydl.LocalStorage(tmp_path_factory.mktemp("dataref"))
+    # Small chunks so that reads cross chunk boundaries.
+    return ydl.cache_dataset(make_records, "d", "v", storage, chunk_bytes=200_000, progress=False)
+
+
+def test_several_chunks_and_len(ref):
+    assert len(ref.manifest.chunks) >= 3
+    assert len(ref) == N == sum(c.records for c in ref.manifest.chunks)
+
+
+def test_every_record_reads_back(ref):
+    expected = list(make_records())
+    for i in np.random.default_rng(0).permutation(N):
+        got, want = ref[int(i)], expected[i]
+        assert got["i"] == i and got["name"] == want["name"]
+        np.testing.assert_array_equal(got["x"], want["x"])
+        np.testing.assert_array_equal(got["ragged"], want["ragged"])
+        np.testing.assert_array_equal(got["big"], want["big"])
+
+
+def test_negative_indices_and_numpy_ints(ref):
+    assert ref[-1]["i"] == N - 1 and ref[-N]["i"] == 0
+    assert ref[np.int32(5)]["i"] == 5
+
+
+@pytest.mark.parametrize("index", [N, -N - 1, 10**12])
+def test_out_of_range_is_index_error_with_the_range(ref, index):
+    with pytest.raises(IndexError, match=rf"record index {index} is out of range \[-{N}, {N}\)"):
+        ref[index]
+
+
+def test_non_int_index_is_type_error(ref):
+    with pytest.raises(TypeError, match="get_batch"):
+        ref[1.5]
+    with pytest.raises(TypeError):
+        ref["x"]
+
+
+def test_get_batch_stacks_fixed_fields_and_lists_the_rest(ref):
+    indices = [699, 0, 350, -1, 123, 123]
+    batch = ref.get_batch(indices)
+    assert batch["i"].tolist() == [699, 0, 350, 699, 123, 123]
+    assert batch["x"].shape == (6, 8) and batch["x"].dtype == np.float32
+    assert batch["x"].flags.c_contiguous and batch["x"].flags.writeable
+    assert batch["big"].shape == (6, 2048)
+    assert batch["name"] == [f"rec-{i % N}" for i in [699, 0, 350, 699, 123, 123]]
+    assert [len(r) for r in batch["ragged"]] == [699 % 7, 0, 0, 699 % 7, 123 % 7, 123 % 7]
+    for row, i in zip(batch["x"], batch["i"]):
+        np.testing.assert_array_equal(row, ref[int(i)]["x"])
+
+
+def test_get_batch_selects_fields_in_the_order_asked(ref):
+    batch = ref.get_batch(np.array([3, 2]), fields=["name", "i"])
+    assert list(batch) == ["name", "i"] and batch["i"].tolist() == [3, 2]
+    assert list(ref.get_batch([1], fields="x")) == ["x"]
+
+
+def test_get_batch_does_not_decode_unselected_fields(ref, monkeypatch):
+    from yogadl_plus import codecs
+
+    def explode(*args, **kwargs):
+        raise AssertionError("an unselected field was decoded")
+
+    monkeypatch.setattr(codecs.String, "decode", explode)
+    monkeypatch.setattr(codecs.Raw, "decode", explode)
+    batch = ref.get_batch(list(range(50)), fields=["i", "x", "big"])
+    assert batch["i"].tolist() == list(range(50))
+
+
+def test_get_batch_errors(ref):
+    with pytest.raises(IndexError, match=f"record index {N}"):
+        ref.get_batch([0, N])
+    with pytest.raises(TypeError, match="1-d sequence of ints"):
+        ref.get_batch([0.5])
+    with pytest.raises(ydl.SchemaError, match="no field 'nope'"):
+        ref.get_batch([0], fields=["nope"])
+    assert ref.get_batch([])["i"].shape == (0,)
+
+
+def test_identity(ref):
+    assert (ref.dataset_id, ref.version) == ("d", "v")
+    assert ref.schema.names == ("i", "x", "name", "ragged", "big")
+    assert "records=700" in repr(ref)

@@ -1,0 +1,209 @@
+"""Stream: the order contract of API.md section 5 (epochs, shards, offsets, batches, fields)."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import yogadl_plus as ydl
+from yogadl_plus.order import EpochOrder
+
+N = 97  # prime, so shards and batches never divide evenly
+
+
+@pytest.fixture(scope="module")
+def ref(tmp_path_factory):
+    storage = ydl.LocalStorage(tmp_path_factory.mktemp("stream"))
+    records = ({"i": np.int64(i), "x": np.full(3, i, np.float32), "s": str(i)} for i in range(N))
+    return ydl.cache_dataset(records, "d", "v", storage, chunk_bytes=1500, progress=False)
+
+
+def ids(items):
+    return [int(r["i"]) for r in items]
+
+
+def test_unshuffled_is_storage_order_and_each_iter_is_the_next_epoch(ref):
+    stream = ref.stream()
+    assert len(stream) == N
+    assert ids(stream) == list(range(N)) and stream.offset == N
+    assert ids(stream) == list(range(N)) and stream.offset == 2 * N
+
+
+def test_shuffled_epochs_differ_and_each_covers_everything(ref):
+    stream = ref.stream(shuffle=True, shuffle_seed=11)
+    first, second = ids(stream), ids(stream)
+    assert sorted(first) == sorted(second) == list(range(N))
+    assert first != second and first != list(range(N))
+    assert first == ids(ref.stream(shuffle=True, shuffle_seed=11))
+    assert first == EpochOrder(N, shuffle=True, seed=11).indices(0, 0, N).tolist()
+
+
+def test_skip_shuffle_at_epoch_end_reuses_epoch_0(ref):
+    stream = ref.stream(shuffle=True, shuffle_seed=3, skip_shuffle_at_epoch_end=True)
+    assert ids(stream) == ids(stream) != list(range(N))
+
+
+def test_unfinished_epoch_then_iter_starts_the_next_epoch(ref):
+    stream = ref.stream(shuffle=True, shuffle_seed=5)
+    epoch0 = ids(ref.stream(shuffle=True, shuffle_seed=5, start_offset=0))
+    epoch1 = ids(ref.stream(shuffle=True, shuffle_seed=5, start_offset=N))
+    assert ids(itertools.islice(iter(stream), 10)) == epoch0[:10]
+    assert stream.offset == 10
+    assert ids(stream) == epoch1 and stream.offset == 2 * N
+
+
+def test_random_seed_is_drawn_and_reported(ref):
+    a, b = ref.stream(shuffle=True), ref.stream(shuffle=True)
+    assert isinstance(a.shuffle_seed, int) and a.shuffle_seed != b.shuffle_seed
+    assert ids(a) == ids(ref.stream(shuffle=True, shuffle_seed=a.shuffle_seed))
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(shards=st.integers(1, 8), drop=st.booleans(), shuffle=st.booleans(), epoch=st.integers(0, 3))
+def test_shards_are_disjoint_and_cover_the_cut_order(ref, shards, drop, shuffle, epoch):
+    seen = []
+    lengths = set()
+    for rank in range(shards):
+        stream = ref.stream(
+            shuffle=shuffle,
+            shuffle_seed=9,
+            num_shards=shards,
+            shard_rank=rank,
+            drop_shard_remainder=drop,
+        )
+        stream_epoch = ref.stream(
+            shuffle=shuffle,
+            shuffle_seed=9,
+            num_shards=shards,
+            shard_rank=rank,
+            drop_shard_remainder=drop,
+            start_offset=epoch * len(stream),
+        )
+        got = ids(stream_epoch)
+        assert len(got) == len(stream)
+        lengths.add(len(got))
+        seen.extend(got)
+    assert len(seen) == len(set(seen)), "shards overlap"
+    if drop:
+        assert len(seen) == N - N % shards and len(lengths) == 1
+    else:
+        assert sorted(seen) == list(range(N))
+
+
+@settings(
+    max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    shards=st.integers(1, 4),
+    shuffle=st.booleans(),
+    batch=st.one_of(st.none(), st.integers(1, 40)),
+    drop_last=st.booleans(),
+    start=st.integers(0, 3 * N),
+    take=st.integers(0, 3 * N),
+)
+def test_resuming_from_offset_reproduces_the_rest_exactly(
+    ref, shards, shuffle, batch, drop_last, start, take
+):
+    args = dict(
+        shuffle=shuffle,
+        shuffle_seed=4,
+        num_shards=shards,
+        shard_rank=shards - 1,
+        batch_size=batch,
+        drop_last=drop_last,
+    )
+
+    def flat(stream, epochs):
+        out = []
+        for _ in range(epochs):
+            for item in stream:
+                out.append(tuple(int(i) for i in np.atleast_1d(item["i"])))
+        return out
+
+    reference = ydl.Stream(ref, start_offset=start, **args)
+    whole = flat(reference, 3)
+    stream = ydl.Stream(ref, start_offset=start, **args)
+    prefix, epochs_used = [], 0
+    while len(prefix) < min(take, len(whole)):
+        for item in stream:
+            prefix.append(tuple(int(i) for i in np.atleast_1d(item["i"])))
+            if len(prefix) == min(take, len(whole)):
+                break
+        epochs_used += 1
+    resumed = ydl.Stream(ref, start_offset=stream.offset, **args)
+    rest = flat(resumed, 3)
+    assert prefix == whole[: len(prefix)]
+    # The resumed stream continues exactly where the prefix stopped.
+    n = min(len(rest), len(whole) - len(prefix))
+    assert rest[:n] == whole[len(prefix) : len(prefix) + n]
+
+
+def test_start_offset_counts_positions_across_epochs(ref):
+    stream = ref.stream(shuffle=True, shuffle_seed=2, start_offset=2 * N + 5)
+    expected = EpochOrder(N, shuffle=True, seed=2).indices(2, 5, N).tolist()
+    assert ids(stream) == expected and stream.offset == 3 * N
+
+
+def test_batches(ref):
+    stream = ref.stream(batch_size=10)
+    batches = list(stream)
+    assert len(stream) == len(batches) == 10
+    assert batches[0]["x"].shape == (10, 3) and batches[-1]["i"].tolist() == list(range(90, 97))
+    assert batches[0]["s"] == [str(i) for i in range(10)]
+    dropped = ref.stream(batch_size=10, drop_last=True)
+    assert len(dropped) == 9 and len(list(dropped)) == 9 and dropped.offset == N
+
+
+def test_batch_offset_counts_records_not_batches(ref):
+    stream = ref.stream(batch_size=8, shuffle=True, shuffle_seed=1)
+    it = iter(stream)
+    next(it), next(it)
+    assert stream.offset == 16
+    resumed = ref.stream(batch_size=8, shuffle=True, shuffle_seed=1, start_offset=16)
+    assert next(iter(resumed))["i"].tolist() == next(it)["i"].tolist()
+
+
+def test_fields_selects_and_orders(ref):
+    record = next(iter(ref.stream(fields=["s", "i"])))
+    assert list(record) == ["s", "i"] and record == {"s": "0", "i": 0}
+    with pytest.raises(ydl.SchemaError, match="no field 'zz'"):
+        ref.stream(fields=["zz"])
+
+
+def test_transform_runs_after_decoding(ref):
+    stream = ref.stream(transform=lambda r: {"double": r["i"] * 2}, fields=["i"])
+    assert [int(r["double"]) for r in stream][:3] == [0, 2, 4]
+    batches = list(ref.stream(transform=lambda r: {"x2": r["x"] * 2}, batch_size=4))
+    assert batches[1]["x2"].shape == (4, 3) and batches[1]["x2"][0, 0] == 8
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(num_shards=0), "num_shards"),
+        (dict(num_shards=2, shard_rank=2), "shard_rank"),
+        (dict(shard_rank=-1), "shard_rank"),
+        (dict(start_offset=-1), "start_offset"),
+        (dict(start_offset=1.5), "start_offset"),
+        (dict(batch_size=0), "batch_size"),
+        (dict(shuffle=True, num_shards=2), "shuffle_seed"),
+        (dict(shuffle=True, shuffle_seed=-3), "seed"),
+    ],
+)
+def test_bad_arguments_are_value_errors_with_the_reason(ref, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        ref.stream(**kwargs)
+
+
+def test_empty_shard(tmp_path):
+    ref = ydl.cache_dataset(
+        [{"a": 1}, {"a": 2}], "e", "v", ydl.LocalStorage(tmp_path), progress=False
+    )
+    stream = ref.stream(num_shards=3, shard_rank=2)
+    assert len(stream) == 0 and list(stream) == [] and stream.offset == 0
