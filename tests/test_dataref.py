@@ -107,3 +107,33 @@ def test_identity(ref):
     assert (ref.dataset_id, ref.version) == ("d", "v")
     assert ref.schema.names == ("i", "x", "name", "ragged", "big")
     assert "records=700" in repr(ref)
+
+
+def test_a_collected_datarefs_release_never_waits_for_the_open_lock(tmp_path):
+    """The garbage collector may finalize a DataRef while this thread opens an LMDB file
+    (holding the environments' lock): the finalizer must not wait for that lock."""
+    import threading
+
+    from yogadl_plus.cache import reader
+
+    storage = ydl.LocalStorage(tmp_path)
+    ydl.cache_dataset([{"i": i} for i in range(5)], "d", "v", storage, progress=False)
+    dropped = storage.fetch("d", "v")
+    assert dropped[3]["i"] == 3
+    finished = threading.Event()
+
+    def collect_inside_open():
+        with reader._ENVIRONMENTS.lock:  # as in acquire(), when the collector strikes
+            dropped._chunks._finalizer()
+        finished.set()
+
+    worker = threading.Thread(target=collect_inside_open, daemon=True)
+    worker.start()
+    assert finished.wait(10), "the finalizer waited for a lock its own thread holds"
+    assert reader._ENVIRONMENTS.collected, "released later, not while the lock is held"
+    # The queued release is applied at the next open: the file is opened and read again.
+    again = storage.fetch("d", "v")
+    assert again.get_batch([4])["i"].tolist() == [4]
+    assert not reader._ENVIRONMENTS.collected
+    del again  # a DataRef dropped while the lock is free releases at once
+    assert not reader._ENVIRONMENTS.collected

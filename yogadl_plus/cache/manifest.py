@@ -68,7 +68,7 @@ class Manifest:
     def from_json(cls, text: str, where: str) -> Manifest:
         try:
             body = json.loads(text)
-            if body.get("format") != _FORMAT_NAME:
+            if not isinstance(body, dict) or body.get("format") != _FORMAT_NAME:
                 raise CacheCorrupted(f"{where}: not a yogadl_plus manifest")
             if body["format_version"] > FORMAT_VERSION:
                 raise CacheCorrupted(
@@ -109,8 +109,13 @@ class Manifest:
     @classmethod
     def read(cls, directory: str) -> Manifest:
         path = os.path.join(directory, MANIFEST_NAME)
-        with open(path) as f:
-            return cls.from_json(f.read(), path)
+        with open(path, "rb") as f:
+            data = f.read()
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError:
+            raise CacheCorrupted(f"{path}: the manifest is not UTF-8 text") from None
+        return cls.from_json(text, path)
 
 
 def file_sha256(path: str, block: int = 1 << 22) -> str:

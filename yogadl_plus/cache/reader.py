@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import threading
 import weakref
-from typing import cast
+from typing import Any, cast
 
 import lmdb
 import numpy as np
@@ -19,8 +19,73 @@ __all__ = ["ChunkSet"]
 _OPEN_SETS: weakref.WeakSet[ChunkSet] = weakref.WeakSet()
 
 
+class _SharedEnvironments:
+    """One LMDB environment per chunk file per process, shared by every ChunkSet reading it.
+
+    LMDB must not open one file twice in a process (py-lmdb refuses it), and two DataRefs of
+    one version are common, so environments are shared and counted by the file's identity.
+    Sets collected by the garbage collector only queue their release: the collector can run
+    inside ``acquire``, where taking the lock again would deadlock.
+    """
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.entries: dict[tuple[int, int], list[Any]] = {}  # (dev, inode) -> [env, users]
+        self.collected: list[tuple[int, int]] = []
+
+    def acquire(self, path: str) -> tuple[tuple[int, int], lmdb.Environment]:
+        st = os.stat(path)
+        key = (st.st_dev, st.st_ino)
+        with self.lock:
+            self._release_collected()
+            entry = self.entries.get(key)
+            if entry is None:
+                env = lmdb.open(
+                    path, subdir=False, readonly=True, lock=False, readahead=False, max_dbs=0
+                )
+                entry = self.entries[key] = [env, 0]
+            entry[1] += 1
+            return key, entry[0]
+
+    def release(self, keys: list[tuple[int, int]]) -> None:
+        with self.lock:
+            self.collected.extend(keys)
+            keys.clear()
+            self._release_collected()
+
+    def release_later(self, keys: list[tuple[int, int]]) -> None:
+        """For finalizers: release now if the lock is free, else queue (never wait for it)."""
+        self.collected.extend(keys)  # atomic under the GIL
+        if self.lock.acquire(blocking=False):
+            try:
+                self._release_collected()
+            finally:
+                self.lock.release()
+
+    def _release_collected(self) -> None:
+        while self.collected:
+            key = self.collected.pop()
+            entry = self.entries.get(key)
+            if entry is None:
+                continue
+            entry[1] -= 1
+            if entry[1] == 0:
+                del self.entries[key]
+                entry[0].close()
+
+    def forget(self) -> None:
+        """After fork: the parent's handles are not ours to use or close."""
+        self.lock = threading.Lock()
+        self.entries = {}
+        self.collected = []
+
+
+_ENVIRONMENTS = _SharedEnvironments()
+
+
 def _forget_handles_after_fork() -> None:
     # LMDB handles must not be used in a child process: each child opens its own.
+    _ENVIRONMENTS.forget()
     for chunk_set in list(_OPEN_SETS):
         chunk_set._drop_handles()
 
@@ -39,22 +104,27 @@ class ChunkSet:
         self._envs: list[lmdb.Environment | None] = [None] * len(self.chunks)
         self._local = threading.local()
         self._lock = threading.Lock()
+        # Shared environments this set holds; released on close() or when it is collected.
+        self._held: list[tuple[int, int]] = []
+        self._finalizer = weakref.finalize(self, _ENVIRONMENTS.release_later, self._held)
         _OPEN_SETS.add(self)
 
     def _drop_handles(self) -> None:
         self._envs = [None] * len(self.chunks)
         self._local = threading.local()
         self._lock = threading.Lock()
+        self._held.clear()
 
     def close(self) -> None:
-        txns = getattr(self._local, "txns", None) or []
-        for txn in txns:
-            if txn is not None:
-                txn.abort()
-        for env in self._envs:
-            if env is not None:
-                env.close()
-        self._drop_handles()
+        """Let go of this set's LMDB handles; the next read opens them again."""
+        with self._lock:
+            txns = getattr(self._local, "txns", None) or []
+            for txn in txns:
+                if txn is not None:
+                    txn.abort()
+            _ENVIRONMENTS.release(self._held)
+            self._envs = [None] * len(self.chunks)
+            self._local = threading.local()
 
     def _env(self, number: int) -> lmdb.Environment:
         env = self._envs[number]
@@ -78,14 +148,12 @@ class ChunkSet:
                 "the version is damaged: delete it and build it again"
             )
         try:
-            env = lmdb.open(
-                path, subdir=False, readonly=True, lock=False, readahead=False, max_dbs=0
-            )
+            key, env = _ENVIRONMENTS.acquire(path)
         except lmdb.Error as exc:
             raise CacheCorrupted(f"chunk {path} is not a readable LMDB file: {exc}") from None
+        self._held.append(key)
         entries = env.stat()["entries"]
         if entries != info.records:
-            env.close()
             raise CacheCorrupted(
                 f"chunk {path} holds {entries} records, the manifest says {info.records}"
             )
@@ -127,7 +195,8 @@ class ChunkSet:
         else:
             chunk, local = self.locate(np.asarray(indices, dtype=np.int64))
             keys = local.astype(">u4").tobytes()
-            gets = [self.txn(n).get for n in range(len(self.chunks))]
+            # Only the chunks this batch touches are opened.
+            gets = {int(n): self.txn(int(n)).get for n in np.unique(chunk)}
             values = [gets[c](keys[4 * j : 4 * j + 4]) for j, c in enumerate(chunk.tolist())]
         if None in values:
             missing = [int(indices[j]) for j, v in enumerate(values) if v is None]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from urllib.parse import urlparse
+from urllib.parse import unquote, urlparse
 
 from yogadl_plus.storage.base import Storage, check_name
 from yogadl_plus.storage.local import LocalStorage
@@ -23,8 +23,12 @@ def open_storage(url: str | os.PathLike[str]) -> Storage:
     """The storage a URL names: "/path", "file:///path", "s3://bucket/prefix", "gs://bucket/prefix"."""
     text = os.fspath(url)
     parsed = urlparse(text)
-    if parsed.scheme in ("", "file"):
-        return LocalStorage(parsed.path if parsed.scheme == "file" else text)
+    if parsed.scheme == "file":
+        if parsed.netloc not in ("", "localhost"):
+            raise ValueError(f"{text}: file:// URLs name a local path, not host {parsed.netloc!r}")
+        return LocalStorage(unquote(parsed.path))
+    if parsed.scheme == "":
+        return LocalStorage(text)
     if parsed.scheme in ("s3", "gs"):
         raise NotImplementedError(
             f"{text}: {parsed.scheme}:// storage is not in this release yet; "

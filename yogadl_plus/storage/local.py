@@ -23,6 +23,16 @@ _STAGING = "+staging."
 _TRASH = "+trash."
 
 
+def _leftover_of(entry: str, version: str) -> bool:
+    """True for ``+staging.<version>.<random>`` and ``+trash.<version>.<random>`` exactly
+    (not for those of a sibling version such as ``<version>.2``)."""
+    for kind in (_STAGING, _TRASH):
+        prefix = f"{kind}{version}."
+        if entry.startswith(prefix) and "." not in entry[len(prefix) :]:
+            return True
+    return False
+
+
 def _fsync_dir(path: str) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -85,7 +95,7 @@ class LocalStorage(Storage):
         parent = os.path.join(self.root, dataset_id)
         # We hold the builder lock: any staging or trash folder of this version is a dead builder's.
         for entry in os.listdir(parent):
-            if entry.startswith((f"{_STAGING}{version}.", f"{_TRASH}{version}.")):
+            if _leftover_of(entry, version):
                 shutil.rmtree(os.path.join(parent, entry), ignore_errors=True)
         staging = os.path.join(parent, f"{_STAGING}{version}.{uuid.uuid4().hex[:12]}")
         os.makedirs(staging)
