@@ -128,9 +128,7 @@ def _check_readable(folder: str, manifest: Manifest, layout: RecordLayout) -> No
     try:
         for start, info in zip(chunk_set.starts, manifest.chunks):
             for index in {int(start), int(start) + info.records - 1}:
-                value = chunk_set.get(index)
-                for field in manifest.schema:
-                    layout.decode_field(value, field)
+                layout.decode_record(chunk_set.get(index), manifest.schema.fields)
     finally:
         chunk_set.close()
 

@@ -72,9 +72,7 @@ class DataRef:
             raise IndexError(f"record index {i} is out of range [-{self._len}, {self._len})")
         if i < 0:
             i += self._len
-        value = self._chunks.get(i)
-        decode = self._layout.decode_field
-        return {f.name: decode(value, f) for f in self.schema.fields}
+        return self._layout.decode_record(self._chunks.get(i), self.schema.fields)
 
     def get_batch(
         self, indices: Sequence[int] | np.ndarray, fields: Sequence[str] | str | None = None

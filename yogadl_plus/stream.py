@@ -20,9 +20,11 @@ if TYPE_CHECKING:
 
 __all__ = ["Stream"]
 
-# Records read per step: small first, so the first record comes fast, then larger.
+# Positions whose order is computed at once: few first, so the first item comes fast.
 _FIRST_BLOCK = 32
-_BLOCK = 512
+_ORDER_BLOCK = 4096
+# Records decoded at once when iterating record by record (bounds memory for large records).
+_READ_BLOCK = 512
 
 
 def _non_negative_int(name: str, value: Any) -> int:
@@ -130,24 +132,37 @@ class Stream:
             return self._records(epoch, position)
         return self._batches(epoch, position)
 
+    def _order_blocks(
+        self, epoch: int, position: int, first: int, size: int
+    ) -> Iterator[tuple[int, np.ndarray]]:
+        """(position, record indices) for runs of this epoch's order, from ``position`` on.
+
+        The order is computed for many positions at once (it costs per call, not per
+        position); the first run is short so that the first item comes quickly.
+        """
+        per_epoch = self.positions_per_epoch
+        block = first
+        while position < per_epoch:
+            stop = min(position + block, per_epoch)
+            yield position, self.order.indices(epoch, position, stop)
+            position = stop
+            block = size
+
     def _records(self, epoch: int, position: int) -> Iterator[dict[str, Any]]:
         per_epoch = self.positions_per_epoch
         base = epoch * per_epoch
         names = [f.name for f in self.fields]
         transform = self.transform
-        block = _FIRST_BLOCK
-        while position < per_epoch:
-            stop = min(position + block, per_epoch)
-            indices = self.order.indices(epoch, position, stop)
-            columns = self.dataref.read_rows(indices, self.fields)
-            offset = base + position
-            for row in zip(*columns):
-                offset += 1
-                record = dict(zip(names, row))
-                self._offset = offset
-                yield record if transform is None else transform(record)
-            position = stop
-            block = _BLOCK
+        for start, indices in self._order_blocks(epoch, position, _FIRST_BLOCK, _ORDER_BLOCK):
+            offset = base + start
+            # Read (and hold in memory) a bounded number of records at a time.
+            for read in range(0, len(indices), _READ_BLOCK):
+                columns = self.dataref.read_rows(indices[read : read + _READ_BLOCK], self.fields)
+                for row in zip(*columns):
+                    offset += 1
+                    record = dict(zip(names, row))
+                    self._offset = offset
+                    yield record if transform is None else transform(record)
         self._offset = base + per_epoch
 
     def _batches(self, epoch: int, position: int) -> Iterator[dict[str, Any]]:
@@ -155,18 +170,18 @@ class Stream:
         size = self.batch_size
         assert size is not None
         base = epoch * per_epoch
-        while position < per_epoch:
-            stop = min(position + size, per_epoch)
-            if self.drop_last and stop - position < size:
-                break
-            indices = self.order.indices(epoch, position, stop)
-            if self.transform is None:
-                batch = self.dataref.read_columns(indices, self.fields)
-            else:
-                batch = _collate([self.transform(r) for r in self._rows(indices)])
-            self._offset = base + stop
-            yield batch
-            position = stop
+        per_block = size * max(1, _ORDER_BLOCK // size)
+        for start, indices in self._order_blocks(epoch, position, size, per_block):
+            for first in range(0, len(indices), size):
+                batch_indices = indices[first : first + size]
+                if self.drop_last and len(batch_indices) < size:
+                    break
+                if self.transform is None:
+                    batch = self.dataref.read_columns(batch_indices, self.fields)
+                else:
+                    batch = _collate([self.transform(r) for r in self._rows(batch_indices)])
+                self._offset = base + start + first + len(batch_indices)
+                yield batch
         self._offset = base + per_epoch
 
     def _rows(self, indices: np.ndarray) -> Iterator[dict[str, Any]]:

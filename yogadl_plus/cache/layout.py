@@ -74,6 +74,8 @@ class RecordLayout:
         self._fixed_encoders = [(n, e) for n, f, e in self._encoders if f.fixed]
         self._variable_encoders = [(n, e) for n, f, e in self._encoders if not f.fixed]
         self._bitmap_zero = bytes(self.bitmap_bytes)
+        self._decoders = {f.name: self._field_decoder(f) for f in schema}
+        self._plans: dict[tuple[Field, ...], tuple[int, int, np.dtype | None, bool]] = {}
 
     # --- writing ---
 
@@ -189,61 +191,96 @@ class RecordLayout:
         end = _U32.unpack_from(data, self.fixed_end + 4 * i)[0]
         return data[self.payload_start + begin : self.payload_start + end]
 
+    def _field_decoder(self, field: Field) -> Callable[[memoryview | bytes], Any]:
+        """data -> value for one field, with its offsets and shapes worked out once."""
+        if field.fixed:
+            start, stop, dtype, shape = (
+                self.offset[field.name],
+                self.offset[field.name] + field.nbytes,
+                field.dtype,
+                field.shape,
+            )
+            if shape == ():
+                return lambda data: np.frombuffer(data, dtype, 1, start)[0]
+            # A private copy: the caller may keep the array after the read transaction ends.
+            return lambda data: np.frombuffer(bytearray(data[start:stop]), dtype).reshape(shape)
+        codec = field.codec
+        assert codec is not None
+
+        def decode_variable(data: memoryview | bytes) -> Any:
+            if self.is_null(data, field):
+                return None
+            return codec.decode(field, self.field_bytes(data, field))
+
+        return decode_variable
+
     def decode_field(self, data: memoryview | bytes, field: Field) -> Any:
         """One field of one record, as the user sees it (None when null)."""
-        if field.fixed:
-            start = self.offset[field.name]
-            if field.shape == ():
-                return np.frombuffer(data, field.dtype, 1, start)[0]
-            count = field.nbytes // field.dtype.itemsize
-            copied = bytearray(data[start : start + field.nbytes])
-            return np.frombuffer(copied, field.dtype, count).reshape(field.shape)
-        if self.is_null(data, field):
-            return None
-        return field.codec.decode(field, self.field_bytes(data, field))  # type: ignore[union-attr]
+        return self._decoders[field.name](data)
+
+    def decode_record(self, data: memoryview | bytes, fields: Sequence[Field]) -> dict[str, Any]:
+        decoders = self._decoders
+        return {f.name: decoders[f.name](data) for f in fields}
 
     def decode_columns(
         self, values: Sequence[memoryview | bytes], fields: Sequence[Field]
     ) -> dict[str, Any]:
         """Fields of many records: fixed fields stacked in one vectorized step, others in lists."""
         out: dict[str, Any] = {}
-        fixed = [f for f in fields if f.fixed]
+        fixed = tuple(f for f in fields if f.fixed)
         if fixed:
             out.update(self._decode_fixed(values, fixed))
         for f in fields:
             if not f.fixed:
-                out[f.name] = [self.decode_field(v, f) for v in values]
+                decode = self._decoders[f.name]
+                out[f.name] = [decode(v) for v in values]
         return {f.name: out[f.name] for f in fields}
 
+    def _fixed_plan(self, fields: tuple[Field, ...]) -> tuple[int, int, np.dtype | None, bool]:
+        """(lo, hi, struct dtype, whole) for bulk-decoding ``fields``; dtype None means one copy
+        per field (large unselected fixed fields lie between the selected ones)."""
+        plan = self._plans.get(fields)
+        if plan is None:
+            lo = min(self.offset[f.name] for f in fields)
+            hi = max(self.offset[f.name] + f.nbytes for f in fields)
+            selected = sum(f.nbytes for f in fields)
+            if (hi - lo) - selected > max(_SPAN_SLACK_BYTES, selected):
+                plan = (lo, hi, None, False)
+            else:
+                whole = (
+                    lo == 0 and hi == self.fixed_end and not self.variable and not self.bitmap_bytes
+                )
+                offsets = [self.offset[f.name] - lo for f in fields]
+                plan = (lo, hi, _struct_dtype(fields, offsets, hi - lo), whole)
+            self._plans[fields] = plan
+        return plan
+
     def _decode_fixed(
-        self, values: Sequence[memoryview | bytes], fields: Sequence[Field]
+        self, values: Sequence[memoryview | bytes], fields: tuple[Field, ...]
     ) -> dict[str, np.ndarray]:
         n = len(values)
-        lo = min(self.offset[f.name] for f in fields)
-        hi = max(self.offset[f.name] + f.nbytes for f in fields)
-        selected = sum(f.nbytes for f in fields)
-        if (hi - lo) - selected > max(_SPAN_SLACK_BYTES, selected):
-            # Large unselected fixed fields in between: copy each selected field on its own.
+        lo, hi, dtype, whole = self._fixed_plan(fields)
+        if dtype is None:
             return {f.name: self._decode_one_fixed(values, f) for f in fields}
-        whole = lo == 0 and hi == self.fixed_end and not self.variable and not self.bitmap_bytes
         # A record that is all selected fixed fields is copied as is, without slicing.
         buffer = bytearray().join(values if whole else [v[lo:hi] for v in values])
-        dtype = _struct_dtype(fields, [self.offset[f.name] - lo for f in fields], hi - lo)
         if len(buffer) != n * (hi - lo):
             raise CacheCorrupted(
                 f"record sizes do not match the stored schema's layout ({len(buffer)} bytes for "
                 f"{n} records of {hi - lo}); run storage.verify() and rebuild the version"
             )
-        rows = np.frombuffer(buffer, dtype, n)
         if len(fields) == 1 and hi - lo == fields[0].nbytes:
             # The record region is exactly this field: reinterpret, no copy.
             f = fields[0]
             return {f.name: np.frombuffer(buffer, f.dtype).reshape(_stacked(n, f))}
+        rows = np.frombuffer(buffer, dtype, n)
         return {f.name: np.ascontiguousarray(rows[f.name]) for f in fields}
 
     def _decode_one_fixed(self, values: Sequence[memoryview | bytes], f: Field) -> np.ndarray:
         start, stop = self.offset[f.name], self.offset[f.name] + f.nbytes
         buffer = bytearray().join([v[start:stop] for v in values])
+        if len(buffer) != len(values) * f.nbytes:
+            raise CacheCorrupted(f"field {f.name!r}: record sizes do not match the stored schema")
         return np.frombuffer(buffer, f.dtype).reshape(_stacked(len(values), f))
 
     def row_views(

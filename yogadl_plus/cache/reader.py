@@ -3,6 +3,7 @@ thread per process, reopened after fork."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import threading
 import weakref
@@ -12,9 +13,13 @@ import lmdb
 import numpy as np
 
 from yogadl_plus.cache.manifest import ChunkInfo, Manifest
+from yogadl_plus.cache.writer import record_key
 from yogadl_plus.errors import CacheCorrupted
 
 __all__ = ["ChunkSet"]
+
+# Values come back as memoryviews into the map (the transactions are opened with buffers=True).
+Value = memoryview | bytes
 
 _OPEN_SETS: weakref.WeakSet[ChunkSet] = weakref.WeakSet()
 
@@ -188,7 +193,11 @@ class ChunkSet:
 
     def get_many(self, indices: np.ndarray) -> list[memoryview]:
         """The values of many records, in the order given."""
-        if len(self.chunks) == 1:
+        values: list[Value | None]
+        n = len(indices)
+        if n > 2 and indices[-1] - indices[0] == n - 1 and (np.diff(indices) == 1).all():
+            values = self._get_run(int(indices[0]), n)
+        elif len(self.chunks) == 1:
             get = self.txn(0).get
             keys = np.asarray(indices, dtype=">u4").tobytes()
             values = [get(keys[j : j + 4]) for j in range(0, len(keys), 4)]
@@ -196,12 +205,29 @@ class ChunkSet:
             chunk, local = self.locate(np.asarray(indices, dtype=np.int64))
             keys = local.astype(">u4").tobytes()
             # Only the chunks this batch touches are opened.
-            gets = {int(n): self.txn(int(n)).get for n in np.unique(chunk)}
+            gets = {int(c): self.txn(int(c)).get for c in np.unique(chunk)}
             values = [gets[c](keys[4 * j : 4 * j + 4]) for j, c in enumerate(chunk.tolist())]
-        if None in values:
+        # all() is the cheap test (a missing value is None); an empty value is falsy too.
+        if not all(values) and any(v is None for v in values):
             missing = [int(indices[j]) for j, v in enumerate(values) if v is None]
             raise CacheCorrupted(f"records {missing[:10]} are missing from the chunk files")
         return cast(list[memoryview], values)
+
+    def _get_run(self, start: int, count: int) -> list[Value | None]:
+        """The values of records start .. start+count-1, walking a cursor instead of seeking."""
+        values: list[Value | None] = []
+        stop = start + count
+        while start < stop:
+            number = int(np.searchsorted(self.starts, start, side="right")) - 1
+            take = min(stop, int(self.starts[number + 1])) - start
+            run: list[Value | None] = []
+            cursor = self.txn(number).cursor()
+            if cursor.set_key(record_key(start - int(self.starts[number]))):
+                run.extend(itertools.islice(cursor.iternext(keys=False, values=True), take))
+            values.extend(run)
+            values.extend([None] * (take - len(run)))  # reported as missing by the caller
+            start += take
+        return values
 
     def verify(self) -> None:
         """Re-hash every chunk file against the manifest; CacheCorrupted names the first bad one."""
