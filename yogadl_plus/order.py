@@ -1,0 +1,340 @@
+"""The order of a data stream as a pure function ``(epoch, position) -> record index``.
+
+Resuming, sharding and elastic rescaling are then arithmetic instead of replaying an iterator:
+any position of any epoch costs the same to compute, in O(1) memory and with no I/O. A
+shuffled epoch is a keyed pseudo-random bijection (a Feistel network with cycle-walking)
+rather than a materialized ``np.random.permutation``, so a billion records need no
+billion-entry array (up to 1024 records, where a table costs nothing, it is an exact keyed
+Fisher-Yates shuffle), and the order is identical in every process because the keys come from
+``hashlib.blake2b`` of the seed and epoch, never from Python's salted ``hash()``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import operator
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = ["EpochOrder", "Permutation"]
+
+_ROUNDS = 6
+_MASK64 = (1 << 64) - 1
+# splitmix64's finalizer multipliers: odd, with good avalanche in the high bits.
+_C1 = 0xBF58476D1CE4E5B9
+_C2 = 0x94D049BB133111EB
+_SHIFT = 31
+_C1_U64 = np.uint64(_C1)
+_C2_U64 = np.uint64(_C2)
+_SHIFT_U64 = np.uint64(_SHIFT)
+_HALF_WORD_U64 = np.uint64(32)
+_MAX_N = 1 << 63  # positions and record indices are int64
+# Above this many positions, work in slices that stay in cache: the network is a long chain of
+# cheap ufuncs, and streaming 8-byte temporaries through main memory would dominate.
+_CHUNK = 8192
+# Below this many stragglers, finish the cycle walk with Python ints: one numpy pass costs
+# ~70 ufunc calls whatever the array size.
+_SCALAR_TAIL = 8
+# Up to this many records, an epoch's order is an exact keyed Fisher-Yates shuffle kept as a
+# table: a Feistel network over a tiny domain reaches only some of the n! orders (n <= 6 is
+# visibly non-uniform), and a table this small costs nothing.
+_TABLE_MAX = 1024
+_GOLDEN = 0x9E3779B97F4A7C15
+
+
+def _check_int(name: str, value: object, low: int, high: int | None = None) -> int:
+    """Returns ``value`` as an int in ``[low, high]``, or raises ValueError quoting it."""
+    allowed = f"[{low}, {high}]" if high is not None else f"[{low}, inf)"
+    if isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"{name} must be an int in {allowed}, got the bool {value!r}")
+    try:
+        number = operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        raise ValueError(
+            f"{name} must be an int in {allowed}, got {value!r} of type {type(value).__name__}"
+        ) from None
+    if number < low or (high is not None and number > high):
+        raise ValueError(f"{name} must be in {allowed}, got {number}")
+    return number
+
+
+def _check_bool(name: str, value: object) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"{name} must be a bool, got {value!r} of type {type(value).__name__}")
+    return bool(value)
+
+
+def _splitmix64(state: int) -> int:
+    z = state
+    z = ((z ^ (z >> 30)) * _C1) & _MASK64
+    z = ((z ^ (z >> 27)) * _C2) & _MASK64
+    return z ^ (z >> 31)
+
+
+def _fisher_yates(n: int, key: int) -> npt.NDArray[np.int64]:
+    """A uniformly random order of ``range(n)`` drawn from a splitmix64 stream seeded by
+    ``key``: integer arithmetic only, so it is the same on every machine and numpy version."""
+    table = list(range(n))
+    state = key
+    for i in range(n - 1, 0, -1):
+        bound = i + 1
+        reject_below = (1 << 64) % bound  # Lemire: unbiased draws from [0, bound)
+        while True:
+            state = (state + _GOLDEN) & _MASK64
+            product = _splitmix64(state) * bound
+            if product & _MASK64 >= reject_below:
+                break
+        j = product >> 64
+        table[i], table[j] = table[j], table[i]
+    return np.array(table, dtype=np.int64)
+
+
+def _round_keys(seed: int, epoch: int) -> tuple[int, ...]:
+    # Decimal text hashes any size of int the same way in every process and Python version.
+    digest = hashlib.blake2b(
+        f"{seed}:{epoch}".encode("ascii"), digest_size=8 * _ROUNDS, person=b"ydl-order-v1"
+    ).digest()
+    return tuple(int.from_bytes(digest[8 * i : 8 * i + 8], "little") for i in range(_ROUNDS))
+
+
+class Permutation:
+    """A keyed pseudo-random bijection of ``[0, n)``: ``p[position] -> index``.
+
+    Fixed by ``(n, seed, epoch)`` alone, identical in every process. Construction and memory
+    are O(1); ``indices`` evaluates many positions at once with numpy.
+    """
+
+    __slots__ = ("_keys", "_np_keys", "_side", "_table", "_walk_limit", "epoch", "n", "seed")
+
+    def __init__(self, n: int, seed: int, epoch: int = 0) -> None:
+        self.n = _check_int("n", n, 0, _MAX_N)
+        self.seed = _check_int("seed", seed, 0)
+        self.epoch = _check_int("epoch", epoch, 0)
+        # A balanced Feistel network over Z_a x Z_a with a = ceil(sqrt(n)): the domain a * a
+        # overshoots n by fewer than 2a values, so cycle-walking rarely needs a second pass.
+        # (Halves of h bits would overshoot by up to 4x, and the walk would cost up to 4x.)
+        self._side = math.isqrt(self.n - 1) + 1 if self.n > 1 else 1
+        # A walk through a bijection reaches [0, n) within this many steps; more means a bug,
+        # which had better raise than hang a data loader.
+        self._walk_limit = self._side * self._side - self.n + 1
+        self._keys = _round_keys(self.seed, self.epoch)
+        self._np_keys = tuple(np.uint64(k) for k in self._keys)
+        self._table: npt.NDArray[np.int64] | None = None  # made on first use, small n only
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __repr__(self) -> str:
+        return f"Permutation(n={self.n}, seed={self.seed}, epoch={self.epoch})"
+
+    def __getitem__(self, position: int) -> int:
+        if isinstance(position, (bool, np.bool_)):
+            raise TypeError(f"Permutation positions are ints, got the bool {position!r}")
+        pos = operator.index(position)
+        if not 0 <= pos < self.n:
+            raise IndexError(self._range_message(pos))
+        if self.n <= _TABLE_MAX:
+            return int(self._small_table()[pos])
+        return self._walk_scalar(self._network_scalar(pos))
+
+    def indices(self, positions: npt.ArrayLike) -> npt.NDArray[np.int64]:
+        """Returns the record index at each position, as int64 with the shape of ``positions``.
+
+        Raises IndexError if a position is outside ``[0, n)``.
+        """
+        pos = np.asarray(positions)
+        if pos.dtype.kind not in "iu":
+            if pos.size:
+                raise TypeError(f"positions must be integers, got dtype {pos.dtype}")
+            pos = pos.astype(np.int64)
+        # Negative int64 wraps to huge uint64, so one comparison checks both ends of the range.
+        work = pos.astype(np.uint64)
+        out_of_range = work >= np.uint64(self.n)
+        if out_of_range.any():
+            bad = int(pos.reshape(-1)[np.flatnonzero(out_of_range)[0]])
+            raise IndexError(self._range_message(bad))
+        return self._permute(work.reshape(-1)).reshape(pos.shape)
+
+    def _range_message(self, position: int) -> str:
+        if not self.n:
+            return f"Got position {position}, but the permutation is empty (n=0)"
+        return f"Got position {position}, allowed positions are in [0, {self.n - 1}]"
+
+    def _small_table(self) -> npt.NDArray[np.int64]:
+        if self._table is None:
+            self._table = _fisher_yates(self.n, self._keys[0])
+        return self._table
+
+    def _permute(self, values: npt.NDArray[np.uint64]) -> npt.NDArray[np.int64]:
+        """Permutes in-range uint64 positions in place and returns them viewed as int64."""
+        if self.n <= _TABLE_MAX:
+            values[:] = self._small_table()[values.view(np.int64)]
+            return values.view(np.int64)
+        for begin in range(0, values.size, _CHUNK):
+            self._permute_chunk(values[begin : begin + _CHUNK])
+        return values.view(np.int64)
+
+    def _permute_chunk(self, values: npt.NDArray[np.uint64]) -> None:
+        n = np.uint64(self.n)
+        self._network(values)
+        pending = np.flatnonzero(values >= n)
+        for _ in range(self._walk_limit):
+            if pending.size <= _SCALAR_TAIL:
+                break
+            walked = values[pending]
+            self._network(walked)
+            values[pending] = walked
+            pending = pending[walked >= n]
+        for i in pending.tolist():
+            values[i] = self._walk_scalar(int(values[i]))
+
+    def _walk_scalar(self, value: int) -> int:
+        for _ in range(self._walk_limit):
+            if value < self.n:
+                return value
+            value = self._network_scalar(value)
+        raise RuntimeError(f"{self!r}: cycle-walking did not end; the network is not a bijection")
+
+    def _network(self, values: npt.NDArray[np.uint64]) -> None:
+        """One pass of the network, in place, over values in ``[0, a * a)``.
+
+        Must equal ``_network_scalar`` value for value.
+        """
+        side = np.uint64(self._side)
+        left = values // side
+        right = values - left * side
+        t = np.empty_like(values)
+        u = np.empty_like(values)
+        for i, key in enumerate(self._np_keys):
+            src, dst = (right, left) if i % 2 == 0 else (left, right)
+            np.bitwise_xor(src, key, out=t)
+            np.multiply(t, _C1_U64, out=t)
+            np.right_shift(t, _SHIFT_U64, out=u)
+            np.bitwise_xor(t, u, out=t)
+            np.multiply(t, _C2_U64, out=t)
+            # Top 32 bits times a, top half of that: uniform in [0, a) without a division.
+            np.right_shift(t, _HALF_WORD_U64, out=t)
+            np.multiply(t, side, out=t)
+            np.right_shift(t, _HALF_WORD_U64, out=t)
+            # (dst + t) mod a for dst, t < a: subtracting a wraps to a huge uint64 when the
+            # sum is already below a, so the minimum picks the right one.
+            np.add(dst, t, out=dst)
+            np.subtract(dst, side, out=u)
+            np.minimum(dst, u, out=dst)
+        np.multiply(left, side, out=left)
+        np.add(left, right, out=values)
+
+    def _network_scalar(self, value: int) -> int:
+        side = self._side
+        left, right = divmod(value, side)
+        for i, key in enumerate(self._keys):
+            src = right if i % 2 == 0 else left
+            t = ((src ^ key) * _C1) & _MASK64
+            t ^= t >> _SHIFT
+            t = ((((t * _C2) & _MASK64) >> 32) * side) >> 32
+            if i % 2 == 0:
+                left = (left + t) % side
+            else:
+                right = (right + t) % side
+        return left * side + right
+
+
+class EpochOrder:
+    """The record order of one shard of a stream, epoch by epoch, as a pure function.
+
+    Each epoch has one global order over all ``num_records`` records: the identity, or with
+    ``shuffle=True`` the ``Permutation(num_records, seed, epoch)`` (epoch 0's for every epoch
+    with ``skip_shuffle_at_epoch_end=True``). ``drop_shard_remainder=True`` first cuts that order
+    to its first ``global_length`` positions, a multiple of ``num_shards``. Shard ``r`` of ``S``
+    takes global positions ``r, r + S, r + 2S, ...``, so within an epoch the shards are disjoint
+    and together cover the (cut) global order. Any ``(epoch, position)`` costs the same.
+    """
+
+    def __init__(
+        self,
+        num_records: int,
+        *,
+        shuffle: bool = False,
+        seed: int | None = None,
+        skip_shuffle_at_epoch_end: bool = False,
+        shard_rank: int = 0,
+        num_shards: int = 1,
+        drop_shard_remainder: bool = False,
+    ) -> None:
+        self.num_records = _check_int("num_records", num_records, 0, _MAX_N)
+        self.shuffle = _check_bool("shuffle", shuffle)
+        self.skip_shuffle_at_epoch_end = _check_bool(
+            "skip_shuffle_at_epoch_end", skip_shuffle_at_epoch_end
+        )
+        self.drop_shard_remainder = _check_bool("drop_shard_remainder", drop_shard_remainder)
+        self.num_shards = _check_int("num_shards", num_shards, 1)
+        self.shard_rank = _check_int("shard_rank", shard_rank, 0, self.num_shards - 1)
+        if seed is None:
+            if self.shuffle:
+                raise ValueError(
+                    "shuffle=True needs a seed, got seed=None: pass shuffle_seed; the Stream "
+                    "draws one when none is given"
+                )
+            self.seed: int | None = None
+        else:
+            self.seed = _check_int("seed", seed, 0)
+
+        n, shards = self.num_records, self.num_shards
+        self.global_length = n - n % shards if self.drop_shard_remainder else n
+        self.shard_length = len(range(self.shard_rank, self.global_length, shards))
+        self._perm: Permutation | None = None
+
+    def __repr__(self) -> str:
+        return (
+            f"EpochOrder(num_records={self.num_records}, shuffle={self.shuffle}, "
+            f"seed={self.seed}, skip_shuffle_at_epoch_end={self.skip_shuffle_at_epoch_end}, "
+            f"shard_rank={self.shard_rank}, num_shards={self.num_shards}, "
+            f"drop_shard_remainder={self.drop_shard_remainder})"
+        )
+
+    def global_position(self, position: int) -> int:
+        """Returns where this shard's ``position`` sits in the epoch's global order."""
+        position = _check_int("position", position, 0)
+        return self.shard_rank + self.num_shards * position
+
+    def indices(self, epoch: int, start: int, stop: int) -> npt.NDArray[np.int64]:
+        """Returns the int64 record indices at positions ``[start, stop)`` of this shard's epoch.
+
+        ``start`` and ``stop`` are clipped to ``[0, shard_length]``; the work is O(stop - start)
+        for any epoch and position.
+        """
+        epoch = _check_int("epoch", epoch, 0)
+        start = min(max(operator.index(start), 0), self.shard_length)
+        stop = min(max(operator.index(stop), start), self.shard_length)
+        positions = np.arange(start, stop, dtype=np.int64)
+        positions *= self.num_shards
+        positions += self.shard_rank
+        perm = self._permutation(epoch)
+        return positions if perm is None else perm._permute(positions.view(np.uint64))
+
+    def index(self, epoch: int, position: int) -> int:
+        """Returns the record index at this shard's ``position`` of ``epoch``."""
+        epoch = _check_int("epoch", epoch, 0)
+        position = operator.index(position)
+        if not 0 <= position < self.shard_length:
+            raise IndexError(
+                f"Got position {position}, allowed positions are in [0, {self.shard_length - 1}]"
+                if self.shard_length
+                else f"Got position {position}, but this shard has no positions"
+            )
+        global_position = self.shard_rank + self.num_shards * position
+        perm = self._permutation(epoch)
+        return global_position if perm is None else perm[global_position]
+
+    def _permutation(self, epoch: int) -> Permutation | None:
+        if not self.shuffle:
+            return None
+        assert self.seed is not None
+        key_epoch = 0 if self.skip_shuffle_at_epoch_end else epoch
+        perm = self._perm  # one read, so a concurrent caller can only replace it
+        if perm is None or perm.epoch != key_epoch:
+            perm = Permutation(self.num_records, self.seed, key_epoch)
+            self._perm = perm
+        return perm
