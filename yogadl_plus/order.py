@@ -18,6 +18,8 @@ import operator
 import numpy as np
 import numpy.typing as npt
 
+from yogadl_plus.checks import check_bool, check_int
+
 __all__ = ["EpochOrder", "Permutation"]
 
 _ROUNDS = 6
@@ -42,28 +44,6 @@ _SCALAR_TAIL = 8
 # visibly non-uniform), and a table this small costs nothing.
 _TABLE_MAX = 1024
 _GOLDEN = 0x9E3779B97F4A7C15
-
-
-def _check_int(name: str, value: object, low: int, high: int | None = None) -> int:
-    """Returns ``value`` as an int in ``[low, high]``, or raises ValueError quoting it."""
-    allowed = f"[{low}, {high}]" if high is not None else f"[{low}, inf)"
-    if isinstance(value, (bool, np.bool_)):
-        raise ValueError(f"{name} must be an int in {allowed}, got the bool {value!r}")
-    try:
-        number = operator.index(value)  # type: ignore[arg-type]
-    except TypeError:
-        raise ValueError(
-            f"{name} must be an int in {allowed}, got {value!r} of type {type(value).__name__}"
-        ) from None
-    if number < low or (high is not None and number > high):
-        raise ValueError(f"{name} must be in {allowed}, got {number}")
-    return number
-
-
-def _check_bool(name: str, value: object) -> bool:
-    if not isinstance(value, (bool, np.bool_)):
-        raise ValueError(f"{name} must be a bool, got {value!r} of type {type(value).__name__}")
-    return bool(value)
 
 
 def _splitmix64(state: int) -> int:
@@ -109,9 +89,9 @@ class Permutation:
     __slots__ = ("_keys", "_np_keys", "_side", "_table", "_walk_limit", "epoch", "n", "seed")
 
     def __init__(self, n: int, seed: int, epoch: int = 0) -> None:
-        self.n = _check_int("n", n, 0, _MAX_N)
-        self.seed = _check_int("seed", seed, 0)
-        self.epoch = _check_int("epoch", epoch, 0)
+        self.n = check_int("n", n, 0, _MAX_N)
+        self.seed = check_int("seed", seed, 0)
+        self.epoch = check_int("epoch", epoch, 0)
         # A balanced Feistel network over Z_a x Z_a with a = ceil(sqrt(n)): the domain a * a
         # overshoots n by fewer than 2a values, so cycle-walking rarely needs a second pass.
         # (Halves of h bits would overshoot by up to 4x, and the walk would cost up to 4x.)
@@ -263,14 +243,14 @@ class EpochOrder:
         num_shards: int = 1,
         drop_shard_remainder: bool = False,
     ) -> None:
-        self.num_records = _check_int("num_records", num_records, 0, _MAX_N)
-        self.shuffle = _check_bool("shuffle", shuffle)
-        self.skip_shuffle_at_epoch_end = _check_bool(
+        self.num_records = check_int("num_records", num_records, 0, _MAX_N)
+        self.shuffle = check_bool("shuffle", shuffle)
+        self.skip_shuffle_at_epoch_end = check_bool(
             "skip_shuffle_at_epoch_end", skip_shuffle_at_epoch_end
         )
-        self.drop_shard_remainder = _check_bool("drop_shard_remainder", drop_shard_remainder)
-        self.num_shards = _check_int("num_shards", num_shards, 1)
-        self.shard_rank = _check_int("shard_rank", shard_rank, 0, self.num_shards - 1)
+        self.drop_shard_remainder = check_bool("drop_shard_remainder", drop_shard_remainder)
+        self.num_shards = check_int("num_shards", num_shards, 1)
+        self.shard_rank = check_int("shard_rank", shard_rank, 0, self.num_shards - 1)
         if seed is None:
             if self.shuffle:
                 raise ValueError(
@@ -279,7 +259,7 @@ class EpochOrder:
                 )
             self.seed: int | None = None
         else:
-            self.seed = _check_int("seed", seed, 0)
+            self.seed = check_int("seed", seed, 0)
 
         n, shards = self.num_records, self.num_shards
         self.global_length = n - n % shards if self.drop_shard_remainder else n
@@ -296,7 +276,7 @@ class EpochOrder:
 
     def global_position(self, position: int) -> int:
         """Returns where this shard's ``position`` sits in the epoch's global order."""
-        position = _check_int("position", position, 0)
+        position = check_int("position", position, 0)
         return self.shard_rank + self.num_shards * position
 
     def indices(self, epoch: int, start: int, stop: int) -> npt.NDArray[np.int64]:
@@ -305,7 +285,7 @@ class EpochOrder:
         ``start`` and ``stop`` are clipped to ``[0, shard_length]``; the work is O(stop - start)
         for any epoch and position.
         """
-        epoch = _check_int("epoch", epoch, 0)
+        epoch = check_int("epoch", epoch, 0)
         start = min(max(operator.index(start), 0), self.shard_length)
         stop = min(max(operator.index(stop), start), self.shard_length)
         positions = np.arange(start, stop, dtype=np.int64)
@@ -316,7 +296,7 @@ class EpochOrder:
 
     def index(self, epoch: int, position: int) -> int:
         """Returns the record index at this shard's ``position`` of ``epoch``."""
-        epoch = _check_int("epoch", epoch, 0)
+        epoch = check_int("epoch", epoch, 0)
         position = operator.index(position)
         if not 0 <= position < self.shard_length:
             raise IndexError(

@@ -6,13 +6,13 @@ it is (``offset``), so resuming anywhere costs the same as starting at 0.
 
 from __future__ import annotations
 
-import operator
 import secrets
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from yogadl_plus.checks import check_int
 from yogadl_plus.order import EpochOrder
 
 if TYPE_CHECKING:
@@ -25,16 +25,6 @@ _FIRST_BLOCK = 32
 _ORDER_BLOCK = 4096
 # Records decoded at once when iterating record by record (bounds memory for large records).
 _READ_BLOCK = 512
-
-
-def _non_negative_int(name: str, value: Any) -> int:
-    try:
-        number = operator.index(value)
-    except TypeError:
-        raise ValueError(f"{name} must be an int, got {value!r}") from None
-    if isinstance(value, bool) or number < 0:
-        raise ValueError(f"{name} must be an int >= 0, got {value!r}")
-    return number
 
 
 class Stream:
@@ -66,14 +56,14 @@ class Stream:
         prefetch: int | None = None,
     ) -> None:
         self.dataref = dataref
-        start = _non_negative_int("start_offset", start_offset)
+        start = check_int("start_offset", start_offset, 0)
         if predicate is not None or ngram is not None or num_workers:
             raise NotImplementedError(
                 "predicate=, ngram= and num_workers > 0 are not in this release of yogadl_plus"
             )
-        _non_negative_int("num_workers", num_workers)
-        if batch_size is not None and (_non_negative_int("batch_size", batch_size) == 0):
-            raise ValueError("batch_size must be an int >= 1 or None, got 0")
+        check_int("num_workers", num_workers, 0)
+        if batch_size is not None:
+            check_int("batch_size", batch_size, 1)
         if shuffle and shuffle_seed is None:
             if num_shards != 1:
                 raise ValueError(
@@ -82,7 +72,7 @@ class Stream:
                 )
             shuffle_seed = secrets.randbits(63)
         if shuffle_seed is not None:
-            _non_negative_int("shuffle_seed", shuffle_seed)
+            check_int("shuffle_seed", shuffle_seed, 0)
         self.order = EpochOrder(
             len(dataref),
             shuffle=shuffle,
