@@ -118,3 +118,19 @@ def test_documentation_snippets_run(page, tmp_path):
         code = code.replace("/tmp/yogadl-docs", str(tmp_path))
         namespace: dict = {}
         exec(compile(code, f"{page.name}", "exec"), namespace)
+
+
+@pytest.mark.parametrize(
+    "tty, progress, shown", [(True, True, True), (True, False, False), (False, True, False)]
+)
+def test_progress_bar_only_on_a_terminal_and_when_asked(
+    tmp_path, monkeypatch, tty, progress, shown
+):
+    import io
+
+    stderr = io.StringIO()
+    stderr.isatty = lambda: tty  # type: ignore[method-assign]
+    monkeypatch.setattr(sys, "stderr", stderr)
+    records = ({"i": i} for i in range(10_000))
+    ydl.cache_dataset(records, "bar", "v1", ydl.LocalStorage(tmp_path), progress=progress)
+    assert ("caching bar:v1" in stderr.getvalue()) is shown
