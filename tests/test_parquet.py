@@ -23,6 +23,9 @@ def table(start: int, rows: int, with_nulls: bool = False) -> pa.Table:
                 pa.FixedSizeListArray.from_arrays(pa.array(np.repeat(vec, 2, axis=0).ravel()), 3), 2
             ),
             "tokens": pa.array([list(range(i % 4)) for i in ids], pa.list_(pa.int16())),
+        "grid": pa.array(
+            [[[float(i)] * (i % 3)] * (i % 2 + 1) for i in ids], pa.list_(pa.list_(pa.float64()))
+        ),
             "name": pa.array([f"n{i}" for i in ids]),
             "raw": pa.array([bytes([i % 256]) * (i % 3) for i in ids], pa.binary()),
             "label": label,
@@ -46,6 +49,7 @@ def test_arrow_types_become_fields(parquet_dir):
     assert schema["vec"].shape == (3,) and schema["vec"].dtype == np.float32
     assert schema["mat"].shape == (2, 3)
     assert schema["tokens"].shape == (None,) and schema["tokens"].dtype == np.int16
+    assert schema["grid"].shape == (None, None) and schema["grid"].dtype == np.float64
     assert schema["name"].kind == "str" and schema["raw"].kind == "bytes"
     assert schema["when"].dtype == np.dtype("datetime64[ms]")
     assert not any(f.nullable for f in schema), "no column holds nulls"
@@ -74,6 +78,7 @@ def test_values_read_back(parquet_dir, tmp_path):
     assert r["id"] == 173 and r["name"] == "n173" and r["label"] == 173 % 3
     assert r["vec"].tolist() == [173, 346, 519] and r["mat"].shape == (2, 3)
     assert r["tokens"].tolist() == list(range(173 % 4)) and r["tokens"].dtype == np.int16
+    assert r["grid"].shape == (2, 173 % 3) and r["grid"].tolist() == [[173.0] * 2] * 2
     assert r["raw"] == bytes([173]) * (173 % 3)
     assert r["when"] == np.datetime64(173, "ms")
     batch = ref.get_batch(range(0, 250, 50), fields=["id", "vec"])
