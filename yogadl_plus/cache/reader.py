@@ -29,8 +29,8 @@ class _SharedEnvironments:
 
     LMDB must not open one file twice in a process (py-lmdb refuses it), and two DataRefs of
     one version are common, so environments are shared and counted by the file's identity.
-    Sets collected by the garbage collector only queue their release: the collector can run
-    inside ``acquire``, where taking the lock again would deadlock.
+    A set freed by the garbage collector never waits for the lock (the collector can run inside
+    ``acquire``, on the thread holding it): its release is queued when the lock is busy.
     """
 
     def __init__(self) -> None:
