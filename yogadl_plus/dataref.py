@@ -121,6 +121,11 @@ class DataRef:
         """get_batch for checked indices and resolved fields (the Stream's hot path)."""
         return self._layout.decode_columns(self._chunks.get_many(indices), fields)
 
-    def read_rows(self, indices: np.ndarray, fields: Sequence[Field]) -> list[list[Any]]:
-        """Per-field lists of values for checked indices (record-by-record iteration)."""
-        return self._layout.row_views(self._chunks.get_many(indices), fields)
+    def read_values(self, indices: np.ndarray) -> list[memoryview]:
+        """The raw record values at checked indices, valid in this thread until its next read
+        transaction ends; decode them with ``layout``."""
+        return self._chunks.get_many(indices)
+
+    @property
+    def layout(self) -> RecordLayout:
+        return self._layout

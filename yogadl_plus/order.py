@@ -230,6 +230,11 @@ class EpochOrder:
     to its first ``global_length`` positions, a multiple of ``num_shards``. Shard ``r`` of ``S``
     takes global positions ``r, r + S, r + 2S, ...``, so within an epoch the shards are disjoint
     and together cover the (cut) global order. Any ``(epoch, position)`` costs the same.
+
+    ``global_start = g`` starts in epoch ``g // num_records`` at global position
+    ``g % num_records`` (elastic resume: another number of shards carries on an epoch): in that
+    first epoch, shard ``r`` takes global positions ``g0 + r, g0 + r + S, ...``, cut with
+    ``drop_shard_remainder`` to a multiple of ``S`` after ``g0``; later epochs are whole.
     """
 
     def __init__(
@@ -242,8 +247,10 @@ class EpochOrder:
         shard_rank: int = 0,
         num_shards: int = 1,
         drop_shard_remainder: bool = False,
+        global_start: int = 0,
     ) -> None:
         self.num_records = check_int("num_records", num_records, 0, _MAX_N)
+        self.global_start = check_int("global_start", global_start, 0)
         self.shuffle = check_bool("shuffle", shuffle)
         self.skip_shuffle_at_epoch_end = check_bool(
             "skip_shuffle_at_epoch_end", skip_shuffle_at_epoch_end
@@ -264,14 +271,48 @@ class EpochOrder:
         n, shards = self.num_records, self.num_shards
         self.global_length = n - n % shards if self.drop_shard_remainder else n
         self.shard_length = len(range(self.shard_rank, self.global_length, shards))
+        self.first_epoch, self.first_global = divmod(self.global_start, n) if n else (0, 0)
         self._perm: Permutation | None = None
+
+    def epoch_start(self, epoch: int) -> int:
+        """The global position where ``epoch`` starts: ``global_start``'s in the first epoch."""
+        if epoch < self.first_epoch:
+            raise ValueError(
+                f"epoch {epoch} comes before this order's first epoch {self.first_epoch} "
+                f"(global_start={self.global_start})"
+            )
+        return self.first_global if epoch == self.first_epoch else 0
+
+    def epoch_global_length(self, epoch: int) -> int:
+        """The end of ``epoch``'s global order (cut to whole rounds of shards after its start)."""
+        start = self.epoch_start(epoch)
+        if not start:
+            return self.global_length
+        if self.drop_shard_remainder:
+            return start + (self.num_records - start) // self.num_shards * self.num_shards
+        return self.num_records
+
+    def epoch_shard_length(self, epoch: int) -> int:
+        """Positions of this shard in ``epoch`` (fewer in a first epoch begun mid-way)."""
+        start = self.epoch_start(epoch)
+        if not start:
+            return self.shard_length
+        return len(range(start + self.shard_rank, self.epoch_global_length(epoch), self.num_shards))
+
+    def global_offset(self, epoch: int, position: int) -> int:
+        """The global position, counted from epoch 0, reached when every shard has handed out
+        ``position`` items of ``epoch``: what ``global_start`` takes to resume there."""
+        reached = self.epoch_start(epoch) + self.num_shards * position
+        if reached >= self.epoch_global_length(epoch):
+            return (epoch + 1) * self.num_records
+        return epoch * self.num_records + reached
 
     def __repr__(self) -> str:
         return (
             f"EpochOrder(num_records={self.num_records}, shuffle={self.shuffle}, "
             f"seed={self.seed}, skip_shuffle_at_epoch_end={self.skip_shuffle_at_epoch_end}, "
             f"shard_rank={self.shard_rank}, num_shards={self.num_shards}, "
-            f"drop_shard_remainder={self.drop_shard_remainder})"
+            f"drop_shard_remainder={self.drop_shard_remainder}, global_start={self.global_start})"
         )
 
     def global_position(self, position: int) -> int:
@@ -286,11 +327,12 @@ class EpochOrder:
         for any epoch and position.
         """
         epoch = check_int("epoch", epoch, 0)
-        start = min(max(operator.index(start), 0), self.shard_length)
-        stop = min(max(operator.index(stop), start), self.shard_length)
+        length = self.epoch_shard_length(epoch)
+        start = min(max(operator.index(start), 0), length)
+        stop = min(max(operator.index(stop), start), length)
         positions = np.arange(start, stop, dtype=np.int64)
         positions *= self.num_shards
-        positions += self.shard_rank
+        positions += self.shard_rank + self.epoch_start(epoch)
         perm = self._permutation(epoch)
         return positions if perm is None else perm._permute(positions.view(np.uint64))
 
@@ -298,13 +340,14 @@ class EpochOrder:
         """Returns the record index at this shard's ``position`` of ``epoch``."""
         epoch = check_int("epoch", epoch, 0)
         position = operator.index(position)
-        if not 0 <= position < self.shard_length:
+        length = self.epoch_shard_length(epoch)
+        if not 0 <= position < length:
             raise IndexError(
-                f"Got position {position}, allowed positions are in [0, {self.shard_length - 1}]"
-                if self.shard_length
+                f"Got position {position}, allowed positions are in [0, {length - 1}]"
+                if length
                 else f"Got position {position}, but this shard has no positions"
             )
-        global_position = self.shard_rank + self.num_shards * position
+        global_position = self.epoch_start(epoch) + self.shard_rank + self.num_shards * position
         perm = self._permutation(epoch)
         return global_position if perm is None else perm[global_position]
 

@@ -1,7 +1,10 @@
-"""Stream: which record comes next, as index arithmetic, then reading it through a DataRef.
+"""Stream: which record comes next, as index arithmetic, then the work at the boundary.
 
-The order is ``EpochOrder``: a pure function of (epoch, position). The stream only keeps where
-it is (``offset``), so resuming anywhere costs the same as starting at 0.
+The order is ``EpochOrder``: a pure function of (epoch, position). The stream cuts an epoch's
+positions into units, has a BlockReader read each unit (inline, or ahead of the caller in a
+pool of threads or processes, always handed back in order), and turns the blocks into records,
+windows or batches. It only keeps where it is (``offset``), so resuming anywhere costs the same
+as starting at 0.
 """
 
 from __future__ import annotations
@@ -12,8 +15,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from yogadl_plus.boundary import Block, BlockReader, collate
 from yogadl_plus.checks import check_int
 from yogadl_plus.order import EpochOrder
+from yogadl_plus.workers import WORKER_TYPES, OrderedPool
 
 if TYPE_CHECKING:
     from yogadl_plus.dataref import DataRef
@@ -23,7 +28,7 @@ __all__ = ["Stream"]
 # Positions whose order is computed at once: few first, so the first item comes fast.
 _FIRST_BLOCK = 32
 _ORDER_BLOCK = 4096
-# Records decoded at once when iterating record by record (bounds memory for large records).
+# Positions a unit of work reads when iterating record by record (bounds memory and latency).
 _READ_BLOCK = 512
 
 
@@ -32,7 +37,8 @@ class Stream:
 
     Each ``iter()`` is one epoch, the next one each time, even when the last was left
     unfinished. ``offset`` is the ``start_offset`` that resumes right after the last item
-    handed out.
+    handed out; ``global_offset`` is the ``global_start`` that resumes there on any number of
+    shards.
     """
 
     def __init__(
@@ -40,6 +46,7 @@ class Stream:
         dataref: DataRef,
         *,
         start_offset: int = 0,
+        global_start: int | None = None,
         shuffle: bool = False,
         shuffle_seed: int | None = None,
         skip_shuffle_at_epoch_end: bool = False,
@@ -49,19 +56,21 @@ class Stream:
         fields: Sequence[str] | str | None = None,
         predicate: Any = None,
         ngram: Any = None,
-        transform: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+        transform: Callable[[Any], Any] | None = None,
         batch_size: int | None = None,
         drop_last: bool = False,
         num_workers: int = 0,
         prefetch: int | None = None,
+        worker_type: str = "thread",
+        worker_start_method: str | None = None,
     ) -> None:
         self.dataref = dataref
         start = check_int("start_offset", start_offset, 0)
-        if predicate is not None or ngram is not None or num_workers:
-            raise NotImplementedError(
-                "predicate=, ngram= and num_workers > 0 are not in this release of yogadl_plus"
-            )
-        check_int("num_workers", num_workers, 0)
+        self.num_workers = check_int("num_workers", num_workers, 0)
+        if prefetch is not None:
+            check_int("prefetch", prefetch, 1)
+        if worker_type not in WORKER_TYPES:
+            raise ValueError(f"worker_type must be one of {WORKER_TYPES}, got {worker_type!r}")
         if batch_size is not None:
             check_int("batch_size", batch_size, 1)
         if shuffle and shuffle_seed is None:
@@ -71,40 +80,107 @@ class Stream:
                     "all ranks; otherwise each rank would draw its own and the shards would overlap"
                 )
             shuffle_seed = secrets.randbits(63)
-        if shuffle_seed is not None:
-            check_int("shuffle_seed", shuffle_seed, 0)
+        if predicate is not None:
+            from yogadl_plus.predicates import Predicate
+
+            if not isinstance(predicate, Predicate):
+                raise ValueError(
+                    f"predicate must be made with ydl.predicates (in_set, in_lambda, ...), "
+                    f"got {predicate!r}"
+                )
+        if ngram is not None:
+            from yogadl_plus.ngram import NGram
+
+            if not isinstance(ngram, NGram):
+                raise ValueError(f"ngram must be a ydl.NGram, got {ngram!r}")
+            if fields is not None:
+                raise ValueError(
+                    "with ngram=, the NGram names the fields of each offset: drop fields="
+                )
+            if predicate is not None:
+                raise ValueError("predicate= and ngram= cannot be combined in one stream")
+            ngram.check(dataref.schema)
+        if predicate is not None:
+            predicate.check(dataref.schema)
+        self.fields = dataref.select(fields)
+        self.ngram = ngram
+        self.anchors = ngram.anchors(dataref) if ngram is not None else None
+        positions_total = len(self.anchors) if self.anchors is not None else len(dataref)
         self.order = EpochOrder(
-            len(dataref),
+            positions_total,
             shuffle=shuffle,
             seed=shuffle_seed,
             skip_shuffle_at_epoch_end=skip_shuffle_at_epoch_end,
             shard_rank=shard_rank,
             num_shards=num_shards,
             drop_shard_remainder=drop_shard_remainder,
+            global_start=0 if global_start is None else global_start,
         )
-        self.shuffle = shuffle
         self.shuffle_seed = shuffle_seed
-        self.fields = dataref.select(fields)
+        self.predicate = predicate
         self.transform = transform
         self.batch_size = batch_size
         self.drop_last = drop_last
         self.positions_per_epoch = self.order.shard_length
+        self.reader = BlockReader(
+            dataref,
+            self.fields,
+            predicate=predicate,
+            ngram=ngram,
+            anchors=self.anchors,
+            transform=transform,
+            as_columns=batch_size is not None and transform is None,
+        )
+        self._pool = (
+            OrderedPool(self.reader, self.num_workers, worker_type, prefetch, worker_start_method)
+            if self.num_workers
+            else None
+        )
+        self._epoch, self._position = self._next = self._locate(start)
         self._offset = start
-        self._next_start = start
 
     def __repr__(self) -> str:
         return (
             f"Stream({self.dataref!r}, order={self.order!r}, offset={self._offset}, "
-            f"batch_size={self.batch_size})"
+            f"batch_size={self.batch_size}, num_workers={self.num_workers})"
         )
+
+    # --- where the stream is ---
+
+    def _locate(self, offset: int) -> tuple[int, int]:
+        """(epoch, position) of a start_offset: positions count from the first epoch's start."""
+        first = self.order.first_epoch
+        first_length = self.order.epoch_shard_length(first)
+        if offset < first_length or not self.positions_per_epoch:
+            return first, min(offset, first_length)
+        epochs, position = divmod(offset - first_length, self.positions_per_epoch)
+        return first + 1 + epochs, position
+
+    def _offset_of(self, epoch: int, position: int) -> int:
+        first = self.order.first_epoch
+        if epoch == first:
+            return position
+        done = self.order.epoch_shard_length(first) + (epoch - first - 1) * self.positions_per_epoch
+        return done + position
 
     @property
     def offset(self) -> int:
         """The start_offset that resumes right after the last item handed out."""
         return self._offset
 
+    @property
+    def global_offset(self) -> int:
+        """The global_start that resumes right after the last item handed out, on any number of
+        shards: exact when every shard has handed out as many positions as this one."""
+        return self.order.global_offset(self._epoch, self._position)
+
+    def _advance(self, epoch: int, position: int) -> None:
+        self._epoch, self._position = epoch, position
+        self._offset = self._offset_of(epoch, position)
+
     def __len__(self) -> int:
-        """Items (records or batches) in one epoch of this shard."""
+        """Items (records, windows or batches) in one whole epoch of this shard; with a
+        predicate, an upper bound."""
         positions = self.positions_per_epoch
         if self.batch_size is None:
             return positions
@@ -112,86 +188,122 @@ class Stream:
             return positions // self.batch_size
         return -(-positions // self.batch_size)
 
+    # --- iteration ---
+
     def __iter__(self) -> Iterator[Any]:
-        per_epoch = self.positions_per_epoch
-        if per_epoch == 0:
-            return iter(())
-        epoch, position = divmod(self._next_start, per_epoch)
-        self._next_start = (epoch + 1) * per_epoch
+        epoch, position = self._next
+        self._next = (epoch + 1, 0)  # the next iter() is the next epoch, finished or not
         if self.batch_size is None:
-            return self._records(epoch, position)
+            return self._items(epoch, position)
         return self._batches(epoch, position)
 
-    def _order_blocks(
-        self, epoch: int, position: int, first: int, size: int
-    ) -> Iterator[tuple[int, np.ndarray]]:
-        """(position, record indices) for runs of this epoch's order, from ``position`` on.
+    def close(self) -> None:
+        """Stop worker threads or processes now (they start again on the next iteration)."""
+        if self._pool is not None:
+            self._pool.close()
 
-        The order is computed for many positions at once (it costs per call, not per
-        position); the first run is short so that the first item comes quickly.
+    def _units(self, epoch: int, position: int, unit: int) -> Iterator[tuple[int, np.ndarray]]:
+        """(first position, record indices) of consecutive units of at most ``unit`` positions.
+
+        The order is computed for many units at once (it costs per call, not per position);
+        record by record, the first unit is short so that the first record comes quickly.
         """
-        per_epoch = self.positions_per_epoch
-        block = first
-        while position < per_epoch:
-            stop = min(position + block, per_epoch)
+        length = self.order.epoch_shard_length(epoch)
+        if self.batch_size is None and position < length:
+            stop = min(position + _FIRST_BLOCK, length)
             yield position, self.order.indices(epoch, position, stop)
             position = stop
-            block = size
+        span = max(unit, _ORDER_BLOCK // unit * unit)
+        while position < length:
+            stop = min(position + span, length)
+            indices = self.order.indices(epoch, position, stop)
+            for first in range(0, len(indices), unit):
+                yield position + first, indices[first : first + unit]
+            position = stop
 
-    def _records(self, epoch: int, position: int) -> Iterator[dict[str, Any]]:
-        per_epoch = self.positions_per_epoch
-        base = epoch * per_epoch
-        names = [f.name for f in self.fields]
-        transform = self.transform
-        for start, indices in self._order_blocks(epoch, position, _FIRST_BLOCK, _ORDER_BLOCK):
-            offset = base + start
-            # Read (and hold in memory) a bounded number of records at a time.
-            for read in range(0, len(indices), _READ_BLOCK):
-                columns = self.dataref.read_rows(indices[read : read + _READ_BLOCK], self.fields)
-                for row in zip(*columns):
-                    offset += 1
-                    record = dict(zip(names, row))
-                    self._offset = offset
-                    yield record if transform is None else transform(record)
-        self._offset = base + per_epoch
+    def _blocks(self, epoch: int, position: int) -> Iterator[Block]:
+        unit = _READ_BLOCK if self.batch_size is None else self.batch_size
+        units = self._units(epoch, position, unit)
+        if self._pool is None:
+            return map(self.reader, units)
+        return self._pool.map(units)
 
-    def _batches(self, epoch: int, position: int) -> Iterator[dict[str, Any]]:
-        per_epoch = self.positions_per_epoch
+    def _epoch_done(self, epoch: int) -> None:
+        self._advance(epoch, self.order.epoch_shard_length(epoch))
+
+    def _items(self, epoch: int, position: int) -> Iterator[Any]:
+        for block in self._blocks(epoch, position):
+            assert block.items is not None
+            for end, item in zip(block.ends.tolist(), block.items):
+                self._advance(epoch, end)
+                yield item
+        self._epoch_done(epoch)
+
+    def _batches(self, epoch: int, position: int) -> Iterator[Any]:
         size = self.batch_size
         assert size is not None
-        base = epoch * per_epoch
-        per_block = size * max(1, _ORDER_BLOCK // size)
-        for start, indices in self._order_blocks(epoch, position, size, per_block):
-            for first in range(0, len(indices), size):
-                batch_indices = indices[first : first + size]
-                if self.drop_last and len(batch_indices) < size:
-                    break
-                if self.transform is None:
-                    batch = self.dataref.read_columns(batch_indices, self.fields)
-                else:
-                    batch = _collate([self.transform(r) for r in self._rows(batch_indices)])
-                self._offset = base + start + first + len(batch_indices)
+        pending: list[Block] = []
+        count = 0
+        for block in self._blocks(epoch, position):
+            pending.append(block)
+            count += len(block)
+            while count >= size:
+                batch, end, pending = _take(pending, size)
+                count -= size
+                self._advance(epoch, end)
                 yield batch
-        self._offset = base + per_epoch
+        if count and not self.drop_last:
+            batch, end, _ = _take(pending, count)
+            self._advance(epoch, end)
+            yield batch
+        self._epoch_done(epoch)
 
-    def _rows(self, indices: np.ndarray) -> Iterator[dict[str, Any]]:
-        names = [f.name for f in self.fields]
-        for row in zip(*self.dataref.read_rows(indices, self.fields)):
-            yield dict(zip(names, row))
+
+def _take(blocks: list[Block], n: int) -> tuple[Any, int, list[Block]]:
+    """The first ``n`` items of ``blocks`` as one batch, the position after the last of them,
+    and the blocks left over."""
+    taken: list[Block] = []
+    left = n
+    rest = list(blocks)
+    while left:
+        block = rest.pop(0)
+        if len(block) <= left:
+            taken.append(block)
+            left -= len(block)
+        else:
+            taken.append(_slice(block, 0, left))
+            rest.insert(0, _slice(block, left, len(block)))
+            left = 0
+    end = int(taken[-1].ends[-1])
+    if taken[0].columns is not None:
+        columns = [b.columns for b in taken if len(b) and b.columns is not None]
+        return _concat(columns) if len(columns) > 1 else columns[0], end, rest
+    items = [item for b in taken for item in (b.items or [])]
+    return collate(items), end, rest
 
 
-def _collate(records: list[dict[str, Any]]) -> dict[str, Any]:
-    """Stack transformed records: equal-shape arrays and numbers into arrays, the rest in lists."""
-    out: dict[str, Any] = {}
-    for name in records[0]:
-        values = [r[name] for r in records]
-        first = values[0]
-        if isinstance(first, (np.ndarray, np.generic, int, float, bool)) and not isinstance(
-            first, (str, bytes)
-        ):
-            shapes = {np.shape(v) for v in values}
-            if len(shapes) == 1:
-                out[name] = np.stack([np.asarray(v) for v in values])
-                continue
-        out[name] = values
+def _slice(block: Block, start: int, stop: int) -> Block:
+    if block.columns is not None:
+        return Block(block.ends[start:stop], columns=_slice_columns(block.columns, start, stop))
+    assert block.items is not None
+    return Block(block.ends[start:stop], items=block.items[start:stop])
+
+
+def _slice_columns(columns: dict[Any, Any], start: int, stop: int) -> dict[Any, Any]:
+    return {
+        k: _slice_columns(v, start, stop) if isinstance(v, dict) else v[start:stop]
+        for k, v in columns.items()
+    }
+
+
+def _concat(parts: list[dict[Any, Any]]) -> dict[Any, Any]:
+    out: dict[Any, Any] = {}
+    for key, first in parts[0].items():
+        values = [p[key] for p in parts]
+        if isinstance(first, dict):
+            out[key] = _concat(values)
+        elif isinstance(first, np.ndarray):
+            out[key] = np.concatenate(values)
+        else:
+            out[key] = [v for part in values for v in part]
     return out

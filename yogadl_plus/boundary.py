@@ -1,0 +1,134 @@
+"""The work done at the boundary for one block of a stream's positions.
+
+Read the records (or n-gram windows) at those positions, drop those the predicate rejects
+(decoding only the predicate's fields for them), decode the selected fields of the rest, run
+the transform. A BlockReader is picklable, so the same work runs inline, in threads or in
+worker processes, and gives the same result.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from yogadl_plus.errors import YogaError
+
+if TYPE_CHECKING:
+    from yogadl_plus.dataref import DataRef
+    from yogadl_plus.ngram import NGram
+    from yogadl_plus.predicates import Predicate
+    from yogadl_plus.schema import Field
+
+__all__ = ["Block", "BlockReader", "TransformError"]
+
+
+class TransformError(YogaError):
+    """The user's transform raised; the message names the record (or window anchor)."""
+
+
+@dataclass
+class Block:
+    """What one block of positions gives: per item, the position after it (``ends``), and the
+    items themselves, as a list or (for batches without a transform) as columns."""
+
+    ends: np.ndarray
+    items: list[Any] | None = None
+    columns: dict[Any, Any] | None = None
+
+    def __len__(self) -> int:
+        return len(self.ends)
+
+
+@dataclass
+class BlockReader:
+    dataref: DataRef
+    fields: tuple[Field, ...]
+    predicate: Predicate | None = None
+    ngram: NGram | None = None
+    anchors: np.ndarray | None = None
+    transform: Callable[[Any], Any] | None = None
+    as_columns: bool = False
+
+    def __post_init__(self) -> None:
+        self._names = [f.name for f in self.fields]
+        if self.predicate is not None:
+            self._predicate_fields = self.dataref.select(sorted(self.predicate.get_fields()))
+        if self.ngram is not None:
+            self._offset_fields = {
+                offset: self.dataref.select(list(names))
+                for offset, names in self.ngram.fields.items()
+            }
+
+    def __call__(self, unit: tuple[int, np.ndarray]) -> Block:
+        """``unit`` is (first position, record indices at consecutive positions from it)."""
+        start, indices = unit
+        ends = np.arange(start + 1, start + 1 + len(indices), dtype=np.int64)
+        if self.ngram is not None:
+            return self._windows(ends, indices)
+        values = self.dataref.read_values(indices)
+        if self.predicate is not None:
+            layout = self.dataref.layout
+            tested = layout.decode_columns(values, self._predicate_fields)
+            keep = np.flatnonzero(self.predicate.include_batch(tested, len(values)))
+            values = [values[j] for j in keep]
+            ends, indices = ends[keep], indices[keep]
+        if self.as_columns:
+            return Block(ends, columns=self.dataref.layout.decode_columns(values, self.fields))
+        rows = zip(*self.dataref.layout.row_views(values, self.fields))
+        records = [dict(zip(self._names, row)) for row in rows]
+        if self.transform is not None:
+            records = self._transformed(records, indices)
+        return Block(ends, items=records)
+
+    def _windows(self, ends: np.ndarray, positions: np.ndarray) -> Block:
+        assert self.ngram is not None and self.anchors is not None
+        anchors = self.anchors[positions]
+        members = self.ngram.window_records(anchors)  # (windows, offsets) record indices
+        columns = {
+            offset: self.dataref.read_columns(members[:, j], self._offset_fields[offset])
+            for j, offset in enumerate(self.ngram.offsets)
+        }
+        if self.as_columns:
+            return Block(ends, columns=columns)
+        rows_by_offset = {}
+        for offset, by_field in columns.items():
+            values = [list(v) if isinstance(v, np.ndarray) else v for v in by_field.values()]
+            rows_by_offset[offset] = [dict(zip(by_field, row)) for row in zip(*values)]
+        windows: list[Any] = [
+            {offset: rows[i] for offset, rows in rows_by_offset.items()}
+            for i in range(len(anchors))
+        ]
+        if self.transform is not None:
+            windows = self._transformed(windows, anchors)
+        return Block(ends, items=windows)
+
+    def _transformed(self, items: list[Any], indices: np.ndarray) -> list[Any]:
+        transform = self.transform
+        assert transform is not None
+        out = []
+        for item, index in zip(items, indices.tolist()):
+            try:
+                out.append(transform(item))
+            except Exception as exc:
+                what = "window anchored at record" if self.ngram is not None else "record"
+                raise TransformError(
+                    f"the transform raised on {what} {index}: {type(exc).__name__}: {exc}"
+                ) from exc
+        return out
+
+
+def collate(items: list[Any]) -> Any:
+    """Stack items into a batch: dicts field by field (nested dicts too), equal-shape arrays and
+    numbers into arrays, anything else into lists."""
+    first = items[0]
+    if isinstance(first, dict):
+        return {key: collate([item[key] for item in items]) for key in first}
+    numeric = isinstance(first, (np.ndarray, np.generic, int, float)) and not isinstance(
+        first, (str, bytes)  # np.str_ and np.bytes_ are np.generic too
+    )
+    if numeric and len({np.shape(v) for v in items}) == 1:
+        return np.stack([np.asarray(v) for v in items])
+    return list(items)
