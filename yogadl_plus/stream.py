@@ -151,7 +151,9 @@ class Stream:
         """(epoch, position) of a start_offset: positions count from the first epoch's start."""
         first = self.order.first_epoch
         first_length = self.order.epoch_shard_length(first)
-        if offset < first_length or not self.positions_per_epoch:
+        # Offset 0 is the first epoch even when this shard has nothing left in it (a resumed
+        # epoch can be empty for some shards): its first iter() must still be that epoch.
+        if offset < first_length or offset == 0 or not self.positions_per_epoch:
             return first, min(offset, first_length)
         epochs, position = divmod(offset - first_length, self.positions_per_epoch)
         return first + 1 + epochs, position
