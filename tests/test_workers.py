@@ -1,0 +1,235 @@
+"""Worker pools: same output as inline whatever the workers and timing, offsets that count what
+was handed out, errors that name the record, and clean shutdown (no zombies, no leaked files)."""
+
+from __future__ import annotations
+
+import itertools
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+
+import yogadl_plus as ydl
+from yogadl_plus.boundary import TransformError
+
+N = 600
+
+
+@pytest.fixture(scope="module")
+def ref(tmp_path_factory):
+    storage = ydl.LocalStorage(tmp_path_factory.mktemp("workers"))
+    records = ({"i": np.int64(i), "x": np.full(4, i, np.float32), "s": f"r{i}"} for i in range(N))
+    return ydl.cache_dataset(records, "d", "v", storage, progress=False, chunk_bytes=8000)
+
+
+def add_square(record):
+    return {**record, "sq": int(record["i"]) ** 2}
+
+
+def jittery(record):
+    # Uneven per-record cost: later units may finish first.
+    time.sleep(0.002 if int(record["i"]) % 7 == 0 else 0)
+    return record
+
+
+def fail_on_123(record):
+    if int(record["i"]) == 123:
+        raise ZeroDivisionError("boom")
+    return record
+
+
+def flatten(items):
+    out = []
+    for item in items:
+        out.extend(int(i) for i in np.atleast_1d(item["i"]))
+    return out
+
+
+@pytest.mark.parametrize("worker_type", ["thread", "process"])
+@pytest.mark.parametrize("batch_size", [None, 7])
+def test_output_never_depends_on_workers(ref, worker_type, batch_size):
+    args = dict(
+        shuffle=True,
+        shuffle_seed=3,
+        num_shards=2,
+        shard_rank=1,
+        batch_size=batch_size,
+        transform=add_square,
+    )
+    expected = list(ref.stream(**args))
+    for workers in (1, 2, 3):
+        stream = ref.stream(num_workers=workers, worker_type=worker_type, prefetch=3, **args)
+        try:
+            got = list(stream)
+        finally:
+            stream.close()
+        assert flatten(got) == flatten(expected)
+        sq = [int(v) for b in got for v in np.atleast_1d(b["sq"])]
+        assert sq == [i * i for i in flatten(expected)]
+
+
+def test_order_holds_under_uneven_timing(ref):
+    stream = ref.stream(shuffle=True, shuffle_seed=1, transform=jittery, num_workers=4)
+    assert flatten(stream) == flatten(ref.stream(shuffle=True, shuffle_seed=1))
+    stream.close()
+
+
+@pytest.mark.parametrize("worker_type", ["thread", "process"])
+def test_offset_counts_what_was_handed_out_not_prefetched(ref, worker_type):
+    args = dict(shuffle=True, shuffle_seed=9)
+    stream = ref.stream(num_workers=2, worker_type=worker_type, prefetch=8, **args)
+    it = iter(stream)
+    head = flatten(itertools.islice(it, 10))
+    time.sleep(0.05)  # let the workers run ahead
+    assert stream.offset == 10
+    assert flatten(ref.stream(start_offset=10, **args))[:5] == flatten(itertools.islice(it, 5))
+    stream.close()
+    assert len(head) == 10
+
+
+@pytest.mark.parametrize("worker_type", ["thread", "process"])
+def test_batches_with_workers_resume_exactly(ref, worker_type):
+    args = dict(shuffle=True, shuffle_seed=2, batch_size=16)
+    stream = ref.stream(num_workers=2, worker_type=worker_type, **args)
+    it = iter(stream)
+    next(it), next(it), next(it)
+    resumed = ref.stream(start_offset=stream.offset, **args)
+    assert flatten([next(iter(resumed))]) == flatten([next(it)])
+    stream.close()
+
+
+@pytest.mark.parametrize("worker_type", ["thread", "process"])
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_failing_transform_names_the_record(ref, worker_type, workers):
+    stream = ref.stream(transform=fail_on_123, num_workers=workers, worker_type=worker_type)
+    with pytest.raises(TransformError, match="record 123: ZeroDivisionError: boom") as info:
+        list(stream)
+    stream.close()
+    # The worker's own traceback comes along (as the cause chain).
+    chain = []
+    exc: BaseException | None = info.value
+    while exc is not None:
+        chain.append(exc)
+        exc = exc.__cause__
+    text = "".join(str(e) for e in chain)
+    assert any(isinstance(e, ZeroDivisionError) for e in chain) or "fail_on_123" in text
+
+
+def children() -> list[multiprocessing.process.BaseProcess]:
+    return multiprocessing.active_children()
+
+
+def test_processes_stop_on_close_and_restart_for_the_next_epoch(ref):
+    assert children() == []
+    stream = ref.stream(num_workers=2, worker_type="process")
+    first = flatten(stream)
+    assert len(children()) == 2
+    stream.close()
+    assert children() == []
+    assert flatten(stream) == first  # the next epoch starts new workers
+    stream.close()
+    assert children() == []
+
+
+def test_dropping_an_unfinished_iterator_and_the_stream_leaves_no_processes(ref):
+    stream = ref.stream(num_workers=2, worker_type="process", prefetch=4)
+    it = iter(stream)
+    next(it)
+    del it, stream
+    import gc
+
+    gc.collect()
+    deadline = time.monotonic() + 10
+    while children() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert children() == []
+
+
+def test_no_file_handles_or_processes_grow_across_epochs(ref):
+    stream = ref.stream(num_workers=2, worker_type="process", batch_size=50)
+    list(stream)
+    fds = len(os.listdir("/proc/self/fd"))
+    for _ in range(5):
+        list(stream)
+    assert len(os.listdir("/proc/self/fd")) <= fds
+    assert len(children()) == 2
+    stream.close()
+
+
+def test_keyboard_interrupt_in_the_loop_stops_cleanly(ref):
+    stream = ref.stream(num_workers=2, worker_type="process")
+    with pytest.raises(KeyboardInterrupt):
+        for k, _ in enumerate(stream):
+            if k == 20:
+                raise KeyboardInterrupt
+    stream.close()
+    assert children() == []
+
+
+SCRIPT = """
+import sys, time, numpy as np, yogadl_plus as ydl
+ref = ydl.cache_dataset(({{"i": i}} for i in range(5000)), "d", "v",
+                        ydl.LocalStorage(sys.argv[1]), progress=False)
+def slow(r):
+    time.sleep(0.001)
+    return r
+stream = ref.stream(num_workers=2, worker_type="process", transform=slow)
+for k, _ in enumerate(stream):
+    if k == 50:
+        print("ready", flush=True)
+        {action}
+"""
+
+
+def run_script(tmp_path, action: str) -> subprocess.Popen:
+    code = textwrap.dedent(SCRIPT.format(action=action))
+    return subprocess.Popen(
+        [sys.executable, "-c", code, str(tmp_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def group_is_gone(pgid: int, timeout: float = 15.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.05)
+    os.killpg(pgid, signal.SIGKILL)
+    return False
+
+
+def test_ctrl_c_ends_the_program_and_its_workers(tmp_path):
+    proc = run_script(tmp_path, "time.sleep(60)")
+    assert proc.stdout.readline().strip() == "ready"
+    os.killpg(proc.pid, signal.SIGINT)  # as a terminal's Ctrl-C: the whole process group
+    _, err = proc.communicate(timeout=30)
+    assert "KeyboardInterrupt" in err
+    assert group_is_gone(proc.pid), "worker processes outlived the program"
+
+
+def test_exiting_with_an_unfinished_stream_leaves_nothing_behind(tmp_path):
+    proc = run_script(tmp_path, "sys.exit(0)")
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert group_is_gone(proc.pid), "worker processes outlived the program"
+
+
+def test_bad_worker_arguments(ref):
+    with pytest.raises(ValueError, match="worker_type"):
+        ref.stream(num_workers=1, worker_type="fiber")
+    with pytest.raises(ValueError, match="num_workers"):
+        ref.stream(num_workers=-1)
+    with pytest.raises(ValueError, match="prefetch"):
+        ref.stream(num_workers=1, prefetch=0)
