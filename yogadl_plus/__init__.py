@@ -7,7 +7,8 @@ and stream it with a true per-epoch shuffle, disjoint shards and free mid-epoch 
 
 from __future__ import annotations
 
-from yogadl_plus import codecs, sources
+from yogadl_plus import codecs, predicates, sources
+from yogadl_plus.boundary import TransformError
 from yogadl_plus.build import cache_dataset
 from yogadl_plus.dataref import DataRef
 from yogadl_plus.errors import (
@@ -17,6 +18,7 @@ from yogadl_plus.errors import (
     SourceChangedWarning,
     YogaError,
 )
+from yogadl_plus.ngram import NGram, NGramError
 from yogadl_plus.schema import Field, Schema
 from yogadl_plus.storage import LocalStorage, Storage, default_storage, open_storage
 from yogadl_plus.stream import Stream
@@ -29,16 +31,20 @@ __all__ = [
     "DatasetNotFound",
     "Field",
     "LocalStorage",
+    "NGram",
+    "NGramError",
     "Schema",
     "SchemaError",
     "SourceChangedWarning",
     "Storage",
     "Stream",
+    "TransformError",
     "YogaError",
     "__version__",
     "cache_dataset",
     "codecs",
     "default_storage",
     "open_storage",
+    "predicates",
     "sources",
 ]

@@ -56,11 +56,6 @@ class BlockReader:
         self._names = [f.name for f in self.fields]
         if self.predicate is not None:
             self._predicate_fields = self.dataref.select(sorted(self.predicate.get_fields()))
-        if self.ngram is not None:
-            self._offset_fields = {
-                offset: self.dataref.select(list(names))
-                for offset, names in self.ngram.fields.items()
-            }
 
     def __call__(self, unit: tuple[int, np.ndarray]) -> Block:
         """``unit`` is (first position, record indices at consecutive positions from it)."""
@@ -86,21 +81,9 @@ class BlockReader:
     def _windows(self, ends: np.ndarray, positions: np.ndarray) -> Block:
         assert self.ngram is not None and self.anchors is not None
         anchors = self.anchors[positions]
-        members = self.ngram.window_records(anchors)  # (windows, offsets) record indices
-        columns = {
-            offset: self.dataref.read_columns(members[:, j], self._offset_fields[offset])
-            for j, offset in enumerate(self.ngram.offsets)
-        }
         if self.as_columns:
-            return Block(ends, columns=columns)
-        rows_by_offset = {}
-        for offset, by_field in columns.items():
-            values = [list(v) if isinstance(v, np.ndarray) else v for v in by_field.values()]
-            rows_by_offset[offset] = [dict(zip(by_field, row)) for row in zip(*values)]
-        windows: list[Any] = [
-            {offset: rows[i] for offset, rows in rows_by_offset.items()}
-            for i in range(len(anchors))
-        ]
+            return Block(ends, columns=self.ngram.read_batch(self.dataref, anchors))
+        windows: list[Any] = self.ngram.read_windows(self.dataref, anchors)
         if self.transform is not None:
             windows = self._transformed(windows, anchors)
         return Block(ends, items=windows)
@@ -127,7 +110,8 @@ def collate(items: list[Any]) -> Any:
     if isinstance(first, dict):
         return {key: collate([item[key] for item in items]) for key in first}
     numeric = isinstance(first, (np.ndarray, np.generic, int, float)) and not isinstance(
-        first, (str, bytes)  # np.str_ and np.bytes_ are np.generic too
+        first,
+        (str, bytes),  # np.str_ and np.bytes_ are np.generic too
     )
     if numeric and len({np.shape(v) for v in items}) == 1:
         return np.stack([np.asarray(v) for v in items])

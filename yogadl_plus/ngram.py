@@ -1,0 +1,398 @@
+"""NGram: windows of consecutive records whose timestamps lie close together.
+
+A window anchored at record ``k`` holds records ``k + min_offset .. k + max_offset`` in storage
+order. Which windows exist is a pure function of the timestamps, computed once per DataRef as a
+sorted array of anchors; the Stream then shuffles, shards and resumes positions in that array
+exactly as it does record indices.
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+import numbers
+from collections.abc import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from yogadl_plus.checks import check_bool
+from yogadl_plus.errors import SchemaError, YogaError
+
+if TYPE_CHECKING:
+    from yogadl_plus.dataref import DataRef
+    from yogadl_plus.schema import Field, Schema
+
+__all__ = ["NGram", "NGramError"]
+
+# Timestamps read per get_batch call while looking for windows (8 bytes each: 512 KiB).
+_TS_BLOCK = 65536
+# Offsets far beyond any dataset, small enough that anchor + offset never overflows int64.
+_MAX_OFFSET = 2**62
+# Units without a fixed length cannot bound a gap between two instants.
+_UNFIXED_UNITS = ("generic", "Y", "M")
+
+
+class NGramError(YogaError, ValueError):
+    """The records cannot form n-gram windows (timestamps out of order inside a window)."""
+
+
+def _check_offset(key: object) -> int:
+    if isinstance(key, (bool, np.bool_)) or not isinstance(key, (int, np.integer)):
+        raise ValueError(
+            f"NGram fields keys are int offsets, got {key!r} of type {type(key).__name__}"
+        )
+    offset = int(key)
+    if not -_MAX_OFFSET <= offset <= _MAX_OFFSET:
+        raise ValueError(f"NGram offset must be in [-2**62, 2**62], got {offset}")
+    return offset
+
+
+def _check_names(offset: int, names: object) -> tuple[str, ...]:
+    if not isinstance(names, (list, tuple)) or not names:
+        raise ValueError(
+            f"NGram fields[{offset}] must be a non-empty list of field names, got {names!r}"
+        )
+    for name in names:
+        if not isinstance(name, str) or not name:
+            raise ValueError(
+                f"NGram fields[{offset}] holds field names (non-empty str), got {name!r} in "
+                f"{names!r}"
+            )
+    if len(set(names)) != len(names):
+        raise ValueError(f"NGram fields[{offset}] names a field twice: {names!r}")
+    return tuple(names)
+
+
+def _check_delta(value: object) -> int | float | np.timedelta64:
+    """The threshold as int, float, or a np.timedelta64 with a fixed unit, or ValueError."""
+    if isinstance(value, datetime.timedelta):
+        value = np.timedelta64(value)
+    if isinstance(value, np.timedelta64):
+        unit = np.datetime_data(value.dtype)[0]
+        if unit in _UNFIXED_UNITS:
+            raise ValueError(
+                f"delta_threshold {value!r} needs a fixed unit (s, ms, us, ns, m, h, D, W), "
+                f"not {unit!r}: e.g. np.timedelta64(5, 's')"
+            )
+        if np.isnat(value) or int(value.astype(np.int64)) < 0:
+            raise ValueError(f"delta_threshold must be >= 0, got {value!r}")
+        return value
+    if isinstance(value, (bool, np.bool_, np.datetime64)) or not isinstance(value, numbers.Real):
+        raise ValueError(
+            "delta_threshold must be a real number >= 0 (or a np.timedelta64 for datetime64 "
+            f"timestamps), got {value!r} of type {type(value).__name__}"
+        )
+    number: int | float = int(value) if isinstance(value, numbers.Integral) else float(value)
+    if math.isnan(number) or number < 0:
+        raise ValueError(f"delta_threshold must be >= 0, got {value!r}")
+    return number
+
+
+class NGram:
+    """Windows ``{offset: {field: value}}`` of records whose consecutive timestamps differ by at
+    most ``delta_threshold``.
+
+    ``fields`` maps int offsets (negative and gaps allowed) to the field names yielded at that
+    offset. A window anchored at record ``k`` spans records ``k + min_offset .. k + max_offset``
+    and exists only if it lies inside the dataset and every consecutive timestamp gap over that
+    whole span (also at offsets not named) is ``<= delta_threshold``; a NaN or NaT timestamp
+    makes every gap it takes part in too large. With ``timestamp_overlap=False`` the windows are
+    picked greedily in storage order so that no two share a record of their span.
+
+    ``delta_threshold`` is an int or float for numeric timestamps, and a ``np.timedelta64`` (or
+    ``datetime.timedelta``) with a fixed unit for datetime64 / timedelta64 timestamps.
+    """
+
+    def __init__(
+        self,
+        fields: Mapping[int, Sequence[str]],
+        delta_threshold: int | float | np.timedelta64 | datetime.timedelta,
+        timestamp_field: str,
+        timestamp_overlap: bool = True,
+    ) -> None:
+        if not isinstance(fields, Mapping) or not fields:
+            raise ValueError(
+                "NGram fields must be a non-empty dict of int offset -> list of field names, "
+                f"got {fields!r}"
+            )
+        checked = {_check_offset(k): v for k, v in fields.items()}
+        self.offsets: tuple[int, ...] = tuple(sorted(checked))
+        self.fields: dict[int, tuple[str, ...]] = {
+            o: _check_names(o, checked[o]) for o in self.offsets
+        }
+        self.delta_threshold = _check_delta(delta_threshold)
+        if not isinstance(timestamp_field, str) or not timestamp_field:
+            raise ValueError(
+                f"timestamp_field must be a non-empty str, got {timestamp_field!r} of type "
+                f"{type(timestamp_field).__name__}"
+            )
+        self.timestamp_field = timestamp_field
+        self.timestamp_overlap = check_bool("timestamp_overlap", timestamp_overlap)
+        self.min_offset = self.offsets[0]
+        self.max_offset = self.offsets[-1]
+        self.span = self.max_offset - self.min_offset + 1
+        self._offset_array = np.array(self.offsets, dtype=np.int64)
+
+    # --- identity: NGrams key caches ---
+
+    def _delta_key(self) -> tuple[str, int | float]:
+        delta = self.delta_threshold
+        if isinstance(delta, np.timedelta64):
+            # By unit, so that equal keys hash equal (5 s and 5000 ms are merely different keys).
+            return str(delta.dtype), int(delta.astype(np.int64))
+        return "number", delta
+
+    def _anchor_key(self) -> tuple[Any, ...]:
+        """What the anchors depend on: not the fields named, so NGrams differing only there
+        share one computation."""
+        return (
+            self.min_offset,
+            self.span,
+            self._delta_key(),
+            self.timestamp_field,
+            self.timestamp_overlap,
+        )
+
+    def _key(self) -> tuple[Any, ...]:
+        return (tuple(self.fields.items()), *self._anchor_key())
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, NGram):
+            return NotImplemented
+        return self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{o}: {list(names)!r}" for o, names in self.fields.items())
+        return (
+            f"NGram(fields={{{fields}}}, delta_threshold={self.delta_threshold!r}, "
+            f"timestamp_field={self.timestamp_field!r}, "
+            f"timestamp_overlap={self.timestamp_overlap})"
+        )
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {
+            "fields": self.fields,
+            "delta_threshold": self.delta_threshold,
+            "timestamp_field": self.timestamp_field,
+            "timestamp_overlap": self.timestamp_overlap,
+        }
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(**state)  # type: ignore[misc]
+
+    # --- what the Stream asks ---
+
+    def field_names(self) -> frozenset[str]:
+        """Every field a window needs: those named at any offset and the timestamp field."""
+        names = {self.timestamp_field}
+        for group in self.fields.values():
+            names.update(group)
+        return frozenset(names)
+
+    def check(self, schema: Schema) -> None:
+        """Raises SchemaError naming the field if ``schema`` lacks a field or cannot carry the
+        timestamps (a non-nullable numeric or datetime64 scalar, matching the threshold)."""
+        for offset, names in self.fields.items():
+            for name in names:
+                if name not in schema:
+                    raise SchemaError(
+                        f"NGram field {name!r} (offset {offset}) is not in the dataset; the "
+                        f"schema has {list(schema.names)}"
+                    )
+        name = self.timestamp_field
+        if name not in schema:
+            raise SchemaError(
+                f"NGram timestamp_field {name!r} is not in the dataset; the schema has "
+                f"{list(schema.names)}"
+            )
+        field = schema[name]
+        kind = field.dtype.kind if field.kind == "numeric" else None
+        if kind not in ("i", "u", "f", "m", "M") or field.shape != () or field.nullable:
+            raise SchemaError(
+                f"NGram timestamp_field {name!r} must be a non-nullable scalar of a real number "
+                f"or datetime64 dtype, got {field!r}"
+            )
+        is_time = kind in ("m", "M")
+        if is_time != isinstance(self.delta_threshold, np.timedelta64):
+            want = "a np.timedelta64, e.g. np.timedelta64(5, 's')" if is_time else "a number"
+            raise SchemaError(
+                f"NGram timestamp_field {name!r} holds {field.dtype_name}: delta_threshold must "
+                f"be {want}, got {self.delta_threshold!r}"
+            )
+
+    def anchors(self, dataref: DataRef) -> np.ndarray:
+        """The anchors of all windows of ``dataref``, sorted (the greedy set when
+        ``timestamp_overlap=False``), as a read-only int64 array.
+
+        Reads the timestamp field of every record once per DataRef object; the result is kept
+        on the DataRef, so the streams of all shards built on one DataRef share it. Raises
+        NGramError when timestamps decrease between two records that fall in one window.
+        """
+        # Checked every time: the cache is shared by NGrams that name other fields.
+        self.check(dataref.schema)
+        cache: dict[tuple[Any, ...], np.ndarray] | None = getattr(dataref, "_ngram_anchors", None)
+        if cache is None:
+            cache = {}
+            dataref._ngram_anchors = cache  # type: ignore[attr-defined]
+        key = self._anchor_key()
+        found = cache.get(key)
+        if found is None:
+            found = self._compute_anchors(dataref)
+            found.flags.writeable = False
+            cache[key] = found
+        return found
+
+    def window_records(self, anchors: np.ndarray | Sequence[int]) -> np.ndarray:
+        """Record indices, shape ``(len(anchors), len(offsets))``: ``anchor + offset``."""
+        a = np.asarray(anchors)
+        if a.ndim != 1 or (a.size and a.dtype.kind not in "iu"):
+            raise TypeError(f"anchors must be a 1-d array of ints, got {a.dtype} {a.shape}")
+        return a.astype(np.int64, copy=False)[:, None] + self._offset_array[None, :]
+
+    # --- reading windows ---
+
+    def resolve(self, schema: Schema) -> dict[int, tuple[Field, ...]]:
+        """The Field objects to read at each offset (for DataRef.read_columns)."""
+        return {o: schema.select(names) for o, names in self.fields.items()}
+
+    def read_windows(
+        self, dataref: DataRef, anchors: np.ndarray | Sequence[int]
+    ) -> list[dict[int, dict[str, Any]]]:
+        """The windows at ``anchors``, one ``{offset: {field: value}}`` dict each.
+
+        Each offset's fields are read in one call for all anchors; only the fields named at an
+        offset are decoded for it.
+        """
+        batch = self.read_batch(dataref, anchors)
+        return list(self.iter_assembled(batch, len(anchors)))
+
+    def read_batch(
+        self, dataref: DataRef, anchors: np.ndarray | Sequence[int]
+    ) -> dict[int, dict[str, Any]]:
+        """The windows at ``anchors`` as one batch ``{offset: {field: stacked}}``: arrays for
+        fixed-shape numeric fields, lists for the rest (as DataRef.get_batch)."""
+        records = self._checked_records(dataref, anchors)
+        return {
+            offset: dataref.read_columns(records[:, column], fields)
+            for column, (offset, fields) in enumerate(self.resolve(dataref.schema).items())
+        }
+
+    def assemble(
+        self, columns_by_offset: Mapping[int, Mapping[str, Any]], j: int
+    ) -> dict[int, dict[str, Any]]:
+        """Window ``j`` out of a batch ``{offset: {field: column}}`` (as read_batch returns)."""
+        return {
+            offset: {name: columns_by_offset[offset][name][j] for name in names}
+            for offset, names in self.fields.items()
+        }
+
+    def iter_assembled(
+        self, columns_by_offset: Mapping[int, Mapping[str, Any]], count: int
+    ) -> Iterator[dict[int, dict[str, Any]]]:
+        """Windows ``0 .. count-1`` of a batch, one dict each."""
+        groups = [
+            (offset, [(name, columns_by_offset[offset][name]) for name in names])
+            for offset, names in self.fields.items()
+        ]
+        for j in range(count):
+            yield {offset: {name: column[j] for name, column in group} for offset, group in groups}
+
+    # --- the computation ---
+
+    def _checked_records(self, dataref: DataRef, anchors: np.ndarray | Sequence[int]) -> np.ndarray:
+        records = self.window_records(anchors)
+        if records.size:
+            low, high = int(records.min()), int(records.max())
+            if low < 0 or high >= len(dataref):
+                bad = low if low < 0 else high
+                raise IndexError(
+                    f"an n-gram window reaches record {bad}, outside [0, {len(dataref)}): "
+                    "anchors must come from NGram.anchors()"
+                )
+        return records
+
+    def _timestamp_blocks(self, dataref: DataRef) -> Iterator[np.ndarray]:
+        n = len(dataref)
+        name = self.timestamp_field
+        for start in range(0, n, _TS_BLOCK):
+            stop = min(start + _TS_BLOCK, n)
+            block = dataref.get_batch(np.arange(start, stop), fields=[name])[name]
+            yield np.asarray(block)
+
+    def _compute_anchors(self, dataref: DataRef) -> np.ndarray:
+        n = len(dataref)
+        span = self.span
+        if n < span:
+            return np.empty(0, dtype=np.int64)
+        if span == 1:
+            bad_gaps = np.empty(0, dtype=np.int64)
+        else:
+            bad_gaps = self._bad_gaps(self._timestamp_blocks(dataref))
+        starts = _window_starts(bad_gaps, n, span, 1 if self.timestamp_overlap else span)
+        starts -= self.min_offset
+        return starts
+
+    def _bad_gaps(self, blocks: Iterator[np.ndarray]) -> np.ndarray:
+        """Indices g of the gaps between records g and g+1 that exceed the threshold; raises
+        NGramError at the first decrease (every gap lies in a window when span <= n)."""
+        delta = self.delta_threshold
+        found: list[np.ndarray] = []
+        previous: np.ndarray | None = None  # the last timestamp of the block before
+        base = 0  # the record index of ts[0]
+        for block in blocks:
+            ts = block if previous is None else np.concatenate([previous, block])
+            if ts.dtype.kind == "i":
+                ts = ts.astype(np.int64, copy=False)  # no overflow in small int gaps
+            elif ts.dtype.kind == "u":
+                ts = ts.astype(np.uint64, copy=False)
+            elif ts.dtype.kind == "f":
+                ts = ts.astype(np.float64, copy=False)
+            later, earlier = ts[1:], ts[:-1]
+            decreasing = np.flatnonzero(later < earlier)
+            if decreasing.size:
+                k = int(decreasing[0])
+                name = self.timestamp_field
+                raise NGramError(
+                    f"timestamps are not sorted: record {base + k} has {ts[k]}, record "
+                    f"{base + k + 1} has {ts[k + 1]}; an n-gram window needs its records in "
+                    f"timestamp order (cache the dataset sorted by {name!r})"
+                )
+            try:
+                # "not <=" so that NaN and NaT gaps count as too large.
+                bad = ~((later - earlier) <= delta)
+            except TypeError as exc:
+                raise SchemaError(
+                    f"cannot compare gaps of {self.timestamp_field!r} ({ts.dtype}) with "
+                    f"delta_threshold {delta!r}: {exc}"
+                ) from None
+            found.append(np.flatnonzero(bad) + base)
+            previous = ts[-1:]
+            base += len(ts) - 1
+        return np.concatenate(found) if found else np.empty(0, dtype=np.int64)
+
+
+def _window_starts(bad_gaps: np.ndarray, n: int, span: int, step: int) -> np.ndarray:
+    """First records of the valid windows of ``span`` records among ``n``, every ``step``-th
+    of each run of consecutive valid ones.
+
+    A window starting at s is valid if no bad gap g lies in [s, s + span - 2], so the valid
+    starts form runs [g_i + 1, g_(i+1) - span + 1] between consecutive bad gaps. Greedy
+    non-overlapping selection (step = span) starts each run afresh at its first start: the run
+    before ends at g - span + 1 at the latest, so its last window ends before g + 1, the run's
+    first start. That makes the greedy choice arithmetic, with no loop over windows.
+    """
+    bad = bad_gaps.astype(np.int64, copy=False)
+    firsts = np.concatenate([[0], bad + 1])
+    lasts = np.concatenate([bad - span + 1, [n - span]])
+    keep = firsts <= lasts
+    firsts, lasts = firsts[keep], lasts[keep]
+    counts = (lasts - firsts) // step + 1
+    if not counts.size:
+        return np.empty(0, dtype=np.int64)
+    before = np.cumsum(counts) - counts  # output position of each run's first window
+    total = int(counts.sum())
+    return np.arange(total, dtype=np.int64) * step + np.repeat(firsts - step * before, counts)
