@@ -225,6 +225,10 @@ class Stream:
 
     def _blocks(self, epoch: int, position: int) -> Iterator[Block]:
         unit = _READ_BLOCK if self.batch_size is None else self.batch_size
+        if self.predicate is not None:
+            # Batches fill from passing records across units; a unit of one batch's positions
+            # would leave each unit's fixed cost to a handful of passing records.
+            unit = max(unit, _READ_BLOCK)
         units = self._units(epoch, position, unit)
         if self._pool is None:
             return map(self.reader, units)
