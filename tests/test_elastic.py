@@ -194,3 +194,19 @@ def test_rescaling_again_and_again_within_one_epoch(datasets, n, counts, shuffle
                 )
             )
     assert sorted(seen) == list(range(n))
+
+
+def test_with_ranks_out_of_step_the_minimum_global_offset_skips_nothing(datasets):
+    ref = datasets(120)
+    keep = ydl.predicates.in_lambda(["i"], lambda i: i % 3 != 0)  # ranks drift apart
+    args = dict(shuffle=True, shuffle_seed=4, predicate=keep)
+    ranks = [ref.stream(num_shards=3, shard_rank=r, **args) for r in range(3)]
+    seen = []
+    for stream in ranks:
+        seen += ids(itertools.islice(iter(stream), 12))
+    offsets = [s.global_offset for s in ranks]
+    assert len(set(offsets)) > 1, "the predicate put the ranks at different positions"
+    rest = []
+    for r in range(2):
+        rest += ids(ref.stream(num_shards=2, shard_rank=r, global_start=min(offsets), **args))
+    assert set(seen) | set(rest) == {i for i in range(120) if i % 3 != 0}, "nothing skipped"
