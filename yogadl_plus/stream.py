@@ -39,6 +39,14 @@ class Stream:
     unfinished. ``offset`` is the ``start_offset`` that resumes right after the last item
     handed out; ``global_offset`` is the ``global_start`` that resumes there on any number of
     shards.
+
+    Order: ``shuffle``, ``shuffle_seed`` (drawn when None; required with shards),
+    ``skip_shuffle_at_epoch_end``, ``shard_rank``/``num_shards``/``drop_shard_remainder``,
+    ``start_offset`` (positions of this shard from epoch 0), ``global_start`` (elastic resume).
+    Boundary: ``fields``, ``predicate`` (ydl.predicates), ``ngram`` (ydl.NGram), ``transform``,
+    ``batch_size``/``drop_last``. Workers: ``num_workers``, ``worker_type`` ("thread" or
+    "process"), ``prefetch`` (units in flight), ``worker_start_method``. See docs/streams.md
+    and docs/boundary.md.
     """
 
     def __init__(
