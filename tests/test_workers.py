@@ -233,3 +233,31 @@ def test_bad_worker_arguments(ref):
         ref.stream(num_workers=-1)
     with pytest.raises(ValueError, match="prefetch"):
         ref.stream(num_workers=1, prefetch=0)
+
+
+def test_a_worker_killed_mid_epoch_is_reported_and_the_stream_goes_on(ref):
+    args = dict(shuffle=True, shuffle_seed=5, transform=jittery)
+    stream = ref.stream(num_workers=2, worker_type="process", **args)
+    it = iter(stream)
+    got = flatten(itertools.islice(it, 5))
+    os.kill(children()[0].pid, signal.SIGKILL)
+    with pytest.raises(ydl.WorkerDied, match=r"resume from stream\.offset"):
+        for item in it:
+            got += flatten([item])
+    # What was handed out is right, and resuming from the offset carries on exactly.
+    expected = flatten(ref.stream(**args))
+    assert got == expected[: len(got)]
+    resumed = ref.stream(num_workers=2, worker_type="process", start_offset=stream.offset, **args)
+    assert got + flatten(resumed) == expected
+    resumed.close()
+    stream.close()
+    assert children() == []
+
+
+def test_spawned_workers_give_the_same_stream(ref):
+    args = dict(shuffle=True, shuffle_seed=8, transform=add_square, batch_size=32)
+    stream = ref.stream(num_workers=2, worker_type="process", worker_start_method="spawn", **args)
+    try:
+        assert flatten(stream) == flatten(ref.stream(**args))
+    finally:
+        stream.close()

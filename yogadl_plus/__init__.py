@@ -22,6 +22,7 @@ from yogadl_plus.ngram import NGram, NGramError
 from yogadl_plus.schema import Field, Schema
 from yogadl_plus.storage import LocalStorage, Storage, default_storage, open_storage
 from yogadl_plus.stream import Stream
+from yogadl_plus.workers import WorkerDied
 
 __version__ = "0.1.0"
 
@@ -39,6 +40,7 @@ __all__ = [
     "Storage",
     "Stream",
     "TransformError",
+    "WorkerDied",
     "YogaError",
     "__version__",
     "cache_dataset",

@@ -18,10 +18,16 @@ from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPool
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
-__all__ = ["WORKER_TYPES", "OrderedPool"]
+from yogadl_plus.errors import YogaError
+
+__all__ = ["WORKER_TYPES", "OrderedPool", "WorkerDied"]
 
 WORKER_TYPES = ("thread", "process")
 _LIVE_POOLS: weakref.WeakSet[OrderedPool] = weakref.WeakSet()
+
+class WorkerDied(YogaError):
+    """A worker process ended without finishing its work (killed, or out of memory)."""
+
 
 # The one task a process worker runs; set once per worker process by _init_process.
 _process_task: Callable[[Any], Any] | None = None
@@ -100,10 +106,14 @@ class OrderedPool:
     def _result(self, future: Future[Any]) -> Any:
         try:
             return future.result()
-        except BrokenProcessPool:
-            # A worker died (killed, out of memory): start afresh next time, and say so now.
+        except BrokenProcessPool as exc:
+            # Start afresh next time; say now what happened and how to go on.
             self.close()
-            raise
+            raise WorkerDied(
+                "a worker process died mid-epoch (killed, or out of memory?): the items handed "
+                "out so far are intact; resume from stream.offset, with fewer workers or a "
+                "smaller prefetch if memory ran out"
+            ) from exc
 
     def close(self) -> None:
         """Stop the workers; a later map() starts new ones."""
