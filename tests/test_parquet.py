@@ -23,9 +23,10 @@ def table(start: int, rows: int, with_nulls: bool = False) -> pa.Table:
                 pa.FixedSizeListArray.from_arrays(pa.array(np.repeat(vec, 2, axis=0).ravel()), 3), 2
             ),
             "tokens": pa.array([list(range(i % 4)) for i in ids], pa.list_(pa.int16())),
-        "grid": pa.array(
-            [[[float(i)] * (i % 3)] * (i % 2 + 1) for i in ids], pa.list_(pa.list_(pa.float64()))
-        ),
+            "grid": pa.array(
+                [[[float(i)] * (i % 3)] * (i % 2 + 1) for i in ids],
+                pa.list_(pa.list_(pa.float64())),
+            ),
             "name": pa.array([f"n{i}" for i in ids]),
             "raw": pa.array([bytes([i % 256]) * (i % 3) for i in ids], pa.binary()),
             "label": label,

@@ -878,3 +878,21 @@ def test_dataref_in_a_child_process(local_storage, tmp_path, method):
     assert out.read_text() == f"ds v1 50 {expected_digest(50, seed=4)}"
     # The parent's handles still work after the child is gone.
     check_all(ref, 50, seed=4)
+
+
+def test_a_chunk_without_its_column_arrays_is_corrupted(local_storage):
+    import lmdb
+
+    from yogadl_plus.cache.writer import column_key
+
+    ref = ydl.cache_dataset(
+        [{"i": i, "s": str(i)} for i in range(10)], "cols", "v1", local_storage, progress=False
+    )
+    info = ref.manifest.chunks[0]
+    assert info.columns == ("i",), "small scalar fields are kept as columns too"
+    ref.close()
+    path = os.path.join(local_storage.path("cols", "v1"), info.file)
+    with lmdb.open(path, subdir=False, lock=False) as env, env.begin(write=True) as txn:
+        txn.delete(column_key("i"))
+    with pytest.raises(ydl.CacheCorrupted, match=r"chunk-00000\.mdb"):
+        local_storage.fetch("cols", "v1").get_batch([1], fields=["i"])

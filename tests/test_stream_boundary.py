@@ -193,3 +193,34 @@ def test_ngram_argument_conflicts(ref):
         ref.stream(ngram=ngram(), fields=["i"])
     with pytest.raises(ValueError, match="cannot be combined"):
         ref.stream(ngram=ngram(), predicate=predicates.in_set("key", [1]))
+
+
+def test_a_predicate_on_column_fields_reads_only_the_passing_records(ref, monkeypatch):
+    from yogadl_plus.cache.reader import ChunkSet
+
+    assert ref.has_columns(ref.select(["key", "i"])) and not ref.has_columns(
+        ref.select(["payload"])
+    )
+    fetched = []
+    original = ChunkSet.get_many
+
+    def counting(self, indices):
+        fetched.extend(np.asarray(indices).tolist())
+        return original(self, indices)
+
+    monkeypatch.setattr(ChunkSet, "get_many", counting)
+    got = flat(ref.stream(predicate=predicates.in_set("key", [4]), shuffle=True, shuffle_seed=2))
+    assert sorted(fetched) == sorted(got) == list(range(4, N, 10))
+
+
+def test_a_predicate_on_other_fields_decodes_them_from_the_records(ref):
+    long_payload = predicates.in_lambda(["payload"], lambda p: p.startswith("p1"))
+    got = flat(ref.stream(predicate=long_payload, batch_size=16))
+    assert got == [i for i in range(N) if str(i).startswith("1")]
+
+
+def test_get_batch_of_column_fields_matches_the_records(ref):
+    idx = np.random.default_rng(0).permutation(N)[:50]
+    batch = ref.get_batch(idx, fields=["i", "key", "ts"])
+    assert batch["i"].tolist() == idx.tolist() and batch["key"].tolist() == (idx % 10).tolist()
+    assert batch["ts"].tolist() == [ref[int(i)]["ts"] for i in idx]

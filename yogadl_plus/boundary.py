@@ -63,13 +63,19 @@ class BlockReader:
         ends = np.arange(start + 1, start + 1 + len(indices), dtype=np.int64)
         if self.ngram is not None:
             return self._windows(ends, indices)
-        values = self.dataref.read_values(indices)
-        if self.predicate is not None:
-            layout = self.dataref.layout
-            tested = layout.decode_columns(values, self._predicate_fields)
-            keep = np.flatnonzero(self.predicate.include_batch(tested, len(values)))
-            values = [values[j] for j in keep]
+        if self.predicate is not None and self.dataref.has_columns(self._predicate_fields):
+            # The predicate's fields are whole-chunk columns: only passing records are read.
+            tested = self.dataref.read_columns(indices, self._predicate_fields)
+            keep = np.flatnonzero(self.predicate.include_batch(tested, len(indices)))
             ends, indices = ends[keep], indices[keep]
+            values = self.dataref.read_values(indices)
+        else:
+            values = self.dataref.read_values(indices)
+            if self.predicate is not None:
+                tested = self.dataref.layout.decode_columns(values, self._predicate_fields)
+                keep = np.flatnonzero(self.predicate.include_batch(tested, len(values)))
+                values = [values[j] for j in keep]
+                ends, indices = ends[keep], indices[keep]
         if self.as_columns:
             return Block(ends, columns=self.dataref.layout.decode_columns(values, self.fields))
         rows = zip(*self.dataref.layout.row_views(values, self.fields))

@@ -101,7 +101,9 @@ def build_version(
     written = 0
     with ChunkWriter(folder, chunk_bytes) as writer:
         while block := list(itertools.islice(records, _BLOCK_RECORDS)):
-            writer.add_many([encode(r, written + j) for j, r in enumerate(block)])
+            encoded = [encode(r, written + j) for j, r in enumerate(block)]
+            columns = layout.decode_columns(encoded, layout.column_fields)
+            writer.add_many(encoded, columns)
             written += len(block)
             if bar is not None:
                 bar.update(len(block))

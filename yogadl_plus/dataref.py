@@ -31,6 +31,7 @@ class DataRef:
         self._chunks = ChunkSet(directory, manifest)
         self._layout = RecordLayout(manifest.schema)
         self._len = manifest.num_records
+        self._columns = self._chunks.columns()
 
     def __getstate__(self) -> dict[str, Any]:
         return {"directory": self.directory, "manifest": self.manifest.to_json()}
@@ -79,8 +80,7 @@ class DataRef:
     ) -> dict[str, Any]:
         """The records at ``indices`` as field -> stacked array (a list for variable shapes,
         strings, bytes and nullable fields). Only the fields asked for are decoded."""
-        idx = self.check_indices(indices)
-        return self._layout.decode_columns(self._chunks.get_many(idx), self.select(fields))
+        return self.read_columns(self.check_indices(indices), self.select(fields))
 
     def stream(self, **kwargs: Any) -> Stream:
         """A Stream over this version; see Stream for the arguments."""
@@ -118,8 +118,15 @@ class DataRef:
         return idx
 
     def read_columns(self, indices: np.ndarray, fields: Sequence[Field]) -> dict[str, Any]:
-        """get_batch for checked indices and resolved fields (the Stream's hot path)."""
+        """get_batch for checked indices and resolved fields (the Stream's hot path). Fields
+        kept as whole-chunk columns come from there, without reading the records."""
+        if self.has_columns(fields):
+            return {f.name: self._chunks.gather(f.name, f.dtype, indices) for f in fields}
         return self._layout.decode_columns(self._chunks.get_many(indices), fields)
+
+    def has_columns(self, fields: Sequence[Field]) -> bool:
+        """True when every one of ``fields`` is kept as a whole-chunk column."""
+        return bool(fields) and self._columns.issuperset(f.name for f in fields)
 
     def read_values(self, indices: np.ndarray) -> list[memoryview]:
         """The raw record values at checked indices, valid in this thread until its next read

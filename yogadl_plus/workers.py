@@ -25,6 +25,7 @@ __all__ = ["WORKER_TYPES", "OrderedPool", "WorkerDied"]
 WORKER_TYPES = ("thread", "process")
 _LIVE_POOLS: weakref.WeakSet[OrderedPool] = weakref.WeakSet()
 
+
 class WorkerDied(YogaError):
     """A worker process ended without finishing its work (killed, or out of memory)."""
 

@@ -58,6 +58,9 @@ class RecordLayout:
         self.null_bit = {f.name: i for i, f in enumerate(self.nullable)}
         self.bitmap_bytes = (len(self.nullable) + 7) // 8
         self.fixed = [f for f in schema if f.fixed]
+        # Small scalars are also kept as whole-chunk columns, so filters and timestamp scans
+        # over them need no per-record reads.
+        self.column_fields = tuple(f for f in self.fixed if f.shape == ())
         self.variable = [f for f in schema if not f.fixed]
         self.offset: dict[str, int] = {}
         position = self.bitmap_bytes

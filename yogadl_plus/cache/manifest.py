@@ -25,12 +25,17 @@ _FORMAT_NAME = "yogadl_plus.cache"
 
 @dataclass(frozen=True)
 class ChunkInfo:
-    """One LMDB chunk file: its name inside the version, records, size in bytes, sha256."""
+    """One LMDB chunk file: its name inside the version, records, size in bytes, sha256, and
+    the fields it also holds as whole column arrays (see ChunkWriter)."""
 
     file: str
     records: int
     bytes: int
     sha256: str
+    columns: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "columns", tuple(self.columns))
 
 
 @dataclass

@@ -13,7 +13,7 @@ import lmdb
 import numpy as np
 
 from yogadl_plus.cache.manifest import ChunkInfo, Manifest
-from yogadl_plus.cache.writer import record_key
+from yogadl_plus.cache.writer import column_key, record_key
 from yogadl_plus.errors import CacheCorrupted
 
 __all__ = ["ChunkSet"]
@@ -158,9 +158,10 @@ class ChunkSet:
             raise CacheCorrupted(f"chunk {path} is not a readable LMDB file: {exc}") from None
         self._held.append(key)
         entries = env.stat()["entries"]
-        if entries != info.records:
+        if entries != info.records + len(info.columns):
             raise CacheCorrupted(
-                f"chunk {path} holds {entries} records, the manifest says {info.records}"
+                f"chunk {path} holds {entries} entries, the manifest says {info.records} records "
+                f"and {len(info.columns)} columns"
             )
         return env
 
@@ -173,6 +174,38 @@ class ChunkSet:
         if txn is None:
             txn = txns[number] = self._env(number).begin(buffers=True)
         return txn
+
+    def columns(self) -> frozenset[str]:
+        """Fields that every chunk also holds as a whole column array."""
+        if not self.chunks:
+            return frozenset()
+        return frozenset.intersection(*(frozenset(c.columns) for c in self.chunks))
+
+    def column(self, number: int, name: str, dtype: np.dtype) -> np.ndarray:
+        """Chunk ``number``'s column of ``name``: a read-only view into the map, valid while
+        this thread's transaction lives (so take what you need from it right away)."""
+        views = getattr(self._local, "columns", None)
+        if views is None:
+            views = self._local.columns = {}
+        array = views.get((number, name))
+        if array is None:
+            data = self.txn(number).get(column_key(name))
+            info = self.chunks[number]
+            if data is None or len(data) != info.records * dtype.itemsize:
+                raise CacheCorrupted(f"chunk {info.file}: column {name!r} is missing or short")
+            array = views[(number, name)] = np.frombuffer(data, dtype)
+        return array
+
+    def gather(self, name: str, dtype: np.dtype, indices: np.ndarray) -> np.ndarray:
+        """Column ``name`` at global record ``indices``, without reading the records."""
+        if len(self.chunks) == 1:
+            return self.column(0, name, dtype)[indices]
+        chunk, local = self.locate(indices)
+        out = np.empty(len(indices), dtype)
+        for number in np.unique(chunk).tolist():
+            here = chunk == number
+            out[here] = self.column(number, name, dtype)[local[here]]
+        return out
 
     def locate(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(chunk number, index inside that chunk) of each global record index."""

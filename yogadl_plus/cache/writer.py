@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from types import TracebackType
 
 import lmdb
+import numpy as np
 
 from yogadl_plus.cache.manifest import ChunkInfo, file_sha256
 from yogadl_plus.errors import CacheCorrupted
 
-__all__ = ["DEFAULT_CHUNK_BYTES", "ChunkWriter", "chunk_file_name", "record_key"]
+__all__ = ["DEFAULT_CHUNK_BYTES", "ChunkWriter", "chunk_file_name", "column_key", "record_key"]
 
 DEFAULT_CHUNK_BYTES = 256 << 20
 _COMMIT_BYTES = 64 << 20
@@ -25,6 +27,12 @@ def chunk_file_name(number: int) -> str:
 def record_key(local_index: int) -> bytes:
     """The LMDB key of a record inside its chunk: big-endian, so keys sort in record order."""
     return local_index.to_bytes(4, "big")
+
+
+def column_key(name: str) -> bytes:
+    """The LMDB key of a whole-chunk column array: longer than a record key and starting with
+    the largest one, so it sorts after every record (appends stay in key order)."""
+    return b"\xff\xff\xff\xff" + name.encode("utf-8")
 
 
 class ChunkWriter:
@@ -47,6 +55,7 @@ class ChunkWriter:
         self._chunk_records = 0
         self._chunk_bytes = 0
         self._map_size = 0
+        self._columns: dict[str, list[np.ndarray]] = {}
 
     def __enter__(self) -> ChunkWriter:
         return self
@@ -63,20 +72,11 @@ class ChunkWriter:
     def num_records(self) -> int:
         return sum(c.records for c in self.chunks) + self._chunk_records
 
-    def add(self, value: bytes) -> None:
-        if self._env is None:
-            self._open_chunk()
-        self._pending.append((record_key(self._chunk_records), value))
-        self._chunk_records += 1
-        self._pending_bytes += len(value) + 4
-        self._chunk_bytes += len(value) + 4
-        if self._pending_bytes >= _COMMIT_BYTES or len(self._pending) >= _COMMIT_RECORDS:
-            self._commit()
-        if self._chunk_bytes >= self.chunk_bytes or self._chunk_records >= _MAX_CHUNK_RECORDS:
-            self._close_chunk()
-
-    def add_many(self, values: list[bytes]) -> None:
-        """Append records in order (the build loop's fast path)."""
+    def add_many(
+        self, values: list[bytes], columns: Mapping[str, np.ndarray] | None = None
+    ) -> None:
+        """Append records in order. ``columns`` are per-record arrays of some fields (one
+        element per value) that each chunk also stores whole, under its column key."""
         start = 0
         while start < len(values):
             if self._env is None:
@@ -91,6 +91,8 @@ class ChunkWriter:
             first = self._chunk_records
             keys = [record_key(first + j) for j in range(stop - start)]
             self._pending.extend(zip(keys, values[start:stop]))
+            for name, column in (columns or {}).items():
+                self._columns.setdefault(name, []).append(column[start:stop])
             self._chunk_records += stop - start
             self._chunk_bytes += taken
             self._pending_bytes += taken
@@ -146,15 +148,22 @@ class ChunkWriter:
 
     def _close_chunk(self) -> None:
         assert self._env is not None
+        names = sorted(self._columns)  # column keys sort after every record key, by name
+        for name in names:
+            data = np.concatenate(self._columns[name]).tobytes()
+            self._pending.append((column_key(name), data))
+            self._pending_bytes += len(data)
+        self._columns = {}
         self._commit()
         self._env.sync(True)
         entries = self._env.stat()["entries"]
         self._env.close()
         self._env = None
         path = self._path(len(self.chunks))
-        if entries != self._chunk_records:
+        if entries != self._chunk_records + len(names):
             raise CacheCorrupted(
-                f"{path}: wrote {self._chunk_records} records but the chunk holds {entries}"
+                f"{path}: wrote {self._chunk_records} records and {len(names)} columns but the "
+                f"chunk holds {entries} entries"
             )
         self.chunks.append(
             ChunkInfo(
@@ -162,6 +171,7 @@ class ChunkWriter:
                 records=self._chunk_records,
                 bytes=os.path.getsize(path),
                 sha256=file_sha256(path),
+                columns=tuple(names),
             )
         )
         self._chunk_records = 0
