@@ -261,3 +261,27 @@ def test_spawned_workers_give_the_same_stream(ref):
         assert flatten(stream) == flatten(ref.stream(**args))
     finally:
         stream.close()
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@pytest.mark.parametrize("worker_type", ["thread", "process"])
+def test_memory_does_not_grow_across_epochs(ref, worker_type):
+    stream = ref.stream(
+        shuffle=True,
+        shuffle_seed=1,
+        transform=add_square,
+        batch_size=20,
+        num_workers=2,
+        worker_type=worker_type,
+    )
+    for _ in range(3):
+        list(stream)
+    settled = rss_bytes()
+    for _ in range(12):
+        list(stream)
+    stream.close()
+    assert rss_bytes() - settled < 8 << 20, "memory grew across epochs"
