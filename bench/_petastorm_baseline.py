@@ -45,6 +45,7 @@ os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 os.environ.setdefault("PYARROW_IGNORE_TIMEZONE", "1")
 
 import numpy as np
+from _common import warm  # bench/ is on sys.path when run as a script
 
 ROW_GROUP_MB = 32
 PLAIN_ROWS_PER_GROUP = 256  # 25.6 MB row groups at B = 100 KB, close to the Petastorm side
@@ -179,16 +180,6 @@ def dir_bytes(path: str) -> int:
     if os.path.isfile(path):
         return os.path.getsize(path)
     return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs)
-
-
-def warm(path: str) -> None:
-    paths = [path]
-    if os.path.isdir(path):
-        paths = [os.path.join(d, f) for d, _, fs in os.walk(path) for f in fs]
-    for p in paths:
-        with open(p, "rb", buffering=0) as f:
-            while f.read(16 << 20):
-                pass
 
 
 def row_groups(ds_path: str) -> dict[str, Any]:

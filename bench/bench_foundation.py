@@ -31,6 +31,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 
+from _common import warm  # noqa: E402  (bench/ is on sys.path when run as a script)
+
 import yogadl_plus as ydl  # noqa: E402
 
 DEFAULT_SIZES = (10_000, 100_000, 1_000_000)
@@ -79,17 +81,6 @@ def best_of(fn: Callable[[], Any], repeats: int) -> tuple[float, list[float]]:
         fn()
         times.append(time.perf_counter() - t0)
     return min(times), times
-
-
-def warm(path: str) -> None:
-    """Reads a file (or every file under a folder) once so that it sits in the page cache."""
-    paths = [path]
-    if os.path.isdir(path):
-        paths = [os.path.join(d, f) for d, _, fs in os.walk(path) for f in fs]
-    for p in paths:
-        with open(p, "rb", buffering=0) as f:
-            while f.read(16 << 20):
-                pass
 
 
 def machine() -> dict[str, Any]:
