@@ -26,6 +26,20 @@ from yogadl_plus.workers import WorkerDied
 
 __version__ = "0.1.0"
 
+_ADAPTERS = ("tensorflow", "torch", "keras")
+
+
+def __getattr__(name: str) -> object:
+    """``ydl.tensorflow``, ``ydl.torch``, ``ydl.keras``: framework faces, imported (with their
+    framework) only when first used, so ``import yogadl_plus`` imports no framework."""
+    if name in _ADAPTERS:
+        import importlib
+
+        module = importlib.import_module(f"yogadl_plus.adapters.{name}")
+        globals()[name] = module
+        return module
+    raise AttributeError(f"module 'yogadl_plus' has no attribute {name!r}")
+
 __all__ = [
     "CacheCorrupted",
     "DataRef",

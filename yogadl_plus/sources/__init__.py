@@ -20,12 +20,35 @@ def _is_path_list(obj: Any) -> bool:
     )
 
 
+def _framework_of(obj: Any) -> str:
+    """'tensorflow', 'torch', 'keras' or '' for the framework an object's class comes from,
+    found without importing any framework."""
+    for cls in type(obj).__mro__:
+        root = cls.__module__.split(".")[0]
+        if root in ("tensorflow", "torch", "keras"):
+            return root
+    return ""
+
+
 def as_source(obj: Any) -> Source:
     """The Source for what the user passed to cache_dataset."""
     if isinstance(obj, Source):
         return obj
     if isinstance(obj, (str, os.PathLike)) or _is_path_list(obj):
         return ParquetSource(obj)
+    framework = _framework_of(obj)
+    if framework == "tensorflow" and hasattr(obj, "element_spec"):
+        from yogadl_plus.sources.tensorflow import TFDatasetSource
+
+        return TFDatasetSource(obj)
+    if framework == "torch" and hasattr(obj, "__getitem__") and hasattr(obj, "__len__"):
+        from yogadl_plus.sources.torch import TorchDatasetSource
+
+        return TorchDatasetSource(obj)
+    if framework == "keras" or (framework == "tensorflow" and hasattr(obj, "on_epoch_end")):
+        from yogadl_plus.sources.keras import KerasSequenceSource
+
+        return KerasSequenceSource(obj)
     if callable(obj) or hasattr(obj, "__iter__"):
         return IterableSource(obj)
     raise TypeError(
