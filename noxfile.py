@@ -13,6 +13,8 @@ CONSTRAINTS = ("-c", "constraints.txt")
 @nox.session
 def tests(session: nox.Session) -> None:
     """Install the package with its test extras and run every test."""
+    # torch first, pinned: the CPU wheel; anything that pulls torch later then finds it there.
+    session.install(*CONSTRAINTS, "torch")
     session.install(*CONSTRAINTS, "-e", ".[test]")
     session.run("pytest", "-q", "-p", "no:cacheprovider", *session.posargs)
 

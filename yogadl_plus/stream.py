@@ -73,6 +73,10 @@ class Stream:
         worker_start_method: str | None = None,
     ) -> None:
         self.dataref = dataref
+        # The arguments, so that replace() can make the same stream with a few changed.
+        self._arguments = {
+            k: v for k, v in locals().items() if k not in ("self", "dataref", "__class__")
+        }
         start = check_int("start_offset", start_offset, 0)
         self.num_workers = check_int("num_workers", num_workers, 0)
         if prefetch is not None:
@@ -147,6 +151,11 @@ class Stream:
         self._epoch, self._position = self._next = self._locate(start)
         self._offset = start
 
+    def replace(self, **changes: Any) -> Stream:
+        """The same stream (same seed, same start) with some arguments changed."""
+        arguments = {**self._arguments, "shuffle_seed": self.shuffle_seed, **changes}
+        return Stream(self.dataref, **arguments)
+
     def __repr__(self) -> str:
         return (
             f"Stream({self.dataref!r}, order={self.order!r}, offset={self._offset}, "
@@ -211,6 +220,16 @@ class Stream:
         """Stop worker threads or processes now (they start again on the next iteration)."""
         if self._pool is not None:
             self._pool.close()
+
+    @property
+    def next_epoch_position(self) -> tuple[int, int]:
+        """(epoch, position) where the next iter() starts."""
+        return self._next
+
+    def read_unit(self, epoch: int, start: int, stop: int) -> Block:
+        """The block of this shard's positions [start, stop) of ``epoch``, read at the boundary
+        (predicate, decode, transform): what adapters hand to their own workers."""
+        return self.reader((start, self.order.indices(epoch, start, stop)))
 
     def _units(self, epoch: int, position: int, unit: int) -> Iterator[tuple[int, np.ndarray]]:
         """(first position, record indices) of consecutive units of at most ``unit`` positions.

@@ -1,0 +1,175 @@
+"""ydl.torch: RecordDataset in DataLoader workers, StreamSampler's order, and a DataLoader whose
+state_dict resumes at the next item exactly with any number of workers."""
+
+from __future__ import annotations
+
+import itertools
+import pickle
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import yogadl_plus as ydl  # noqa: E402
+from yogadl_plus import predicates  # noqa: E402
+
+N = 300
+
+
+@pytest.fixture(scope="module")
+def ref(tmp_path_factory):
+    storage = ydl.LocalStorage(tmp_path_factory.mktemp("torch"))
+    records = (
+        {
+            "i": np.int64(i),
+            "x": np.full(4, i, np.float32),
+            "h": np.float16(i / 2),
+            "s": f"r{i}",
+            "flag": bool(i % 2),
+        }
+        for i in range(N)
+    )
+    return ydl.cache_dataset(records, "d", "v", storage, progress=False, chunk_bytes=5000)
+
+
+def ids(items) -> list[int]:
+    out = []
+    for item in items:
+        out.extend(int(v) for v in torch.as_tensor(item["i"]).reshape(-1))
+    return out
+
+
+def test_record_dataset_items_and_batched_fetch(ref):
+    ds = ydl.torch.RecordDataset(ref, fields=["i", "x", "s"])
+    assert len(ds) == N and ds[-1]["i"] == N - 1 and ds[5]["s"] == "r5"
+    assert [r["i"] for r in ds.__getitems__([7, 3])] == [7, 3]
+    copy = pickle.loads(pickle.dumps(ds))
+    np.testing.assert_array_equal(copy[9]["x"], np.full(4, 9, np.float32))
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_record_dataset_in_dataloader_workers(ref, context):
+    ds = ydl.torch.RecordDataset(ref, fields=["i", "x", "h", "flag"])
+    loader = torch.utils.data.DataLoader(
+        ds, batch_size=32, num_workers=2, multiprocessing_context=context
+    )
+    batches = list(loader)
+    assert ids(batches) == list(range(N))
+    assert batches[0]["x"].dtype == torch.float32 and batches[0]["h"].dtype == torch.float16
+    assert batches[0]["flag"].dtype == torch.bool and batches[0]["x"].shape == (32, 4)
+
+
+def test_stream_sampler_has_the_streams_order(ref):
+    args = dict(shuffle=True, shuffle_seed=3, num_shards=3, shard_rank=1)
+    sampler = ydl.torch.StreamSampler(ref, **args)
+    stream = ref.stream(**args)
+    assert list(sampler) == ids(stream) and list(sampler) == ids(stream), "epochs 0 and 1"
+    sampler.set_epoch(0)
+    assert list(sampler) == ids(ref.stream(**args))
+    loader = torch.utils.data.DataLoader(
+        ydl.torch.RecordDataset(ref), sampler=sampler, batch_size=10
+    )
+    sampler.set_epoch(4)
+    assert ids(loader) == ids(ref.stream(start_offset=4 * len(stream), **args))
+    assert len(sampler) == len(stream)
+
+
+def test_stream_sampler_start_offset(ref):
+    sampler = ydl.torch.StreamSampler(ref, shuffle=True, shuffle_seed=1, start_offset=N + 7)
+    assert list(sampler) == ids(ref.stream(shuffle=True, shuffle_seed=1, start_offset=N + 7))
+
+
+@pytest.mark.parametrize("workers, persistent", [(0, False), (1, False), (2, False), (2, True)])
+def test_dataloader_gives_the_streams_batches_as_tensors(ref, workers, persistent):
+    stream = ref.stream(shuffle=True, shuffle_seed=2, batch_size=16, fields=["i", "x", "s"])
+    loader = ydl.torch.make_dataloader(stream, num_workers=workers, persistent_workers=persistent)
+    got = list(loader)
+    expected = list(ref.stream(shuffle=True, shuffle_seed=2, batch_size=16, fields=["i", "x", "s"]))
+    assert len(loader) == len(got) == len(expected)
+    assert ids(got) == ids(expected)
+    assert isinstance(got[0]["x"], torch.Tensor) and got[0]["x"].dtype == torch.float32
+    assert got[0]["s"] == expected[0]["s"], "strings stay lists"
+    assert ids(loader) == ids(
+        ref.stream(
+            shuffle=True,
+            shuffle_seed=2,
+            batch_size=16,
+            start_offset=len(stream.order.indices(0, 0, N)),
+        )
+    )
+
+
+@pytest.mark.parametrize("workers, persistent", [(0, False), (2, False), (2, True)])
+@pytest.mark.parametrize("k", [0, 1, 7, 18])
+def test_state_dict_after_k_items_resumes_at_item_k_plus_1(ref, workers, persistent, k):
+    def make():
+        stream = ref.stream(
+            shuffle=True,
+            shuffle_seed=5,
+            num_shards=2,
+            shard_rank=1,
+            batch_size=8,
+            transform=lambda r: {**r, "twice": int(r["i"]) * 2},
+        )
+        return ydl.torch.make_dataloader(stream, num_workers=workers, persistent_workers=persistent)
+
+    loader = make()
+    reference = [ids([b]) for b in itertools.chain(make(), make_epoch_two(make))]
+    it = iter(loader)
+    consumed = [ids([next(it)]) for _ in range(k)]
+    state = loader.state_dict()
+    del it
+    again = make()
+    again.load_state_dict(state)
+    rest = [ids([b]) for b in again]
+    assert consumed + rest == reference[: len(consumed) + len(rest)]
+    assert len(consumed) + len(rest) == len(loader)
+
+
+def make_epoch_two(make):
+    loader = make()
+    list(loader)
+    return loader
+
+
+def test_each_iter_is_the_next_epoch_also_after_an_unfinished_one(ref):
+    stream = ref.stream(shuffle=True, shuffle_seed=7, batch_size=50)
+    loader = ydl.torch.make_dataloader(stream)
+    first = next(iter(loader))
+    assert ids([first]) == ids(
+        [next(iter(ref.stream(shuffle=True, shuffle_seed=7, batch_size=50)))]
+    )
+    epoch1 = ids(loader)
+    assert epoch1 == ids(ref.stream(shuffle=True, shuffle_seed=7, batch_size=50, start_offset=N))
+    assert loader.state_dict()["epoch"] == 2 and loader.state_dict()["offset"] == 2 * N
+
+
+def test_batch_size_sets_the_streams_batch_size(ref):
+    loader = ydl.torch.make_dataloader(ref.stream(fields=["i"]), batch_size=64)
+    sizes = [len(b["i"]) for b in loader]
+    assert sizes == [64, 64, 64, 64, 44]
+    with pytest.raises(ValueError, match="batches by 10"):
+        ydl.torch.make_dataloader(ref.stream(batch_size=10), batch_size=64)
+    with pytest.raises(ValueError, match="sampler"):
+        ydl.torch.make_dataloader(ref.stream(batch_size=10), sampler=[1, 2])
+
+
+def test_records_and_predicates(ref):
+    loader = ydl.torch.make_dataloader(ref.stream(fields=["i", "s"]))
+    items = list(itertools.islice(iter(loader), 3))
+    assert [int(r["i"]) for r in items] == [0, 1, 2] and items[0]["s"] == "r0"
+    with pytest.raises(ValueError, match="must batch"):
+        ydl.torch.make_dataloader(ref.stream(predicate=predicates.in_set("i", [1])))
+    odd = ydl.torch.make_dataloader(
+        ref.stream(predicate=predicates.in_set("flag", [True]), batch_size=10), num_workers=2
+    )
+    got = ids(odd)
+    assert got == list(range(1, N, 2)) and len(list(odd)) == N // 10
+
+
+def test_state_from_another_seed_is_refused(ref):
+    a = ydl.torch.make_dataloader(ref.stream(shuffle=True, shuffle_seed=1, batch_size=10))
+    b = ydl.torch.make_dataloader(ref.stream(shuffle=True, shuffle_seed=2, batch_size=10))
+    with pytest.raises(ValueError, match="shuffle_seed=2"):
+        b.load_state_dict(a.state_dict())

@@ -1,0 +1,244 @@
+"""PyTorch faces over DataRef and Stream: ``ydl.torch``.
+
+- ``RecordDataset``: map-style, ``ds[i]`` is record ``i`` (and ``__getitems__`` fetches a batch
+  of indices in one read), picklable into DataLoader workers.
+- ``StreamSampler``: the record indices of ``dataref.stream(...)``'s order, for a plain
+  DataLoader over a RecordDataset.
+- ``make_dataloader``: a DataLoader over a stream's items whose ``state_dict()`` resumes at the
+  next item exactly, with any number of workers. Items are computed from (epoch, position)
+  alone, so a resume recomputes what workers had prefetched instead of snapshotting anything.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from yogadl_plus.boundary import collate
+from yogadl_plus.checks import check_int
+from yogadl_plus.order import EpochOrder
+
+if TYPE_CHECKING:
+    from yogadl_plus.dataref import DataRef
+    from yogadl_plus.stream import Stream
+
+__all__ = ["RecordDataset", "ResumableDataLoader", "StreamSampler", "make_dataloader"]
+
+
+def _rows(columns: dict[str, Any], n: int) -> list[dict[str, Any]]:
+    """Columns (arrays or lists) of ``n`` records as ``n`` record dicts."""
+    names = list(columns)
+    values = [list(c) if isinstance(c, np.ndarray) else c for c in columns.values()]
+    return [dict(zip(names, row)) for row in zip(*values)] if names else [{} for _ in range(n)]
+
+
+class RecordDataset(Dataset):
+    """Map-style dataset over a DataRef: ``ds[i]`` is record ``i`` (its selected fields)."""
+
+    def __init__(
+        self,
+        dataref: DataRef,
+        fields: Sequence[str] | str | None = None,
+        transform: Callable[[dict[str, Any]], Any] | None = None,
+    ) -> None:
+        self.dataref = dataref
+        self.fields = dataref.select(fields)
+        self.transform = transform
+
+    def __len__(self) -> int:
+        return len(self.dataref)
+
+    def __getitem__(self, index: int) -> Any:
+        return self.__getitems__([index])[0]
+
+    def __getitems__(self, indices: Sequence[int]) -> list[Any]:
+        """Records at ``indices``, read and decoded together (DataLoader uses this)."""
+        checked = self.dataref.check_indices(indices)
+        records = _rows(self.dataref.read_columns(checked, self.fields), len(checked))
+        if self.transform is not None:
+            records = [self.transform(r) for r in records]
+        return records
+
+
+class StreamSampler(Sampler[int]):
+    """Record indices in exactly ``dataref.stream(...)``'s order, epoch after epoch.
+
+    Each ``iter()`` is the next epoch; ``set_epoch(e)`` picks the epoch of the next ``iter()``
+    (as DistributedSampler does). ``start_offset`` counts this shard's positions from epoch 0,
+    as for streams.
+    """
+
+    def __init__(
+        self,
+        dataref: DataRef,
+        shuffle: bool = False,
+        shuffle_seed: int | None = None,
+        shard_rank: int = 0,
+        num_shards: int = 1,
+        drop_shard_remainder: bool = False,
+        start_offset: int = 0,
+        skip_shuffle_at_epoch_end: bool = False,
+    ) -> None:
+        stream = dataref.stream(
+            shuffle=shuffle, shuffle_seed=shuffle_seed, shard_rank=shard_rank,
+            num_shards=num_shards, drop_shard_remainder=drop_shard_remainder,
+            start_offset=start_offset, skip_shuffle_at_epoch_end=skip_shuffle_at_epoch_end,
+            fields=[],
+        )  # fmt: skip
+        self.order: EpochOrder = stream.order
+        self.shuffle_seed = stream.shuffle_seed
+        self._start = stream.next_epoch_position
+        self._epoch = self._start[0]
+
+    def set_epoch(self, epoch: int) -> None:
+        self._epoch = check_int("epoch", epoch, 0)
+
+    def __len__(self) -> int:
+        return self.order.shard_length
+
+    def __iter__(self) -> Iterator[int]:
+        epoch = self._epoch
+        self._epoch = epoch + 1
+        position = self._start[1] if epoch == self._start[0] else 0
+        length = self.order.epoch_shard_length(epoch)
+        for start in range(position, length, 4096):
+            yield from self.order.indices(epoch, start, min(start + 4096, length)).tolist()
+
+
+class _StreamItems(Dataset):
+    """Item ``(epoch, position)``: the stream's item that starts at that position."""
+
+    def __init__(self, stream: Stream, unit: int) -> None:
+        self.stream = stream
+        self.unit = unit
+
+    def __getitem__(self, key: tuple[int, int]) -> Any:
+        epoch, start = key
+        stop = min(start + self.unit, self.stream.order.epoch_shard_length(epoch))
+        block = self.stream.read_unit(epoch, start, stop)
+        if self.stream.batch_size is None:
+            return block.items[0]  # type: ignore[index]
+        if block.columns is not None:
+            return block.columns
+        return collate(block.items) if block.items else {}
+
+    def __len__(self) -> int:
+        return self.stream.positions_per_epoch
+
+
+class _PositionSampler(Sampler[tuple[int, int]]):
+    """(epoch, position) of each item of one epoch, from the loader's current place on."""
+
+    def __init__(self, loader: ResumableDataLoader) -> None:
+        self.loader = loader
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        epoch, position = self.loader._epoch, self.loader._position
+        stream, unit = self.loader.stream, self.loader._unit
+        length = stream.order.epoch_shard_length(epoch)
+        last = length - unit + 1 if stream.batch_size is not None and stream.drop_last else length
+        for start in range(position, max(last, position), unit):
+            yield epoch, start
+
+    def __len__(self) -> int:
+        return len(self.loader.stream)
+
+
+class ResumableDataLoader(DataLoader):
+    """A DataLoader over a stream's items (see make_dataloader)."""
+
+    def __init__(self, stream: Stream, **kwargs: Any) -> None:
+        for forbidden in ("sampler", "batch_sampler", "shuffle", "dataset"):
+            if forbidden in kwargs:
+                raise ValueError(
+                    f"make_dataloader: {forbidden}= is not allowed: the order, shuffling and "
+                    "sharding come from the stream"
+                )
+        self.stream = stream
+        self._unit = 1 if stream.batch_size is None else stream.batch_size
+        if stream.batch_size is None and stream.predicate is not None:
+            raise ValueError(
+                "make_dataloader: a stream with a predicate must batch (batch_size=...): a "
+                "record-by-record loader has no item to hand out for a rejected record"
+            )
+        self._epoch, self._position = stream.next_epoch_position
+        self._resume, self._after = True, self._epoch
+        super().__init__(
+            _StreamItems(stream, self._unit),
+            batch_size=None,
+            sampler=_PositionSampler(self),
+            **kwargs,
+        )
+
+    def __len__(self) -> int:
+        return len(self.stream)
+
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
+        # Each iter() is the next epoch, also after an unfinished one, as for streams; the first
+        # iter() (or the first after load_state_dict) starts where the state says.
+        epoch, position = (self._epoch, self._position) if self._resume else (self._after, 0)
+        self._resume, self._after = False, epoch + 1
+        self._epoch, self._position = epoch, position
+        length = self.stream.order.epoch_shard_length(epoch)
+        for item in super().__iter__():
+            self._position = min(self._position + self._unit, length)
+            yield item
+        self._epoch, self._position = epoch + 1, 0
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the next item starts; ``load_state_dict`` on a loader made the same way
+        resumes there. ``offset`` is the same place as a stream's ``start_offset``."""
+        return {
+            "epoch": self._epoch,
+            "position": self._position,
+            "shuffle_seed": self.stream.shuffle_seed,
+            "offset": self.stream._offset_of(self._epoch, self._position),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("shuffle_seed") != self.stream.shuffle_seed:
+            raise ValueError(
+                f"this loader's stream has shuffle_seed={self.stream.shuffle_seed}, the state "
+                f"was saved with {state.get('shuffle_seed')}: make the stream with the same "
+                "seed (and arguments) to resume"
+            )
+        self._epoch = check_int("epoch", state["epoch"], 0)
+        self._position = check_int("position", state["position"], 0)
+        self._resume = True
+
+
+def make_dataloader(stream: Stream, num_workers: int = 0, **dataloader_kwargs: Any) -> Any:
+    """A DataLoader handing out ``stream``'s items as torch tensors, resumable exactly.
+
+    A batching stream gives batches (``batch_size=`` here sets the stream's batch size when it
+    has none); strings and bytes stay lists. Work runs in ``num_workers`` DataLoader workers.
+    ``state_dict()`` after k consumed items, loaded into a loader made the same way, resumes at
+    item k+1 with any ``num_workers``, persistent workers or not. With a predicate, each batch
+    holds the passing records of one run of ``batch_size`` positions (it is not refilled).
+    """
+    batch_size = dataloader_kwargs.pop("batch_size", None)
+    if batch_size is not None:
+        if stream.batch_size is None:
+            stream = stream.replace(batch_size=batch_size)
+        elif batch_size != stream.batch_size:
+            raise ValueError(
+                f"make_dataloader: batch_size={batch_size} but the stream batches by "
+                f"{stream.batch_size}; leave batch_size out"
+            )
+    dataloader_kwargs.setdefault("collate_fn", _to_tensors)
+    return ResumableDataLoader(stream, num_workers=num_workers, **dataloader_kwargs)
+
+
+def _to_tensors(item: Any) -> Any:
+    """numpy arrays and scalars to tensors, containers walked, str/bytes/lists kept."""
+    if isinstance(item, np.ndarray):
+        return torch.from_numpy(item) if item.dtype.kind in "biufc" else item
+    if isinstance(item, np.generic):
+        return torch.as_tensor(item) if item.dtype.kind in "biufc" else item
+    if isinstance(item, dict):
+        return {k: _to_tensors(v) for k, v in item.items()}
+    return item
