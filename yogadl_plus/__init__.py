@@ -7,6 +7,8 @@ and stream it with a true per-epoch shuffle, disjoint shards and free mid-epoch 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from yogadl_plus import codecs, predicates, sources
 from yogadl_plus.boundary import TransformError
 from yogadl_plus.build import cache_dataset
@@ -29,7 +31,13 @@ __version__ = "0.1.0"
 _ADAPTERS = ("tensorflow", "torch", "keras")
 
 
-def __getattr__(name: str) -> object:
+if TYPE_CHECKING:
+    from yogadl_plus.adapters import keras as keras
+    from yogadl_plus.adapters import tensorflow as tensorflow
+    from yogadl_plus.adapters import torch as torch
+
+
+def __getattr__(name: str) -> Any:
     """``ydl.tensorflow``, ``ydl.torch``, ``ydl.keras``: framework faces, imported (with their
     framework) only when first used, so ``import yogadl_plus`` imports no framework."""
     if name in _ADAPTERS:
@@ -39,6 +47,7 @@ def __getattr__(name: str) -> object:
         globals()[name] = module
         return module
     raise AttributeError(f"module 'yogadl_plus' has no attribute {name!r}")
+
 
 __all__ = [
     "CacheCorrupted",

@@ -41,7 +41,7 @@ def as_source(obj: Any) -> Source:
         from yogadl_plus.sources.tensorflow import TFDatasetSource
 
         return TFDatasetSource(obj)
-    if framework == "torch" and hasattr(obj, "__getitem__") and hasattr(obj, "__len__"):
+    if framework == "torch" and (hasattr(obj, "__getitem__") or hasattr(obj, "__iter__")):
         from yogadl_plus.sources.torch import TorchDatasetSource
 
         return TorchDatasetSource(obj)
