@@ -121,8 +121,24 @@ def test_a_failing_transform_names_the_record(ref, worker_type, workers):
     assert any(isinstance(e, ZeroDivisionError) for e in chain) or "fail_on_123" in text
 
 
+_EARLIER: set[int] = set()
+
+
+@pytest.fixture(autouse=True)
+def _ignore_earlier_children():
+    """Child processes started before a test (other suites' DataLoader workers that end when
+    collected) are not this test's to count."""
+    import gc
+
+    gc.collect()
+    _EARLIER.clear()
+    _EARLIER.update(p.pid for p in multiprocessing.active_children())
+    yield
+
+
 def children() -> list[multiprocessing.process.BaseProcess]:
-    return multiprocessing.active_children()
+    """Child processes started by the current test that are still alive."""
+    return [p for p in multiprocessing.active_children() if p.pid not in _EARLIER]
 
 
 def test_processes_stop_on_close_and_restart_for_the_next_epoch(ref):

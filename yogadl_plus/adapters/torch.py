@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -130,22 +131,33 @@ class _StreamItems(Dataset):
         return self.stream.positions_per_epoch
 
 
-class _PositionSampler(Sampler[tuple[int, int]]):
-    """(epoch, position) of each item of one epoch, from the loader's current place on."""
+@dataclass
+class _Cursor:
+    """Where a loader's next item starts; shared with its sampler (not the loader itself:
+    a loader <-> sampler cycle would leave the workers' shutdown to the cycle collector)."""
 
-    def __init__(self, loader: ResumableDataLoader) -> None:
-        self.loader = loader
+    stream: Stream
+    unit: int
+    epoch: int
+    position: int
+
+
+class _PositionSampler(Sampler[tuple[int, int]]):
+    """(epoch, position) of each item of one epoch, from the cursor's place on."""
+
+    def __init__(self, cursor: _Cursor) -> None:
+        self.cursor = cursor
 
     def __iter__(self) -> Iterator[tuple[int, int]]:
-        epoch, position = self.loader._epoch, self.loader._position
-        stream, unit = self.loader.stream, self.loader._unit
+        cursor = self.cursor
+        stream, unit, epoch, position = cursor.stream, cursor.unit, cursor.epoch, cursor.position
         length = stream.order.epoch_shard_length(epoch)
         last = length - unit + 1 if stream.batch_size is not None and stream.drop_last else length
         for start in range(position, max(last, position), unit):
             yield epoch, start
 
     def __len__(self) -> int:
-        return len(self.loader.stream)
+        return len(self.cursor.stream)
 
 
 class ResumableDataLoader(DataLoader):
@@ -165,12 +177,13 @@ class ResumableDataLoader(DataLoader):
                 "make_dataloader: a stream with a predicate must batch (batch_size=...): a "
                 "record-by-record loader has no item to hand out for a rejected record"
             )
-        self._epoch, self._position = stream.next_epoch_position
-        self._resume, self._after = True, self._epoch
+        epoch, position = stream.next_epoch_position
+        self._cursor = _Cursor(stream, self._unit, epoch, position)
+        self._resume, self._after = True, epoch
         super().__init__(
             _StreamItems(stream, self._unit),
             batch_size=None,
-            sampler=_PositionSampler(self),
+            sampler=_PositionSampler(self._cursor),
             **kwargs,
         )
 
@@ -180,23 +193,25 @@ class ResumableDataLoader(DataLoader):
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         # Each iter() is the next epoch, also after an unfinished one, as for streams; the first
         # iter() (or the first after load_state_dict) starts where the state says.
-        epoch, position = (self._epoch, self._position) if self._resume else (self._after, 0)
-        self._resume, self._after = False, epoch + 1
-        self._epoch, self._position = epoch, position
-        length = self.stream.order.epoch_shard_length(epoch)
+        cursor = self._cursor
+        if not self._resume:
+            cursor.epoch, cursor.position = self._after, 0
+        self._resume, self._after = False, cursor.epoch + 1
+        length = self.stream.order.epoch_shard_length(cursor.epoch)
         for item in super().__iter__():
-            self._position = min(self._position + self._unit, length)
+            cursor.position = min(cursor.position + self._unit, length)
             yield item
-        self._epoch, self._position = epoch + 1, 0
+        cursor.epoch, cursor.position = cursor.epoch + 1, 0
 
     def state_dict(self) -> dict[str, Any]:
         """Where the next item starts; ``load_state_dict`` on a loader made the same way
         resumes there. ``offset`` is the same place as a stream's ``start_offset``."""
+        cursor = self._cursor
         return {
-            "epoch": self._epoch,
-            "position": self._position,
+            "epoch": cursor.epoch,
+            "position": cursor.position,
             "shuffle_seed": self.stream.shuffle_seed,
-            "offset": self.stream._offset_of(self._epoch, self._position),
+            "offset": self.stream._offset_of(cursor.epoch, cursor.position),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -206,8 +221,8 @@ class ResumableDataLoader(DataLoader):
                 f"was saved with {state.get('shuffle_seed')}: make the stream with the same "
                 "seed (and arguments) to resume"
             )
-        self._epoch = check_int("epoch", state["epoch"], 0)
-        self._position = check_int("position", state["position"], 0)
+        self._cursor.epoch = check_int("epoch", state["epoch"], 0)
+        self._cursor.position = check_int("position", state["position"], 0)
         self._resume = True
 
 
