@@ -168,9 +168,11 @@ class TFDatasetSource(Source):
             return tuple(out)
 
         flat = self.dataset.map(flatten)
-        if any(variable):
-            return flat.ragged_batch(self.read_batch)
-        return flat.batch(self.read_batch)
+        batched = (
+            flat.ragged_batch(self.read_batch) if any(variable) else flat.batch(self.read_batch)
+        )
+        # TensorFlow makes the next batches while Python splits and encodes this one.
+        return batched.prefetch(2)
 
     def records(self) -> Iterator[dict[str, Any]]:
         names = [name for name, _, _ in self._leaves]

@@ -1,0 +1,231 @@
+"""Keras in and out: a PyDataset cached record by record (KerasSequenceSource), and
+ydl.keras.StreamSequence (batches by index, epochs, model.fit)."""
+
+from __future__ import annotations
+
+import itertools
+import pickle
+
+import numpy as np
+import pytest
+
+pytest.importorskip("tensorflow")
+keras = pytest.importorskip("keras")
+
+import yogadl_plus as ydl  # noqa: E402
+
+StreamSequence = ydl.keras.StreamSequence
+
+_names = itertools.count()
+
+
+@pytest.fixture(scope="module")
+def storage(tmp_path_factory):
+    return ydl.LocalStorage(tmp_path_factory.mktemp("keras"))
+
+
+def cache(source, storage):
+    return ydl.cache_dataset(source, f"k{next(_names)}", "v1", storage, progress=False)
+
+
+# --- KerasSequenceSource ---
+
+
+class Batches(keras.utils.PyDataset):
+    """10 records in batches of 4, 4, 2, as (x, y, w), ({"img", "meta": {"n"}}, y) or x."""
+
+    def __init__(self, form):
+        super().__init__()
+        self.form = form
+        self.starts = [0, 4, 8, 10]
+
+    def __len__(self):
+        return 3
+
+    def __getitem__(self, i):
+        ids = np.arange(self.starts[i], self.starts[i + 1])
+        x = np.stack([np.full((2, 3), k, np.float32) for k in ids])
+        y = (ids % 3).astype(np.int64)
+        if self.form == "xyw":
+            return x, y, ids / 10.0
+        if self.form == "dict":
+            return {"img": x, "meta": {"n": ids.astype(np.int32)}}, y
+        return x
+
+
+@pytest.mark.parametrize(
+    "form, names",
+    [("xyw", ["x", "y", "sample_weight"]), ("dict", ["img", "meta/n", "y"]), ("x", ["x"])],
+)
+def test_keras_sequence_is_cached_record_by_record(form, names, storage):
+    ref = cache(Batches(form), storage)
+    assert ref.manifest.source_kind == "keras" and len(ref) == 10
+    assert list(ref.schema.names) == names
+    for k in range(10):
+        record = ref[k]
+        x = record["img" if form == "dict" else "x"]
+        assert x.dtype == np.float32 and x.shape == (2, 3) and (x == k).all()
+        if form != "x":
+            assert record["y"] == k % 3 and record["y"].dtype == np.int64
+    if form == "xyw":
+        assert ref[7]["sample_weight"] == 0.7
+    if form == "dict":
+        assert ref[9]["meta/n"] == 9 and ref[9]["meta/n"].dtype == np.int32
+
+
+def test_keras_sequence_with_uneven_parts_fails_naming_the_batch(storage):
+    class Bad(keras.utils.PyDataset):
+        def __len__(self):
+            return 2
+
+        def __getitem__(self, i):
+            return np.zeros((4, 2)), np.zeros(4 if i == 0 else 3)
+
+    with pytest.raises(ydl.SchemaError, match=r"batch 1: .*same size"):
+        cache(Bad(), storage)
+
+
+# --- StreamSequence ---
+
+N = 50
+
+
+@pytest.fixture(scope="module")
+def ref(storage):
+    records = (
+        {
+            "x": np.array([i, i % 7, 1.0], np.float32),
+            "y": np.int64(i % 2),
+            "name": f"n{i}",
+            "seq": np.arange(i % 3),
+        }
+        for i in range(N)
+    )
+    return cache(records, storage)
+
+
+def stream_of(ref, **kwargs):
+    return ref.stream(shuffle=True, shuffle_seed=3, batch_size=8, **kwargs)
+
+
+def epoch_ids(ref, epoch):
+    return [b["x"][:, 0].tolist() for b in stream_of(ref, start_offset=epoch * N)]
+
+
+def test_items_are_x_y_in_the_streams_order(ref):
+    seq = StreamSequence(stream_of(ref), x="x", y="y")
+    assert len(seq) == 7
+    items = [seq[i] for i in range(len(seq))]
+    want = list(stream_of(ref))
+    for (x, y), batch in zip(items, want):
+        np.testing.assert_array_equal(x, batch["x"])
+        np.testing.assert_array_equal(y, batch["y"])
+    with pytest.raises(IndexError):
+        seq[7]
+
+
+def test_x_as_list_gives_a_dict_and_strings_are_arrays(ref):
+    seq = StreamSequence(stream_of(ref, fields=["x", "name"]), x=["x", "name"])
+    batch = seq[0]
+    assert set(batch) == {"x", "name"} and batch["name"].shape == (8,)
+    assert batch["name"][0].startswith("n")
+    only = StreamSequence(stream_of(ref, fields=["x", "y"]), y="y")
+    x, y = only[0]
+    assert x.shape == (8, 3) and y.shape == (8,)
+
+
+def test_random_access_restarts_at_that_batch(ref):
+    seq = StreamSequence(stream_of(ref), x="x", y="y")
+    want = epoch_ids(ref, 0)
+    for i in [5, 2, 3, 0, 6, 1]:
+        assert seq[i][0][:, 0].tolist() == want[i]
+
+
+def test_any_order_from_many_threads_gives_the_right_batches(ref):
+    from concurrent.futures import ThreadPoolExecutor
+
+    seq = StreamSequence(stream_of(ref), x="x", y="y", workers=4)
+    order = [6, 1, 0, 3, 5, 2, 4] * 3
+    with ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(lambda i: seq[i][0][:, 0].tolist(), order))
+    want = epoch_ids(ref, 0)
+    assert got == [want[i] for i in order]
+
+
+def test_on_epoch_end_moves_to_the_next_epoch(ref):
+    seq = StreamSequence(stream_of(ref), x="x")
+    first = [seq[i][:, 0].tolist() for i in range(len(seq))]
+    seq.on_epoch_end()
+    second = [seq[i][:, 0].tolist() for i in range(len(seq))]
+    assert first == epoch_ids(ref, 0) and second == epoch_ids(ref, 1) and first != second
+
+
+def test_keras_reset_before_the_first_epoch_does_not_skip_one(ref):
+    seq = StreamSequence(stream_of(ref), x="x")
+    seq[0], seq[1]  # Keras reads two batches for the signature, then resets
+    seq.on_epoch_end()
+    seq.on_epoch_begin()
+    assert [seq[i][:, 0].tolist() for i in range(len(seq))] == epoch_ids(ref, 0)
+    seq.on_epoch_end()
+    seq.on_epoch_begin()
+    assert seq[0][:, 0].tolist() == epoch_ids(ref, 1)[0]
+
+
+@pytest.mark.parametrize("shuffle, workers", [(False, 1), (True, 2)])
+def test_model_fit_trains_two_epochs_on_the_streams_epochs_0_and_1(ref, shuffle, workers):
+    served = []
+
+    class Logged(StreamSequence):
+        def __getitem__(self, i):
+            x, y = super().__getitem__(i)
+            served.append((self._epoch, i, x[:, 0].tolist()))
+            return x, y
+
+    seq = Logged(stream_of(ref, fields=["x", "y"]), x="x", y="y", workers=workers)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    history = model.fit(seq, epochs=2, verbose=0, shuffle=shuffle)
+    assert len(history.history["loss"]) == 2
+    for epoch in (0, 1):
+        # Each epoch's batches (the first two of epoch 0 were also read for the signature);
+        # Keras' shuffle=True permutes the batch order, and its threads may finish out of order.
+        got = [(i, ids) for e, i, ids in served if e == epoch][-len(seq) :]
+        want = list(enumerate(epoch_ids(ref, epoch)))
+        assert sorted(got) == want
+        if not shuffle:
+            assert got == want
+    assert seq._epoch == 2
+
+
+def test_resumed_stream_has_a_shorter_first_epoch(ref):
+    seq = StreamSequence(stream_of(ref, start_offset=3 * 8), x="x")
+    assert len(seq) == 4
+    assert [seq[i][:, 0].tolist() for i in range(4)] == epoch_ids(ref, 0)[3:]
+    seq.on_epoch_end()
+    assert len(seq) == 7 and seq[6][:, 0].tolist() == epoch_ids(ref, 1)[6]
+
+
+def test_transform_returning_tuples_gives_tuples(ref):
+    stream = stream_of(ref, transform=lambda r: (r["x"] * 2, r["y"]))
+    x, y = StreamSequence(stream)[0]
+    assert x.shape == (8, 3) and y.shape == (8,)
+    np.testing.assert_array_equal(x, next(iter(stream_of(ref)))["x"] * 2)
+
+
+def test_what_keras_cannot_take_is_refused(ref):
+    with pytest.raises(ValueError, match="batch_size"):
+        StreamSequence(ref.stream(), x="x")
+    with pytest.raises(ValueError, match="no field"):
+        StreamSequence(stream_of(ref), x="nope")
+    odd = ydl.predicates.in_lambda(["y"], lambda y: y == 1)
+    with pytest.raises(ValueError, match="make_tf_dataset"):
+        StreamSequence(stream_of(ref, predicate=odd), x="x")
+    with pytest.raises(ValueError, match="different shapes"):
+        StreamSequence(stream_of(ref), x="seq")[0]
+
+
+def test_pickles_for_worker_processes(ref):
+    seq = StreamSequence(stream_of(ref), x="x", y="y")
+    seq[0]
+    copy = pickle.loads(pickle.dumps(seq))
+    assert copy[3][0][:, 0].tolist() == epoch_ids(ref, 0)[3]

@@ -1,0 +1,331 @@
+"""``ydl.tensorflow``: a Stream as a ``tf.data.Dataset``.
+
+``make_tf_dataset(stream)`` wraps the stream in ``tf.data.Dataset.from_generator`` with an
+``output_signature`` built from the cached schema, so every epoch of the dataset is an epoch of
+the stream: ``.repeat()`` gives the next epochs, in the stream's order, and ``stream.offset``
+after ``k`` items taken is where a resumed stream continues.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import tensorflow as tf
+
+from yogadl_plus.boundary import collate
+
+if TYPE_CHECKING:
+    from yogadl_plus.schema import Field
+    from yogadl_plus.stream import Stream
+
+__all__ = ["make_tf_dataset"]
+
+# Sources whose fields "0", "1", ... were a tuple and whose field "value" was a single tensor.
+_TUPLE_SOURCES = ("tensorflow", "torch")
+# Positions tried for one item when the signature of a transform's output is inferred.
+_SAMPLE_POSITIONS = 4096
+
+# A template of the output structure: a field name, or a dict / tuple of templates.
+Template = Any
+
+
+def make_tf_dataset(
+    stream: Stream, *, output_signature: Any = None, nested: bool = True
+) -> tf.data.Dataset:
+    """A ``tf.data.Dataset`` of the stream's items; each iteration of it (``.repeat()``
+    included) is the stream's next epoch.
+
+    Without a transform, the signature comes from the schema: ``tf.string`` for str and bytes
+    fields (str values arrive UTF-8 encoded), fixed shapes as they are, ``None`` for variable
+    dims, datetime64 / timedelta64 as int64 counts of their unit; nullable fields are refused.
+    A batching stream gives each field with a leading ``None`` batch dim, variable-shape fields
+    as ``tf.RaggedTensor``, and the generator yields one whole batch per Python call. A record
+    stream yields one record per Python call (batch the stream for speed). The cardinality is
+    ``len(stream)`` when every iteration is a whole epoch (no predicate, not resumed
+    mid-epoch), else unknown.
+
+    Field names are nested back: ``"a/b"`` becomes ``{"a": {"b": ...}}``; for tf.data and
+    PyTorch sources, fields ``"0"``, ``"1"``, ... become a tuple and a lone ``"value"`` a single
+    tensor, so a cached tf.data dataset comes back with its own element structure. N-gram items
+    are ``{offset: {field: ...}}``. ``nested=False`` keeps a flat dict of field names.
+
+    With a transform, the items are whatever it returns: pass ``output_signature`` (a nest of
+    ``tf.TensorSpec`` / ``tf.RaggedTensorSpec``), or it is inferred from the transform's output
+    for the first record(s) of the dataset, with the shapes that output has (batched: a leading
+    ``None``); pass it yourself when shapes vary. An explicit ``output_signature`` describes the
+    stream's items as they are (without a transform: a flat dict of field name -> spec).
+
+    Nothing is read ahead of the consumer, ``model.fit`` included: the dataset turns off
+    tf.data's injected prefetch and automatic map parallelization (options that carry on to
+    datasets made from it), so ``stream.offset`` after ``k`` items were taken resumes at item
+    ``k + 1``. A ``.prefetch()`` or ``num_parallel_calls`` you add reads ahead.
+    """
+    batched = stream.batch_size is not None
+    if output_signature is None and stream.transform is None:
+        template = _template_of(stream, nested)
+        fields = _fields_of(stream)
+        _check_fields(fields)
+        signature = _fill(template, {name: _spec(f, batched) for name, f in fields.items()})
+        converters = {name: _converter(f, batched) for name, f in fields.items()}
+        to_tf = _schema_converter(template, converters, stream.ngram is not None)
+    else:
+        if output_signature is None:
+            output_signature = _spec_of(_sample(stream), batched)
+        signature = output_signature
+
+        def to_tf(item: Any) -> Any:
+            return _to_signature(item, signature)
+
+    def generate() -> Iterator[Any]:
+        for item in iter(stream):  # each iter() is the stream's next epoch
+            yield to_tf(item)
+
+    dataset = tf.data.Dataset.from_generator(generate, output_signature=signature)
+    epoch, position = stream.next_epoch_position
+    if (
+        stream.predicate is None
+        and position == 0
+        and stream.order.epoch_shard_length(epoch) == stream.positions_per_epoch
+    ):
+        # Every iteration is a whole epoch of len(stream) items: tell tf.data (and Keras).
+        dataset = dataset.apply(tf.data.experimental.assert_cardinality(len(stream)))
+    # tf.data would otherwise add a prefetch, and run the maps a user adds in parallel, and so
+    # read items ahead of the consumer (model.fit included), moving stream.offset past what
+    # was taken. These options carry on to the datasets made from this one; add .prefetch()
+    # or num_parallel_calls yourself where exact offsets do not matter.
+    options = tf.data.Options()
+    options.experimental_optimization.inject_prefetch = False
+    options.experimental_optimization.map_parallelization = False
+    return dataset.with_options(options)
+
+
+# --- the structure ---
+
+
+def _fields_of(stream: Stream) -> dict[str, Field]:
+    """The fields items hold, by output name ("<offset>/<field>" for n-grams)."""
+    if stream.ngram is None:
+        return {f.name: f for f in stream.fields}
+    groups = stream.ngram.resolve(stream.dataref.schema)
+    return {f"{offset}/{f.name}": f for offset, fields in groups.items() for f in fields}
+
+
+def _template_of(stream: Stream, nested: bool) -> Template:
+    collapse = stream.dataref.manifest.source_kind in _TUPLE_SOURCES
+    if stream.ngram is None:
+        return _template([f.name for f in stream.fields], nested, collapse)
+    groups = stream.ngram.resolve(stream.dataref.schema)
+    return {
+        offset: _template([f.name for f in fields], nested, collapse, prefix=f"{offset}/")
+        for offset, fields in groups.items()
+    }
+
+
+def _template(names: Sequence[str], nested: bool, collapse: bool, prefix: str = "") -> Template:
+    """Field names as a nested structure of dicts (split at '/') and tuples, leaves being the
+    full names (with ``prefix``)."""
+    root: dict[str, Any] = {}
+    for name in names:
+        parts = name.split("/") if nested else [name]
+        node = root
+        for part in parts[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                return {n: prefix + n for n in names}  # "a" and "a/b" both exist: keep flat
+            node = child
+        if parts[-1] in node:
+            return {n: prefix + n for n in names}
+        node[parts[-1]] = prefix + name
+    if not collapse:
+        return root
+
+    def collapsed(node: Any) -> Any:
+        if not isinstance(node, dict):
+            return node
+        node = {k: collapsed(v) for k, v in node.items()}
+        if set(node) == {str(i) for i in range(len(node))}:
+            return tuple(node[str(i)] for i in range(len(node)))
+        return node
+
+    out = collapsed(root)
+    if isinstance(out, dict) and list(out) == ["value"] and isinstance(out["value"], str):
+        return out["value"]
+    return out
+
+
+def _fill(template: Template, values: Mapping[str, Any]) -> Any:
+    if isinstance(template, str):
+        return values[template]
+    if isinstance(template, tuple):
+        return tuple(_fill(t, values) for t in template)
+    return {k: _fill(t, values) for k, t in template.items()}
+
+
+def _schema_converter(
+    template: Template, converters: dict[str, Callable[[Any], Any]], ngram: bool
+) -> Callable[[Any], Any]:
+    if ngram:
+
+        def convert_window(item: Any) -> Any:
+            flat = {
+                f"{offset}/{name}": value
+                for offset, group in item.items()
+                for name, value in group.items()
+            }
+            return _fill(template, {k: converters[k](v) for k, v in flat.items()})
+
+        return convert_window
+
+    def convert(item: Any) -> Any:
+        return _fill(template, {k: converters[k](v) for k, v in item.items()})
+
+    return convert
+
+
+# --- fields: spec and value conversion ---
+
+
+def _check_fields(fields: Mapping[str, Field]) -> None:
+    for name, f in fields.items():
+        if f.nullable:
+            raise ValueError(
+                f"field {name!r} is nullable and tf.data has no None: leave it out with "
+                "fields=, or replace None in a transform and pass output_signature="
+            )
+
+
+def _tf_dtype(f: Field) -> tf.DType:
+    if f.kind != "numeric":
+        return tf.string
+    if f.dtype.kind in "mM":
+        return tf.int64
+    return tf.as_dtype(f.dtype)
+
+
+def _ragged_rank(shape: Sequence[int | None]) -> int:
+    """The ragged rank of a batch of values of ``shape``: up to its last variable dim."""
+    return max(i for i, d in enumerate(shape) if d is None) + 1
+
+
+def _spec(f: Field, batched: bool) -> tf.TypeSpec:
+    dtype = _tf_dtype(f)
+    if not batched:
+        return tf.TensorSpec(f.shape, dtype)
+    if None in f.shape:
+        return tf.RaggedTensorSpec(
+            (None, *f.shape), dtype, ragged_rank=_ragged_rank(f.shape), row_splits_dtype=tf.int64
+        )
+    return tf.TensorSpec((None, *f.shape), dtype)
+
+
+def _converter(f: Field, batched: bool) -> Callable[[Any], Any]:
+    if f.kind != "numeric":
+        if batched:
+            return lambda column: np.array(column, dtype=object)
+        return _identity
+    as_int = f.dtype.kind in "mM"
+    if not batched:
+        return (lambda value: np.asarray(value).view(np.int64)) if as_int else _identity
+    if None in f.shape:
+        rank = _ragged_rank(f.shape)
+        inner = tuple(int(d) for d in f.shape[rank:])  # type: ignore[arg-type]
+        dtype = np.dtype(np.int64) if as_int else f.dtype
+        return lambda column: ragged(column, rank, inner, dtype)
+
+    def dense(column: Any) -> np.ndarray:
+        # Fixed shapes with a variable-size codec (Compressed, Image) come as lists.
+        array = column if isinstance(column, np.ndarray) else np.stack(column)
+        return array.view(np.int64) if as_int else array
+
+    return dense
+
+
+def _identity(value: Any) -> Any:
+    return value
+
+
+def ragged(
+    arrays: Sequence[np.ndarray], ragged_rank: int, inner: tuple[int, ...], dtype: np.dtype
+) -> tf.RaggedTensor:
+    """A batch of arrays of equal rank and varying shape as one ``tf.RaggedTensor``, built from
+    the concatenated values and per-level row lengths (no Python loop over elements)."""
+    shapes = np.array([a.shape for a in arrays], dtype=np.int64).reshape(len(arrays), -1)
+    lengths = []
+    for level in range(ragged_rank):
+        rows = np.prod(shapes[:, :level], axis=1, dtype=np.int64)  # rows of this level per item
+        lengths.append(np.repeat(shapes[:, level], rows))
+    parts = [np.asarray(a).reshape((-1, *inner)) for a in arrays]
+    values = np.concatenate(parts) if parts else np.zeros((0, *inner), dtype)
+    if values.dtype != dtype:
+        values = values.view(dtype) if values.dtype.kind in "mM" else values.astype(dtype)
+    return tf.RaggedTensor.from_nested_row_lengths(values, lengths, validate=False)
+
+
+# --- transforms: inferred or given signatures ---
+
+
+def _sample(stream: Stream) -> Any:
+    """The transform's output for the first record(s) of the stream that pass its predicate."""
+    # Positions are record indices, or for n-grams indices into the window anchors.
+    total = len(stream.dataref) if stream.anchors is None else len(stream.anchors)
+    for start in range(0, min(total, _SAMPLE_POSITIONS), 64):
+        stop = min(start + 64, total)
+        block = stream.reader((start, np.arange(start, stop, dtype=np.int64)))
+        if block.items:
+            return block.items[0]
+    raise ValueError(
+        "cannot infer the output signature of the transform: no record among the first "
+        f"{_SAMPLE_POSITIONS} passes the predicate; pass output_signature="
+    )
+
+
+def _spec_of(value: Any, batched: bool) -> Any:
+    """The signature of a transform's output for one record."""
+    if isinstance(value, Mapping):
+        return {k: _spec_of(v, batched) for k, v in value.items()}
+    if isinstance(value, tuple):
+        return tuple(_spec_of(v, batched) for v in value)
+    lead = (None,) if batched else ()
+    if isinstance(value, (str, bytes, np.str_, np.bytes_)):
+        return tf.TensorSpec(lead, tf.string)
+    if value is None:
+        raise ValueError("the transform returned None for a value; pass output_signature=")
+    if isinstance(value, (tf.Tensor, tf.RaggedTensor)):
+        spec = tf.type_spec_from_value(value)
+        if not batched:
+            return spec
+        if isinstance(spec, tf.RaggedTensorSpec):
+            raise ValueError("the transform returned a ragged tensor; pass output_signature=")
+        return tf.TensorSpec((None, *spec.shape), spec.dtype)
+    array = np.asarray(value)
+    if array.dtype.kind in "US":
+        return tf.TensorSpec((*lead, *array.shape), tf.string)
+    if array.dtype.kind not in "biufc":
+        raise ValueError(
+            f"cannot infer a tf spec for a transform output of dtype {array.dtype}; pass "
+            "output_signature="
+        )
+    return tf.TensorSpec((*lead, *array.shape), tf.as_dtype(array.dtype))
+
+
+def _to_signature(value: Any, spec: Any) -> Any:
+    """``value`` shaped for ``spec``: tuples of lists transposed, lists stacked or made ragged."""
+    if isinstance(spec, Mapping):
+        if isinstance(value, list):  # a batch of non-dict items the stream could not collate
+            value = collate(value)
+        return {k: _to_signature(value[k], s) for k, s in spec.items()}
+    if isinstance(spec, tuple):
+        if isinstance(value, list):  # a batch of tuples: one column per tuple position
+            value = tuple(collate(list(column)) for column in zip(*value))
+        return tuple(_to_signature(v, s) for v, s in zip(value, spec))
+    if isinstance(spec, tf.RaggedTensorSpec) and isinstance(value, (list, np.ndarray)):
+        arrays = [np.asarray(v) for v in value]
+        inner = arrays[0].shape[spec.ragged_rank :] if arrays else ()
+        return ragged(arrays, spec.ragged_rank, inner, np.dtype(spec.dtype.as_numpy_dtype))
+    if isinstance(spec, tf.TensorSpec) and isinstance(value, list):
+        if spec.dtype == tf.string:
+            return np.array(value, dtype=object)
+        return np.stack([np.asarray(v) for v in value])
+    return value
