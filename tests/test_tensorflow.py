@@ -373,3 +373,39 @@ def test_cardinality_is_known_only_when_every_iteration_is_a_whole_epoch(ref):
     filtered = make_tf_dataset(ref.stream(batch_size=10, predicate=odd))
     assert int(filtered.cardinality()) == int(tf.data.UNKNOWN_CARDINALITY)
     assert sum(len(b["id"]) for b in filtered) == N // 2
+
+
+def test_cacheable_builds_a_tf_pipeline_once(tmp_path):
+    storage = ydl.LocalStorage(tmp_path)
+    calls = []
+
+    @storage.cacheable("tf-cacheable", "v1")
+    def pipeline(n):
+        calls.append(n)
+        return tf.data.Dataset.range(n).map(lambda i: {"i": i, "sq": i * i})
+
+    first, again = pipeline(20), pipeline(20)
+    assert calls == [20], "the pipeline runs only when the version is missing"
+    assert len(first) == len(again) == 20 and again[7] == {"i": 7, "sq": 49}
+
+
+def test_cacheable_builds_a_keras_pydataset_once(tmp_path):
+    storage = ydl.LocalStorage(tmp_path)
+
+    class Batches(keras.utils.PyDataset):
+        def __len__(self):
+            return 3
+
+        def __getitem__(self, k):
+            x = np.arange(4 * k, 4 * k + 4, dtype=np.float32)[:, None]
+            return x, (x[:, 0] > 5).astype(np.int64)
+
+    runs = []
+
+    @storage.cacheable("keras-cacheable", "v1")
+    def batches():
+        runs.append(1)
+        return Batches()
+
+    ref, _ = batches(), batches()
+    assert runs == [1] and len(ref) == 12 and ref[7]["y"] == 1 and ref[2]["x"].tolist() == [2.0]
