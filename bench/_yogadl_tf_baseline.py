@@ -1,0 +1,113 @@
+"""yogadl 0.1.4 tf.data baseline for bench_frameworks.py, run in the yogadl side venv.
+
+    .baselines/yogadl/bin/python bench/_yogadl_tf_baseline.py --x X.npy --label L.npy \
+        --workdir DIR [--repeats 3] [--records-repeats 5] [--no-reduce]
+
+Caches the arrays with yogadl's own build (``LFSStorage.cacheable`` over
+``tf.data.Dataset.from_tensor_slices({"x": x, "label": label})``, not timed), then times full
+shuffled epochs of yogadl's tf.data path: ``yogadl.tensorflow.make_tf_dataset(
+dataref.stream(shuffle=True, shuffle_seed=0))`` (a ``tf.data.Dataset.from_generator`` over the
+stream's Python generator, ``txn.get`` + ``pickle.loads`` per record), iterated in Python
+(``for _ in ds: pass``, eager), and, unless ``--no-reduce``, with ``ds.reduce`` (tf.data's own
+loop, no eager step per element). A run includes making the stream and the dataset. Each figure
+is the best (minimum time) of ``--repeats`` runs (``--records-repeats`` for the eager loop).
+Prints one JSON object on the last line of stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _common import warm
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--x", required=True)
+    parser.add_argument("--label", required=True)
+    parser.add_argument("--workdir", required=True)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--records-repeats",
+        type=int,
+        default=None,
+        help="runs of the eager loop (default --repeats)",
+    )
+    parser.add_argument("--no-reduce", action="store_true", help="skip the ds.reduce timings")
+    args = parser.parse_args()
+
+    import numpy as np
+    import tensorflow as tf
+    import yogadl
+    import yogadl.tensorflow as ytf
+    from yogadl import storage as ystorage
+
+    x = np.load(args.x)
+    label = np.load(args.label)
+    n = len(label)
+    os.makedirs(args.workdir, exist_ok=True)
+    lfs = ystorage.LFSStorage(ystorage.LFSConfigurations(storage_dir_path=args.workdir))
+
+    @lfs.cacheable("bench_tf", "v1")
+    def make() -> tf.data.Dataset:
+        return tf.data.Dataset.from_tensor_slices({"x": x, "label": label})
+
+    t0 = time.perf_counter()
+    dataref = make()
+    build_s = time.perf_counter() - t0
+    assert len(dataref) == n, (len(dataref), n)
+    cache_file = os.path.join(args.workdir, "bench_tf", "v1", "cache.mdb")
+    warm(cache_file)
+
+    # Untimed check: the tf dataset yields the same records (one of them), with the dtypes.
+    first = next(iter(ytf.make_tf_dataset(dataref.stream())))
+    assert np.array_equal(first["x"].numpy(), x[0]) and int(first["label"]) == int(label[0])
+    assert first["x"].dtype == tf.float32 and first["label"].dtype == tf.int64
+
+    times: list[float] = []
+    for _ in range(args.records_repeats or args.repeats):
+        t0 = time.perf_counter()
+        ds = ytf.make_tf_dataset(dataref.stream(shuffle=True, shuffle_seed=0))
+        count = 0
+        for _record in ds:  # eager Python iteration, as on the yogadl_plus side
+            count += 1
+        times.append(time.perf_counter() - t0)
+        assert count == n, (count, n)
+
+    reduce_times: list[float] = []
+    for _ in range(0 if args.no_reduce else args.repeats):
+        t0 = time.perf_counter()
+        ds = ytf.make_tf_dataset(dataref.stream(shuffle=True, shuffle_seed=0))
+        count = int(ds.reduce(np.int64(0), lambda c, _: c + 1))  # tf.data's own loop
+        reduce_times.append(time.perf_counter() - t0)
+        assert count == n, (count, n)
+
+    print(
+        json.dumps(
+            {
+                "yogadl_version": getattr(yogadl, "__version__", "0.1.4"),
+                "tensorflow_version": tf.__version__,
+                "n": n,
+                "build_s": build_s,
+                "build_method": "LFSStorage.cacheable(tf.data.Dataset.from_tensor_slices)",
+                "times_s": times,
+                "best_s": min(times),
+                "iteration": "for _ in make_tf_dataset(stream): (eager)",
+                "reduce_times_s": reduce_times,
+                "reduce_best_s": min(reduce_times) if reduce_times else None,
+                "reduce_iteration": "make_tf_dataset(stream).reduce(0, lambda c, _: c + 1)",
+                "python": sys.version.split()[0],
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
