@@ -149,7 +149,16 @@ class Stream:
             else None
         )
         self._epoch, self._position = self._next = self._locate(start)
+        self._order_cache: tuple[int, int, int, np.ndarray] | None = None
         self._offset = start
+
+    def __getstate__(self) -> dict[str, Any]:
+        # A copy sent to another process (a DataLoader worker) reads inline: it takes neither
+        # this stream's worker pool nor its cached order block.
+        state = dict(self.__dict__)
+        state["_pool"] = None
+        state["_order_cache"] = None
+        return state
 
     def replace(self, **changes: Any) -> Stream:
         """The same stream (same seed, same start) with some arguments changed."""
@@ -229,7 +238,17 @@ class Stream:
     def read_unit(self, epoch: int, start: int, stop: int) -> Block:
         """The block of this shard's positions [start, stop) of ``epoch``, read at the boundary
         (predicate, decode, transform): what adapters hand to their own workers."""
-        return self.reader((start, self.order.indices(epoch, start, stop)))
+        return self.reader((start, self._indices(epoch, start, stop)))
+
+    def _indices(self, epoch: int, start: int, stop: int) -> np.ndarray:
+        """The order at positions [start, stop), sliced from a block computed for many positions
+        at once (the order costs per call; adapters ask one item at a time)."""
+        cached = self._order_cache
+        if cached is None or cached[0] != epoch or not cached[1] <= start <= stop <= cached[2]:
+            length = self.order.epoch_shard_length(epoch)
+            end = min(max(stop, start + 4 * _ORDER_BLOCK), length)
+            cached = self._order_cache = (epoch, start, end, self.order.indices(epoch, start, end))
+        return cached[3][start - cached[1] : stop - cached[1]]
 
     def _units(self, epoch: int, position: int, unit: int) -> Iterator[tuple[int, np.ndarray]]:
         """(first position, record indices) of consecutive units of at most ``unit`` positions.

@@ -180,6 +180,7 @@ class ResumableDataLoader(DataLoader):
         epoch, position = stream.next_epoch_position
         self._cursor = _Cursor(stream, self._unit, epoch, position)
         self._resume, self._after = True, epoch
+        self._convert: Callable[[Any], Any] | None = None
         super().__init__(
             _StreamItems(stream, self._unit),
             batch_size=None,
@@ -198,9 +199,10 @@ class ResumableDataLoader(DataLoader):
             cursor.epoch, cursor.position = self._after, 0
         self._resume, self._after = False, cursor.epoch + 1
         length = self.stream.order.epoch_shard_length(cursor.epoch)
+        convert = self._convert
         for item in super().__iter__():
             cursor.position = min(cursor.position + self._unit, length)
-            yield item
+            yield item if convert is None else convert(item)
         cursor.epoch, cursor.position = cursor.epoch + 1, 0
 
     def state_dict(self) -> dict[str, Any]:
@@ -244,8 +246,18 @@ def make_dataloader(stream: Stream, num_workers: int = 0, **dataloader_kwargs: A
                 f"make_dataloader: batch_size={batch_size} but the stream batches by "
                 f"{stream.batch_size}; leave batch_size out"
             )
-    dataloader_kwargs.setdefault("collate_fn", _to_tensors)
-    return ResumableDataLoader(stream, num_workers=num_workers, **dataloader_kwargs)
+    # Without a collate_fn of the user's, workers send numpy arrays (pickled through the pipe)
+    # and the tensors are made here: tensors made in workers cross over by shared-memory file
+    # descriptors, one socket round trip each, which costs more than the arrays themselves.
+    convert = "collate_fn" not in dataloader_kwargs
+    dataloader_kwargs.setdefault("collate_fn", _as_is)
+    loader = ResumableDataLoader(stream, num_workers=num_workers, **dataloader_kwargs)
+    loader._convert = _to_tensors if convert else None
+    return loader
+
+
+def _as_is(item: Any) -> Any:
+    return item
 
 
 def _to_tensors(item: Any) -> Any:
