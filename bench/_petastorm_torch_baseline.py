@@ -51,18 +51,11 @@ os.environ.setdefault("PYARROW_IGNORE_TIMEZONE", "1")
 
 import numpy as np
 from _common import warm  # bench/ is on sys.path when run as a script
+from _spark_local import local_spark
 
 BATCH = 256
 PETASTORM_ROW_GROUP_MB = 1
 PLAIN_ROWS_PER_GROUP = 4096  # ~1 MB row groups, like the Petastorm side
-LOG4J2 = """rootLogger.level = error
-rootLogger.appenderRef.stderr.ref = console
-appender.console.type = Console
-appender.console.name = console
-appender.console.target = SYSTEM_ERR
-appender.console.layout.type = PatternLayout
-appender.console.layout.pattern = %d{HH:mm:ss} %p %c{1}: %m%n
-"""
 
 
 def make_schema() -> Any:
@@ -83,36 +76,11 @@ def materialize_petastorm(path: str, x_path: str, label_path: str, workdir: str)
     """Writes the Petastorm dataset with Spark (local[2]); returns the seconds it took."""
     from petastorm.etl.dataset_metadata import materialize_dataset
     from petastorm.unischema import dict_to_spark_row
-    from pyspark.sql import SparkSession
 
     schema = make_schema()
     n = len(np.load(label_path, mmap_mode="r"))
-    spark_tmp = os.path.join(workdir, "spark_tmp")
-    os.makedirs(spark_tmp, exist_ok=True)
-    log4j = os.path.join(spark_tmp, "log4j2.properties")
-    with open(log4j, "w") as f:  # JVM log: errors only
-        f.write(LOG4J2)
-    os.environ["PYTHONWARNINGS"] = "ignore::FutureWarning,ignore::DeprecationWarning"
     t0 = time.perf_counter()
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .appName("petastorm-torch-baseline")
-        .config("spark.driver.memory", "3g")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.local.dir", spark_tmp)
-        .config("spark.sql.warehouse.dir", os.path.join(spark_tmp, "warehouse"))
-        .config(
-            "spark.driver.extraJavaOptions",
-            f"-Djava.io.tmpdir={spark_tmp} -Dlog4j2.configurationFile=file:{log4j}",
-        )
-        .config("spark.python.worker.reuse", "true")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
-    try:
+    with local_spark("petastorm-torch-baseline", workdir) as spark:
         url = "file://" + os.path.abspath(path)
 
         def rows(part: Any) -> Any:
@@ -133,9 +101,6 @@ def materialize_petastorm(path: str, x_path: str, label_path: str, workdir: str)
                 .option("compression", "snappy")
                 .parquet(url)
             )
-    finally:
-        spark.stop()
-    shutil.rmtree(spark_tmp, ignore_errors=True)
     return time.perf_counter() - t0
 
 
