@@ -409,3 +409,92 @@ def test_cacheable_builds_a_keras_pydataset_once(tmp_path):
 
     ref, _ = batches(), batches()
     assert runs == [1] and len(ref) == 12 and ref[7]["y"] == 1 and ref[2]["x"].tolist() == [2.0]
+
+
+# --- read_ahead: batches read in Python, unbatched in tf.data ---
+
+
+def assert_same_records(got, want):
+    """Two lists of record-mode elements: same structure, types, shapes and values."""
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        tf.nest.assert_same_structure(g, w)
+        for a, b in zip(tf.nest.flatten(g), tf.nest.flatten(w)):
+            assert type(a) is type(b) and a.dtype == b.dtype and a.shape == b.shape
+            np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
+def test_read_ahead_gives_record_mode_items_in_the_same_order(ref):
+    def stream():
+        return ref.stream(shuffle=True, shuffle_seed=5)
+
+    record_mode = make_tf_dataset(stream())
+    ahead = make_tf_dataset(stream(), read_ahead=8)
+    assert ahead.element_spec == record_mode.element_spec
+    assert ahead.element_spec["grid"] == tf.TensorSpec((None, 1, 2), tf.int32)
+    assert ahead.element_spec["name"] == tf.TensorSpec((), tf.string)
+    assert int(ahead.cardinality()) == N
+    got, want = list(ahead), list(record_mode)
+    assert [int(g["id"]) for g in got] != list(range(N))  # shuffled
+    assert_same_records(got, want)
+    assert [g["name"].numpy().decode() for g in got] == [w["name"] for w in stream()]
+    assert [g["blob"].numpy() for g in got] == [w["blob"] for w in stream()]
+
+
+def test_read_ahead_keeps_nested_structures_and_transforms(storage):
+    ds = SOURCES["nested"]()
+    nested_ref = cache(ds, storage)
+    record_mode = make_tf_dataset(nested_ref.stream(shuffle=True, shuffle_seed=1))
+    ahead = make_tf_dataset(nested_ref.stream(shuffle=True, shuffle_seed=1), read_ahead=3)
+    assert ahead.element_spec == record_mode.element_spec
+    assert_same_records(list(ahead), list(record_mode))
+
+    variable = cache(_variable_lengths(), storage)
+
+    def transform(r):
+        return r["seq"] * 2, r["grid"]
+
+    inferred = make_tf_dataset(variable.stream(transform=transform), read_ahead=4)
+    record_inferred = make_tf_dataset(variable.stream(transform=transform))
+    assert inferred.element_spec == record_inferred.element_spec
+    signature = (tf.TensorSpec((None,), tf.int32), tf.TensorSpec((None, 2, None), tf.float32))
+    record_mode = make_tf_dataset(variable.stream(transform=transform), output_signature=signature)
+    given = make_tf_dataset(
+        variable.stream(transform=transform), output_signature=signature, read_ahead=4
+    )
+    assert given.element_spec == record_mode.element_spec == signature
+    assert_same_records(list(given), list(record_mode))
+
+
+def test_read_ahead_repeat_gives_the_next_epochs(ref):
+    kwargs = dict(shuffle=True, shuffle_seed=8, fields=["id"])
+    stream = ref.stream(**kwargs)
+    got = [int(r["id"]) for r in make_tf_dataset(stream, read_ahead=10).repeat(2)]
+    epoch0 = [int(r["id"]) for r in ref.stream(**kwargs)]
+    epoch1 = [int(r["id"]) for r in ref.stream(start_offset=N, **kwargs)]
+    assert got == epoch0 + epoch1 and epoch0 != epoch1
+    assert stream.offset == 0  # the records were read by a copy of the stream
+
+
+def test_read_ahead_resumes_at_start_offset_plus_consumed(ref):
+    kwargs = dict(shuffle=True, shuffle_seed=2, fields=["id", "grid"])
+    full = [int(r["id"]) for r in ref.stream(start_offset=N, **kwargs)]  # epoch 1
+    start = N + 5  # a stream resumed mid-epoch 1
+    ahead = make_tf_dataset(ref.stream(start_offset=start, **kwargs), read_ahead=4)
+    taken = [int(r["id"]) for r in ahead.take(13)]
+    assert taken == full[5:18]
+    resumed = make_tf_dataset(ref.stream(start_offset=start + len(taken), **kwargs), read_ahead=4)
+    rest = [int(r["id"]) for r in resumed]
+    assert rest == full[18:]
+    # A stream already iterated: the copy starts where its next iter() would.
+    stream = ref.stream(**kwargs)
+    next(iter(stream))
+    assert [int(r["id"]) for r in make_tf_dataset(stream, read_ahead=7)] == full
+
+
+@pytest.mark.parametrize("bad", [0, -3, 2.5, True, "8"])
+def test_read_ahead_refuses_bad_values_and_batching_streams(ref, bad):
+    with pytest.raises(ValueError, match="read_ahead"):
+        make_tf_dataset(ref.stream(), read_ahead=bad)
+    with pytest.raises(ValueError, match="batch_size=4"):
+        make_tf_dataset(ref.stream(batch_size=4), read_ahead=8)

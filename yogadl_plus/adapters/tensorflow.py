@@ -32,7 +32,11 @@ Template = Any
 
 
 def make_tf_dataset(
-    stream: Stream, *, output_signature: Any = None, nested: bool = True
+    stream: Stream,
+    *,
+    output_signature: Any = None,
+    nested: bool = True,
+    read_ahead: int | None = None,
 ) -> tf.data.Dataset:
     """A ``tf.data.Dataset`` of the stream's items; each iteration of it (``.repeat()``
     included) is the stream's next epoch.
@@ -61,7 +65,21 @@ def make_tf_dataset(
     tf.data's injected prefetch and automatic map parallelization (options that carry on to
     datasets made from it), so ``stream.offset`` after ``k`` items were taken resumes at item
     ``k + 1``. A ``.prefetch()`` or ``num_parallel_calls`` you add reads ahead.
+
+    ``read_ahead=B`` (record streams only; opt-in) trades that exact offset for speed: the
+    dataset is the batched dataset of ``stream.replace(batch_size=B)`` (same order, starting
+    where the stream's next ``iter()`` would) ``.unbatch()``-ed inside tf.data, so Python runs
+    once per ``B`` records. The items, their order, the ``element_spec`` and ``.repeat()`` are
+    those of record mode (variable-shape fields come out dense, one record each). But the
+    records are read by a copy of the stream, up to ``B`` ahead of the consumer, so
+    ``stream.offset`` does not move: count the records you consume, and resume with
+    ``start_offset = S + consumed``, ``S`` being the stream's offset when the dataset was made
+    (its ``start_offset`` for a fresh stream). That is exact without a predicate, over any
+    number of epochs; with a predicate, records consumed are not positions and no exact resume
+    point is known.
     """
+    if read_ahead is not None:
+        return _read_ahead_dataset(stream, read_ahead, output_signature, nested)
     batched = stream.batch_size is not None
     if output_signature is None and stream.transform is None:
         template = _template_of(stream, nested)
@@ -83,6 +101,11 @@ def make_tf_dataset(
             yield to_tf(item)
 
     dataset = tf.data.Dataset.from_generator(generate, output_signature=signature)
+    return _finish(dataset, stream)
+
+
+def _finish(dataset: tf.data.Dataset, stream: Stream) -> tf.data.Dataset:
+    """The cardinality when it is known, and no read-ahead from tf.data itself."""
     epoch, position = stream.next_epoch_position
     if (
         stream.predicate is None
@@ -99,6 +122,119 @@ def make_tf_dataset(
     options.experimental_optimization.inject_prefetch = False
     options.experimental_optimization.map_parallelization = False
     return dataset.with_options(options)
+
+
+# --- read_ahead: batches read in Python, unbatched in tf.data ---
+
+
+def _read_ahead_dataset(
+    stream: Stream, read_ahead: Any, output_signature: Any, nested: bool
+) -> tf.data.Dataset:
+    if isinstance(read_ahead, bool) or not isinstance(read_ahead, (int, np.integer)):
+        raise ValueError(f"read_ahead must be an int >= 1 or None, got {read_ahead!r}")
+    if read_ahead < 1:
+        raise ValueError(f"read_ahead must be >= 1, got {read_ahead}")
+    if stream.batch_size is not None:
+        raise ValueError(
+            "read_ahead= is for record streams: this stream already batches "
+            f"(batch_size={stream.batch_size}), and its batches are handed over whole"
+        )
+    # The record signature, as record mode has it; batches carry a variable-shape value as its
+    # flat values (ragged rows) and its shape, so that every record, empty ones included,
+    # comes back with its own shape.
+    if output_signature is None and stream.transform is None:
+        template = _template_of(stream, nested)
+        fields = _fields_of(stream)
+        _check_fields(fields)
+        specs = {name: _spec(f, False) for name, f in fields.items()}
+        signature = _fill(template, specs)
+        converters = {
+            name: _flat_converter(f) if None in f.shape else _converter(f, True)
+            for name, f in fields.items()
+        }
+        to_tf = _schema_converter(template, converters, stream.ngram is not None)
+    else:
+        signature = output_signature
+        if signature is None:
+            signature = _spec_of(_sample(stream), False)
+
+        def to_tf(item: Any) -> Any:
+            return _to_batch_signature(item, signature)
+
+    batch_signature = tf.nest.map_structure(_batched_spec, signature)
+
+    # A copy of the stream, batching, starting where the stream's next iter() would.
+    inner = stream.replace(
+        batch_size=int(read_ahead),
+        drop_last=False,
+        start_offset=stream._offset_of(*stream.next_epoch_position),
+    )
+
+    def generate() -> Iterator[Any]:
+        for batch in iter(inner):  # each iter() is the copy's next epoch
+            yield to_tf(batch)
+
+    dataset = tf.data.Dataset.from_generator(generate, output_signature=batch_signature)
+    dataset = dataset.unbatch()
+    if dataset.element_spec != signature:  # variable shapes: a map per record (it costs)
+
+        def shaped(value: Any, spec: Any) -> Any:
+            if isinstance(spec, Mapping):
+                return {k: shaped(value[k], s) for k, s in spec.items()}
+            if isinstance(spec, tuple):
+                return tuple(shaped(v, s) for v, s in zip(value, spec))
+            if isinstance(value, tuple):  # (flat values, shape) of a variable-shape value
+                flat, shape = value
+                value = tf.ensure_shape(tf.reshape(flat, shape), spec.shape)
+            return value
+
+        def per_record(*item: Any) -> Any:
+            # tf.data passes a tuple element as separate arguments.
+            value = item if isinstance(signature, tuple) else item[0]
+            return shaped(value, signature)
+
+        dataset = dataset.map(per_record)
+    return _finish(dataset, stream)
+
+
+def _batched_spec(spec: Any) -> Any:
+    """The spec of a batch of values of the record spec ``spec``: (flat values as ragged rows,
+    shapes) where shapes vary."""
+    if not isinstance(spec, tf.TensorSpec):
+        raise ValueError(f"read_ahead= needs tf.TensorSpec record signatures, got {spec!r}")
+    shape = tuple(spec.shape.as_list())
+    if None in shape:
+        return (
+            tf.RaggedTensorSpec((None, None), spec.dtype, ragged_rank=1, row_splits_dtype=tf.int64),
+            tf.TensorSpec((None, len(shape)), tf.int64),
+        )
+    return tf.TensorSpec((None, *shape), spec.dtype)
+
+
+def _flat_and_shapes(arrays: Sequence[Any], dtype: np.dtype) -> tuple[tf.RaggedTensor, Any]:
+    arrays = [np.asarray(a) for a in arrays]
+    shapes = np.array([a.shape for a in arrays], dtype=np.int64)
+    return ragged([a.reshape(-1) for a in arrays], 1, (), dtype), shapes
+
+
+def _flat_converter(f: Field) -> Callable[[Any], Any]:
+    dtype = np.dtype(np.int64) if f.dtype.kind in "mM" else f.dtype
+    return lambda column: _flat_and_shapes(column, dtype)
+
+
+def _to_batch_signature(value: Any, spec: Any) -> Any:
+    """A batch of transform outputs shaped for the read_ahead batch signature of ``spec``."""
+    if isinstance(spec, Mapping):
+        if isinstance(value, list):
+            value = collate(value)
+        return {k: _to_batch_signature(value[k], s) for k, s in spec.items()}
+    if isinstance(spec, tuple):
+        if isinstance(value, list):
+            value = tuple(collate(list(column)) for column in zip(*value))
+        return tuple(_to_batch_signature(v, s) for v, s in zip(value, spec))
+    if isinstance(spec, tf.TensorSpec) and None in spec.shape.as_list():
+        return _flat_and_shapes(list(value), np.dtype(spec.dtype.as_numpy_dtype))
+    return _to_signature(value, _batched_spec(spec))
 
 
 # --- the structure ---
