@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from yogadl_plus.predicates import Predicate
     from yogadl_plus.schema import Field
 
-__all__ = ["Block", "BlockReader", "TransformError"]
+__all__ = ["Block", "BlockReader", "TransformError", "collate", "records"]
 
 
 class TransformError(YogaError):
@@ -53,7 +53,6 @@ class BlockReader:
     as_columns: bool = False
 
     def __post_init__(self) -> None:
-        self._names = [f.name for f in self.fields]
         if self.predicate is not None:
             self._predicate_fields = self.dataref.select(sorted(self.predicate.get_fields()))
 
@@ -78,11 +77,10 @@ class BlockReader:
                 ends, indices = ends[keep], indices[keep]
         if self.as_columns:
             return Block(ends, columns=self.dataref.layout.decode_columns(values, self.fields))
-        rows = zip(*self.dataref.layout.row_views(values, self.fields))
-        records = [dict(zip(self._names, row)) for row in rows]
+        items = records(self.dataref.layout.decode_columns(values, self.fields), len(values))
         if self.transform is not None:
-            records = self._transformed(records, indices)
-        return Block(ends, items=records)
+            items = self._transformed(items, indices)
+        return Block(ends, items=items)
 
     def _windows(self, ends: np.ndarray, positions: np.ndarray) -> Block:
         assert self.ngram is not None and self.anchors is not None
@@ -107,6 +105,13 @@ class BlockReader:
                     f"the transform raised on {what} {index}: {type(exc).__name__}: {exc}"
                 ) from exc
         return out
+
+
+def records(columns: dict[str, Any], n: int) -> list[dict[str, Any]]:
+    """``n`` records as dicts, from columns (arrays or lists) as decode_columns gives them."""
+    names = list(columns)
+    values = [list(c) if isinstance(c, np.ndarray) else c for c in columns.values()]
+    return [dict(zip(names, row)) for row in zip(*values)] if names else [{} for _ in range(n)]
 
 
 def collate(items: list[Any]) -> Any:

@@ -316,7 +316,8 @@ class EpochOrder:
         )
 
     def global_position(self, position: int) -> int:
-        """Returns where this shard's ``position`` sits in the epoch's global order."""
+        """Returns where this shard's ``position`` sits in a whole epoch's global order (in the
+        first epoch of a ``global_start`` order, add ``epoch_start(epoch)``)."""
         position = check_int("position", position, 0)
         return self.shard_rank + self.num_shards * position
 

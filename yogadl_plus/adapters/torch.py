@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from yogadl_plus.boundary import collate
+from yogadl_plus.boundary import collate, records
 from yogadl_plus.checks import check_int
 from yogadl_plus.order import EpochOrder
 
@@ -28,13 +28,6 @@ if TYPE_CHECKING:
     from yogadl_plus.stream import Stream
 
 __all__ = ["RecordDataset", "ResumableDataLoader", "StreamSampler", "make_dataloader"]
-
-
-def _rows(columns: dict[str, Any], n: int) -> list[dict[str, Any]]:
-    """Columns (arrays or lists) of ``n`` records as ``n`` record dicts."""
-    names = list(columns)
-    values = [list(c) if isinstance(c, np.ndarray) else c for c in columns.values()]
-    return [dict(zip(names, row)) for row in zip(*values)] if names else [{} for _ in range(n)]
 
 
 class RecordDataset(Dataset):
@@ -59,10 +52,10 @@ class RecordDataset(Dataset):
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:
         """Records at ``indices``, read and decoded together (DataLoader uses this)."""
         checked = self.dataref.check_indices(indices)
-        records = _rows(self.dataref.read_columns(checked, self.fields), len(checked))
+        items = records(self.dataref.read_columns(checked, self.fields), len(checked))
         if self.transform is not None:
-            records = [self.transform(r) for r in records]
-        return records
+            items = [self.transform(r) for r in items]
+        return items
 
 
 class StreamSampler(Sampler[int]):

@@ -285,14 +285,3 @@ class RecordLayout:
         if len(buffer) != len(values) * f.nbytes:
             raise CacheCorrupted(f"field {f.name!r}: record sizes do not match the stored schema")
         return np.frombuffer(buffer, f.dtype).reshape(_stacked(len(values), f))
-
-    def row_views(
-        self, values: Sequence[memoryview | bytes], fields: Sequence[Field]
-    ) -> list[list[Any]]:
-        """Per-field lists of per-record values (for record-by-record iteration)."""
-        columns = self.decode_columns(values, fields)
-        out = []
-        for f in fields:
-            column = columns[f.name]
-            out.append(list(column) if isinstance(column, np.ndarray) else column)
-        return out
