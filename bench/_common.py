@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import re
+import warnings
 
 
 def warm(path: str) -> None:
@@ -14,3 +16,18 @@ def warm(path: str) -> None:
         with open(p, "rb", buffering=0) as f:
             while f.read(16 << 20):
                 pass
+
+
+def collect_warnings() -> dict[str, int]:
+    """From now on, count warnings by their first line instead of printing them (side-venv
+    libraries warn thousands of times); the counts go into a benchmark's JSON."""
+    seen: dict[str, int] = {}
+
+    def on_warning(message, category, filename, lineno, file=None, line=None):  # type: ignore[no-untyped-def]
+        text = f"{category.__name__}: {str(message).splitlines()[0][:200]}"
+        text = re.sub(r"name='[^']*'", "name=<a dataset file>", text)
+        seen[text] = seen.get(text, 0) + 1
+
+    warnings.showwarning = on_warning
+    warnings.simplefilter("default")
+    return seen

@@ -36,11 +36,9 @@ import json
 import logging
 import os
 import platform
-import re
 import shutil
 import sys
 import time
-import warnings
 from typing import Any
 
 # Offline and quiet Spark; the Python workers Spark starts must be this venv's python.
@@ -50,7 +48,7 @@ os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 os.environ.setdefault("PYARROW_IGNORE_TIMEZONE", "1")
 
 import numpy as np
-from _common import warm  # bench/ is on sys.path when run as a script
+from _common import collect_warnings, warm  # bench/ is on sys.path when run as a script
 from _spark_local import local_spark
 
 BATCH = 256
@@ -229,15 +227,7 @@ def main() -> None:
     for name in ("py4j", "pyspark", "petastorm", "pyarrow"):
         logging.getLogger(name).setLevel(logging.ERROR)
 
-    seen_warnings: dict[str, int] = {}
-
-    def on_warning(message, category, filename, lineno, file=None, line=None):
-        text = f"{category.__name__}: {str(message).splitlines()[0][:200]}"
-        text = re.sub(r"name='[^']*'", "name=<a dataset file>", text)
-        seen_warnings[text] = seen_warnings.get(text, 0) + 1
-
-    warnings.showwarning = on_warning  # collected into the JSON instead of flooding stderr
-    warnings.simplefilter("default")
+    seen_warnings = collect_warnings()  # into the JSON instead of flooding stderr
 
     import petastorm
     import pyarrow

@@ -20,11 +20,9 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-
-def _warm(path: str) -> None:
-    with open(path, "rb", buffering=0) as f:
-        while f.read(16 << 20):
-            pass
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _common import warm
+from _yogadl_common import yogadl_cache
 
 
 def main() -> None:
@@ -45,17 +43,9 @@ def main() -> None:
     import numpy as np
     import tensorflow as tf
     import yogadl
-    from yogadl import storage as ystorage
 
-    x = np.load(args.x)
-    label = np.load(args.label)
+    lfs, make, x, label = yogadl_cache(args.x, args.label, args.workdir, "bench")
     n = len(label)
-    os.makedirs(args.workdir, exist_ok=True)
-    lfs = ystorage.LFSStorage(ystorage.LFSConfigurations(storage_dir_path=args.workdir))
-
-    @lfs.cacheable("bench", "v1")
-    def make() -> tf.data.Dataset:
-        return tf.data.Dataset.from_tensor_slices({"x": x, "label": label})
 
     if n <= args.timed_build_max:
         # The real thing: cacheable -> LFSStorage.submit -> tf.data iteration -> pickle -> LMDB.
@@ -81,7 +71,7 @@ def main() -> None:
         dataref = lfs.fetch("bench", "v1")
     assert len(dataref) == n, (len(dataref), n)
     cache_file = os.path.join(args.workdir, "bench", "v1", "cache.mdb")
-    _warm(cache_file)
+    warm(cache_file)
 
     # Check that a record holds the same data as ours.
     first = next(iter(dataref.stream()))

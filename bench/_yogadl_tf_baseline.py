@@ -26,6 +26,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import warm
+from _yogadl_common import yogadl_cache
 
 
 def main() -> None:
@@ -47,17 +48,9 @@ def main() -> None:
     import tensorflow as tf
     import yogadl
     import yogadl.tensorflow as ytf
-    from yogadl import storage as ystorage
 
-    x = np.load(args.x)
-    label = np.load(args.label)
+    _, make, x, label = yogadl_cache(args.x, args.label, args.workdir, "bench_tf")
     n = len(label)
-    os.makedirs(args.workdir, exist_ok=True)
-    lfs = ystorage.LFSStorage(ystorage.LFSConfigurations(storage_dir_path=args.workdir))
-
-    @lfs.cacheable("bench_tf", "v1")
-    def make() -> tf.data.Dataset:
-        return tf.data.Dataset.from_tensor_slices({"x": x, "label": label})
 
     t0 = time.perf_counter()
     dataref = make()

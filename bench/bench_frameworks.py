@@ -132,14 +132,20 @@ def bench_torch(dataref: Any, x: np.ndarray, label: np.ndarray, repeats: int) ->
     return out
 
 
+def save_arrays(folder: str, x: np.ndarray, label: np.ndarray) -> tuple[str, str]:
+    """The data as .npy files, for a side-venv script to load."""
+    xp, lp = os.path.join(folder, "x.npy"), os.path.join(folder, "label.npy")
+    np.save(xp, x)
+    np.save(lp, label)
+    return xp, lp
+
+
 def bench_petastorm(
     x: np.ndarray, label: np.ndarray, tmp: str, repeats: int, python: str, queue: int
 ) -> dict | str:
     work = os.path.join(tmp, "petastorm")
     os.makedirs(work)
-    xp, lp = os.path.join(work, "x.npy"), os.path.join(work, "label.npy")
-    np.save(xp, x)
-    np.save(lp, label)
+    xp, lp = save_arrays(work, x, label)
     try:
         return side_script(
             python,
@@ -246,9 +252,7 @@ def bench_yogadl_tf(
 ) -> dict | str:
     work = os.path.join(tmp, "yogadl_tf")
     os.makedirs(work)
-    xp, lp = os.path.join(work, "x.npy"), os.path.join(work, "label.npy")
-    np.save(xp, x)
-    np.save(lp, label)
+    xp, lp = save_arrays(work, x, label)
     try:
         return side_script(
             python,
