@@ -21,7 +21,9 @@ def tests(session: nox.Session) -> None:
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    session.install(*CONSTRAINTS, "-e", ".[lint]")
+    # mypy checks the adapters against the real frameworks (torch first: the CPU wheel).
+    session.install(*CONSTRAINTS, "torch")
+    session.install(*CONSTRAINTS, "-e", ".[lint,tf,torch]")
     session.run("ruff", "check", "yogadl_plus", "tests", "bench", "examples")
     session.run("ruff", "format", "--check", "yogadl_plus")
     session.run("mypy")
