@@ -214,6 +214,16 @@ def bench_tf(dataref: Any, small: Any, x: np.ndarray, label: np.ndarray, repeats
     )
     out["ydl_tf_records_reduce"] = best_of(reduce_loop(ydl_records, n_small), repeats)
 
+    def ydl_read_ahead() -> Any:
+        return make_tf_dataset(small.stream(shuffle=True, shuffle_seed=0), read_ahead=BATCH)
+
+    out["ydl_tf_records_read_ahead"] = best_of(
+        python_loop(ydl_read_ahead, n_small), max(repeats, RECORDS_REPEATS)
+    )
+    out["ydl_tf_records_read_ahead_reduce"] = best_of(
+        reduce_loop(ydl_read_ahead, n_small), repeats
+    )
+
     # Floors, for information: what tf.data costs per element with no cache behind it.
     records = [{"x": xi, "label": li} for xi, li in zip(xs, labels)]
     signature = {"x": tf.TensorSpec((64,), tf.float32), "label": tf.TensorSpec((), tf.int64)}
@@ -226,6 +236,7 @@ def bench_tf(dataref: Any, small: Any, x: np.ndarray, label: np.ndarray, repeats
 
     out["tf_from_generator_records"] = best_of(python_loop(generator_floor, n_small), repeats)
     out["tf_inmem_records"] = best_of(python_loop(inmem_records, n_small), repeats)
+    out["tf_inmem_records_reduce"] = best_of(reduce_loop(inmem_records, n_small), repeats)
 
     def ydl_batches() -> Any:
         return make_tf_dataset(dataref.stream(shuffle=True, shuffle_seed=0, batch_size=BATCH))
@@ -311,8 +322,11 @@ def build_rows(
     small_names = (
         "ydl_tf_records",
         "ydl_tf_records_reduce",
+        "ydl_tf_records_read_ahead",
+        "ydl_tf_records_read_ahead_reduce",
         "tf_from_generator_records",
         "tf_inmem_records",
+        "tf_inmem_records_reduce",
     )
     tf_names = [
         *small_names,
@@ -341,6 +355,10 @@ def build_rows(
         ("ydl_tf_records", "tf_from_generator_records"),
         ("ydl_tf_records", "tf_inmem_records"),
         ("ydl_tf_records_reduce", "yogadl014_tf_records_reduce"),
+        ("ydl_tf_records_read_ahead", "yogadl014_tf_records"),
+        ("ydl_tf_records_read_ahead", "tf_inmem_records"),
+        ("ydl_tf_records_read_ahead_reduce", "yogadl014_tf_records_reduce"),
+        ("ydl_tf_records_read_ahead_reduce", "tf_inmem_records_reduce"),
         ("ydl_tf_batch256", "tf_inmem_shuffle_batch256"),
         ("ydl_tf_batch256", "tf_inmem_batch256"),
         ("ydl_tf_batch256_reduce", "tf_inmem_shuffle_batch256_reduce"),
