@@ -6,6 +6,8 @@ import pytest
 
 import yogadl_plus as ydl
 
+pytest_plugins = ["servers"]  # tests/servers.py: real S3 (SeaweedFS) and GCS servers
+
 
 @pytest.fixture(autouse=True)
 def _isolated_yogadl_home(
