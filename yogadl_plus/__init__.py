@@ -15,14 +15,23 @@ from yogadl_plus.build import cache_dataset
 from yogadl_plus.dataref import DataRef
 from yogadl_plus.errors import (
     CacheCorrupted,
+    CacheLimitWarning,
     DatasetNotFound,
     SchemaError,
     SourceChangedWarning,
+    StorageError,
     YogaError,
 )
 from yogadl_plus.ngram import NGram, NGramError
 from yogadl_plus.schema import Field, Schema
-from yogadl_plus.storage import LocalStorage, Storage, default_storage, open_storage
+from yogadl_plus.storage import (
+    GCSStorage,
+    LocalStorage,
+    S3Storage,
+    Storage,
+    default_storage,
+    open_storage,
+)
 from yogadl_plus.stream import Stream
 from yogadl_plus.workers import WorkerDied
 
@@ -51,15 +60,19 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "CacheCorrupted",
+    "CacheLimitWarning",
     "DataRef",
     "DatasetNotFound",
     "Field",
+    "GCSStorage",
     "LocalStorage",
     "NGram",
     "NGramError",
+    "S3Storage",
     "Schema",
     "SchemaError",
     "SourceChangedWarning",
+    "StorageError",
     "Storage",
     "Stream",
     "TransformError",

@@ -21,3 +21,12 @@ class CacheCorrupted(YogaError):
 
 class SourceChangedWarning(UserWarning):
     """The source behind an existing cached version looks different from the one cached."""
+
+
+class StorageError(YogaError, OSError):
+    """A remote store could not be used (missing bucket, denied access, unreachable endpoint):
+    the message names the URL and what to check."""
+
+
+class CacheLimitWarning(UserWarning):
+    """The local cache could not be kept under its size limit: what it holds is in use."""

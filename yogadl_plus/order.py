@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import math
 import operator
+from collections.abc import Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -362,3 +363,74 @@ class EpochOrder:
             perm = Permutation(self.num_records, self.seed, key_epoch)
             self._perm = perm
         return perm
+
+
+class ChunkShardOrder(EpochOrder):
+    """The order of a shard made of whole chunks: shard ``r`` of ``S`` owns chunks
+    ``r, r + S, r + 2S, ...`` and shuffles only among their records.
+
+    A rank then reads (and pulls from a remote store) only its own chunks, at the price of a
+    shuffle that never mixes records across shards. ``drop_shard_remainder=True`` cuts every
+    shard to the shortest one's length, so all shards have as many positions. There is no global
+    order, so no ``global_start``: resume with ``start_offset`` on the same number of shards.
+    """
+
+    def __init__(
+        self,
+        chunk_records: Sequence[int],
+        *,
+        shuffle: bool = False,
+        seed: int | None = None,
+        skip_shuffle_at_epoch_end: bool = False,
+        shard_rank: int = 0,
+        num_shards: int = 1,
+        drop_shard_remainder: bool = False,
+    ) -> None:
+        num_shards = check_int("num_shards", num_shards, 1)
+        shard_rank = check_int("shard_rank", shard_rank, 0, num_shards - 1)
+        counts = np.asarray(chunk_records, dtype=np.int64)
+        starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+        if len(counts) < num_shards:
+            raise ValueError(
+                f"shard_by='chunks' needs at least one chunk per shard: this version has "
+                f"{len(counts)} chunks for num_shards={num_shards}; build it with a smaller "
+                "chunk_bytes, or shard by records"
+            )
+        mine = np.arange(shard_rank, len(counts), num_shards)
+        self._starts = starts[mine]  # where each of this shard's chunks starts in the version
+        self._ends = np.cumsum(counts[mine])  # ... and ends in this shard's own numbering
+        self._local_starts = self._ends - counts[mine]
+        length = int(self._ends[-1])
+        if drop_shard_remainder:
+            length = min(int(counts[r::num_shards].sum()) for r in range(num_shards))
+        super().__init__(
+            length, shuffle=shuffle, seed=seed, skip_shuffle_at_epoch_end=skip_shuffle_at_epoch_end
+        )
+        self.chunks = mine
+        self.chunk_shard = (shard_rank, num_shards)
+        self.drop_shard_remainder = check_bool("drop_shard_remainder", drop_shard_remainder)
+
+    def _records(self, local: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        """This shard's k-th record -> the version's record index."""
+        chunk = np.searchsorted(self._ends, local, side="right")
+        return self._starts[chunk] + (local - self._local_starts[chunk])
+
+    def indices(self, epoch: int, start: int, stop: int) -> npt.NDArray[np.int64]:
+        return self._records(super().indices(epoch, start, stop))
+
+    def index(self, epoch: int, position: int) -> int:
+        return int(self._records(np.array([super().index(epoch, position)], dtype=np.int64))[0])
+
+    def global_offset(self, epoch: int, position: int) -> int:
+        raise ValueError(
+            "a stream with shard_by='chunks' has no global order: resume it with start_offset "
+            "on the same number of shards"
+        )
+
+    def __repr__(self) -> str:
+        rank, shards = self.chunk_shard
+        return (
+            f"ChunkShardOrder(chunks={len(self.chunks)}, records={self.num_records}, "
+            f"shuffle={self.shuffle}, seed={self.seed}, shard_rank={rank}, num_shards={shards}, "
+            f"drop_shard_remainder={self.drop_shard_remainder})"
+        )

@@ -17,7 +17,7 @@ import numpy as np
 
 from yogadl_plus.boundary import Block, BlockReader, collate
 from yogadl_plus.checks import check_int
-from yogadl_plus.order import EpochOrder
+from yogadl_plus.order import ChunkShardOrder, EpochOrder
 from yogadl_plus.workers import WORKER_TYPES, OrderedPool
 
 if TYPE_CHECKING:
@@ -61,6 +61,7 @@ class Stream:
         shard_rank: int = 0,
         num_shards: int = 1,
         drop_shard_remainder: bool = False,
+        shard_by: str = "records",
         fields: Sequence[str] | str | None = None,
         predicate: Any = None,
         ngram: Any = None,
@@ -118,16 +119,34 @@ class Stream:
         self.ngram = ngram
         self.anchors = ngram.anchors(dataref) if ngram is not None else None
         positions_total = len(self.anchors) if self.anchors is not None else len(dataref)
-        self.order = EpochOrder(
-            positions_total,
-            shuffle=shuffle,
-            seed=shuffle_seed,
-            skip_shuffle_at_epoch_end=skip_shuffle_at_epoch_end,
-            shard_rank=shard_rank,
-            num_shards=num_shards,
-            drop_shard_remainder=drop_shard_remainder,
-            global_start=0 if global_start is None else global_start,
-        )
+        if shard_by == "chunks":
+            if ngram is not None or global_start is not None:
+                raise ValueError(
+                    "shard_by='chunks' shards whole chunks of records: it takes neither ngram= "
+                    "nor global_start= (use shard_by='records' for those)"
+                )
+            self.order: EpochOrder = ChunkShardOrder(
+                [c.records for c in dataref.manifest.chunks],
+                shuffle=shuffle,
+                seed=shuffle_seed,
+                skip_shuffle_at_epoch_end=skip_shuffle_at_epoch_end,
+                shard_rank=shard_rank,
+                num_shards=num_shards,
+                drop_shard_remainder=drop_shard_remainder,
+            )
+        elif shard_by == "records":
+            self.order = EpochOrder(
+                positions_total,
+                shuffle=shuffle,
+                seed=shuffle_seed,
+                skip_shuffle_at_epoch_end=skip_shuffle_at_epoch_end,
+                shard_rank=shard_rank,
+                num_shards=num_shards,
+                drop_shard_remainder=drop_shard_remainder,
+                global_start=0 if global_start is None else global_start,
+            )
+        else:
+            raise ValueError(f"shard_by must be 'records' or 'chunks', got {shard_by!r}")
         self.shuffle_seed = shuffle_seed
         self.predicate = predicate
         self.transform = transform

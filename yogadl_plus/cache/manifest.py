@@ -10,17 +10,28 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 
 from yogadl_plus.errors import CacheCorrupted
 from yogadl_plus.schema import Schema
 
-__all__ = ["FORMAT_VERSION", "MANIFEST_NAME", "ChunkInfo", "Manifest", "file_sha256"]
+__all__ = [
+    "FORMAT_VERSION",
+    "MANIFEST_NAME",
+    "ChunkInfo",
+    "Manifest",
+    "bytes_sha256",
+    "file_sha256",
+]
 
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
 _FORMAT_NAME = "yogadl_plus.cache"
+# A chunk file name, optionally inside one build folder ("b-1f2e/chunk-00000.mdb"): a manifest
+# read from a remote store must not name a path outside its version.
+_CHUNK_FILE = re.compile(r"(?:[A-Za-z0-9_-][A-Za-z0-9._-]*/)?[A-Za-z0-9_-][A-Za-z0-9._-]*")
 
 
 @dataclass(frozen=True)
@@ -36,6 +47,8 @@ class ChunkInfo:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "columns", tuple(self.columns))
+        if not isinstance(self.file, str) or not _CHUNK_FILE.fullmatch(self.file):
+            raise ValueError(f"chunk file name {self.file!r} is not a plain relative name")
 
 
 @dataclass
@@ -121,6 +134,10 @@ class Manifest:
         except UnicodeDecodeError:
             raise CacheCorrupted(f"{path}: the manifest is not UTF-8 text") from None
         return cls.from_json(text, path)
+
+
+def bytes_sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
 
 
 def file_sha256(path: str, block: int = 1 << 22) -> str:

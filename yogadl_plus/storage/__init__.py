@@ -1,14 +1,25 @@
-"""Where versioned caches live: local folders now; S3 and GCS share the same Storage face."""
+"""Where versioned caches live: local folders, S3 and GCS, all with the same Storage face."""
 
 from __future__ import annotations
 
 import os
+from typing import Any
 from urllib.parse import unquote, urlparse
 
 from yogadl_plus.storage.base import Storage, check_name
+from yogadl_plus.storage.gcs import GCSStorage
 from yogadl_plus.storage.local import LocalStorage
+from yogadl_plus.storage.s3 import S3Storage
 
-__all__ = ["LocalStorage", "Storage", "check_name", "default_storage", "open_storage"]
+__all__ = [
+    "GCSStorage",
+    "LocalStorage",
+    "S3Storage",
+    "Storage",
+    "check_name",
+    "default_storage",
+    "open_storage",
+]
 
 
 def default_storage() -> LocalStorage:
@@ -19,19 +30,25 @@ def default_storage() -> LocalStorage:
     return LocalStorage(root)
 
 
-def open_storage(url: str | os.PathLike[str]) -> Storage:
-    """The storage a URL names: "/path", "file:///path", "s3://bucket/prefix", "gs://bucket/prefix"."""
+def open_storage(url: str | os.PathLike[str], **options: Any) -> Storage:
+    """The storage a URL names: "/path", "file:///path", "s3://bucket/prefix", "gs://bucket/prefix".
+
+    ``options`` go to S3Storage / GCSStorage (``local_cache=``, ``endpoint_url=``, ...).
+    """
     text = os.fspath(url)
     parsed = urlparse(text)
+    if parsed.scheme in ("s3", "gs"):
+        if not parsed.netloc:
+            raise ValueError(f"{text}: no bucket; use {parsed.scheme}://bucket/prefix")
+        if parsed.scheme == "s3":
+            return S3Storage(parsed.netloc, parsed.path, **options)
+        return GCSStorage(parsed.netloc, parsed.path, **options)
+    if options:
+        raise ValueError(f"{text}: a local storage takes no options, got {sorted(options)}")
     if parsed.scheme == "file":
         if parsed.netloc not in ("", "localhost"):
             raise ValueError(f"{text}: file:// URLs name a local path, not host {parsed.netloc!r}")
         return LocalStorage(unquote(parsed.path))
     if parsed.scheme == "":
         return LocalStorage(text)
-    if parsed.scheme in ("s3", "gs"):
-        raise NotImplementedError(
-            f"{text}: {parsed.scheme}:// storage is not in this release yet; "
-            "use a local path or file:// URL"
-        )
     raise ValueError(f"unsupported storage URL {text!r}: use a path, file://, s3:// or gs://")

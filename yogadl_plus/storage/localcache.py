@@ -1,0 +1,216 @@
+"""The local copies of remote versions on one machine: pulled once, shared by its processes,
+kept under a size limit without ever removing a version a live process is reading.
+
+Layout (a LocalStorage folder): ``<root>/<id>/<version>/`` holds the remote manifest's exact
+bytes and the chunk files it names, mirrored; ``<root>/<id>/+pin.<version>`` is held with a
+shared ``flock`` by every process reading that copy (the kernel drops it when a process dies,
+even by SIGKILL), and its mtime records the last use for least-recently-used eviction.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import shutil
+import uuid
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from typing import BinaryIO
+
+from filelock import FileLock, Timeout
+
+from yogadl_plus.cache.manifest import MANIFEST_NAME, ChunkInfo, Manifest, bytes_sha256
+from yogadl_plus.errors import CacheLimitWarning
+from yogadl_plus.storage.local import LocalStorage
+
+__all__ = ["LocalCache", "Pin"]
+
+_PIN = "+pin."
+_PART = ".part"
+
+
+class Pin:
+    """A shared lock on one local copy, held while a DataRef reads it."""
+
+    def __init__(self, path: str) -> None:
+        self._file: BinaryIO | None = open(path, "a+b")  # noqa: SIM115 - held for the pin's life
+        fcntl.flock(self._file.fileno(), fcntl.LOCK_SH)
+        os.utime(path)  # last use, for eviction
+
+    def release(self) -> None:
+        if self._file is not None:
+            self._file.close()  # closing drops the flock
+            self._file = None
+
+    def __del__(self) -> None:
+        self.release()
+
+
+class LocalCache:
+    """Pulled copies of remote versions under ``root``, at most ``limit`` bytes (None: no limit)."""
+
+    def __init__(self, root: str, limit: int | None = None) -> None:
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)):
+            raise ValueError(f"local_cache_limit must be a number of bytes or None, got {limit!r}")
+        if limit is not None and limit < 0:
+            raise ValueError(f"local_cache_limit must be >= 0 bytes, got {limit}")
+        self.local = LocalStorage(root)
+        self.root = self.local.root
+        self.limit = limit
+
+    def path(self, dataset_id: str, version: str) -> str:
+        return self.local.path(dataset_id, version)
+
+    def _pin_path(self, dataset_id: str, version: str) -> str:
+        return os.path.join(self.root, dataset_id, _PIN + version)
+
+    def sync(
+        self,
+        dataset_id: str,
+        version: str,
+        manifest_bytes: bytes,
+        manifest: Manifest,
+        wanted: Sequence[int],
+        download: Callable[[list[tuple[ChunkInfo, str]]], None],
+    ) -> tuple[str, Pin]:
+        """Make the local copy match ``manifest_bytes`` with chunks ``wanted`` present, and pin it.
+
+        One process per machine does the work; the others wait for it and reuse what it pulled.
+        ``download(jobs)`` fetches and verifies each (chunk, local path) job.
+        """
+        folder = self.path(dataset_id, version)
+        with self.local._builder_lock(dataset_id, version):
+            current = _read_bytes(os.path.join(folder, MANIFEST_NAME))
+            fresh = current is not None and bytes_sha256(current) == bytes_sha256(manifest_bytes)
+            if fresh:
+                missing = _missing(folder, manifest, wanted)
+                if missing:
+                    self._make_room(_size(manifest, missing), keep=(dataset_id, version))
+                    self._download_into(folder, manifest, missing, download)
+            else:
+                self._make_room(_size(manifest, wanted), keep=(dataset_id, version))
+                with self.local._staging(dataset_id, version, replace=current is not None) as new:
+                    self._download_into(new, manifest, list(wanted), download)
+                    with open(os.path.join(new, MANIFEST_NAME), "wb") as f:
+                        f.write(manifest_bytes)
+                        f.flush()
+                        os.fsync(f.fileno())
+            return folder, Pin(self._pin_path(dataset_id, version))
+
+    @staticmethod
+    def _download_into(
+        folder: str,
+        manifest: Manifest,
+        numbers: list[int],
+        download: Callable[[list[tuple[ChunkInfo, str]]], None],
+    ) -> None:
+        jobs = []
+        for number in numbers:
+            info = manifest.chunks[number]
+            final = os.path.join(folder, info.file)
+            os.makedirs(os.path.dirname(final), exist_ok=True)
+            jobs.append((info, final + _PART))
+        try:
+            download(jobs)
+        except BaseException:
+            for _, part in jobs:
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(part)
+            raise
+        for _, part in jobs:
+            os.replace(part, part[: -len(_PART)])
+
+    def copies(self) -> Iterator[tuple[str, str, int, float]]:
+        """(dataset_id, version, bytes present, last use) of every local copy."""
+        for dataset_id, version in self.local.list():
+            folder = self.path(dataset_id, version)
+            size = 0
+            for dirpath, _, files in os.walk(folder):
+                size += sum(os.path.getsize(os.path.join(dirpath, f)) for f in files)
+            pin = self._pin_path(dataset_id, version)
+            try:
+                used = os.path.getmtime(pin)
+            except FileNotFoundError:
+                used = 0.0
+            yield dataset_id, version, size, used
+
+    def _make_room(self, need: int, keep: tuple[str, str]) -> None:
+        """Evict least-recently-used copies not in use until ``need`` more bytes fit the limit."""
+        if self.limit is None:
+            return
+        copies = sorted(self.copies(), key=lambda c: c[3])
+        total = sum(c[2] for c in copies)
+        busy = []
+        for dataset_id, version, size, _ in copies:
+            if total + need <= self.limit:
+                return
+            if (dataset_id, version) == keep:
+                continue
+            if self._evict(dataset_id, version):
+                total -= size
+            else:
+                busy.append(f"{dataset_id}:{version}")
+        if total + need > self.limit:
+            warnings.warn(
+                f"the local cache {self.root} needs {total + need:,} bytes, over its limit of "
+                f"{self.limit:,}: the copies left are in use by live processes "
+                f"({', '.join(busy) or 'none'}) or being pulled now",
+                CacheLimitWarning,
+                stacklevel=3,
+            )
+
+    def _evict(self, dataset_id: str, version: str) -> bool:
+        """Remove one copy if no process is pulling or reading it; whether it was removed."""
+        lock = FileLock(os.path.join(self.root, dataset_id, "+lock." + version), thread_local=False)
+        try:
+            lock.acquire(timeout=0)
+        except Timeout:
+            return False
+        try:
+            with open(self._pin_path(dataset_id, version), "a+b") as pin:
+                try:
+                    fcntl.flock(pin.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    return False
+                parent = os.path.join(self.root, dataset_id)
+                trash = os.path.join(parent, f"+trash.{version}.{uuid.uuid4().hex[:12]}")
+                os.rename(self.path(dataset_id, version), trash)
+                shutil.rmtree(trash, ignore_errors=True)
+                return True
+        finally:
+            lock.release()
+
+    def remove(self, dataset_id: str, version: str) -> None:
+        """Drop the local copy if there is one (readers with open files keep reading them)."""
+        with self.local._builder_lock(dataset_id, version):
+            if os.path.isdir(self.path(dataset_id, version)):
+                parent = os.path.join(self.root, dataset_id)
+                trash = os.path.join(parent, f"+trash.{version}.{uuid.uuid4().hex[:12]}")
+                os.rename(self.path(dataset_id, version), trash)
+                shutil.rmtree(trash, ignore_errors=True)
+
+
+def _read_bytes(path: str) -> bytes | None:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except FileNotFoundError:
+        return None
+
+
+def _missing(folder: str, manifest: Manifest, wanted: Sequence[int]) -> list[int]:
+    out = []
+    for number in wanted:
+        info = manifest.chunks[number]
+        try:
+            present = os.path.getsize(os.path.join(folder, info.file)) == info.bytes
+        except FileNotFoundError:
+            present = False
+        if not present:
+            out.append(number)
+    return out
+
+
+def _size(manifest: Manifest, numbers: Sequence[int]) -> int:
+    return sum(manifest.chunks[n].bytes for n in numbers)

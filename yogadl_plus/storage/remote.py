@@ -1,0 +1,351 @@
+"""Versions in an object store (S3, GCS), pulled into a local cache and read at local speed.
+
+Remote layout, under the storage's prefix::
+
+    <dataset_id>/<version>/manifest.json           written last, with a conditional write
+    <dataset_id>/<version>/lease.json              the build lease (see lease.py)
+    <dataset_id>/<version>/<build>/chunk-00000.mdb the chunks of one build attempt
+
+A version exists once its manifest exists. Every build attempt uploads into its own ``<build>``
+folder and names those files in its manifest, so two builders (one of them cut off from its
+lease, say) never overwrite each other's chunks, and the manifest's conditional write lets
+exactly one of them publish. Chunk folders no manifest names are garbage of dead or beaten
+builders; the next builder of the version removes them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import os
+import shutil
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from yogadl_plus.cache.manifest import MANIFEST_NAME, ChunkInfo, Manifest, file_sha256
+from yogadl_plus.dataref import DataRef
+from yogadl_plus.errors import CacheCorrupted, DatasetNotFound
+from yogadl_plus.storage.base import Storage, check_name
+from yogadl_plus.storage.lease import BuildLease
+from yogadl_plus.storage.localcache import LocalCache
+from yogadl_plus.storage.objects import ObjectStore, with_retries
+
+__all__ = ["RemoteStorage", "clean_prefix"]
+
+LEASE_NAME = "lease.json"
+DEFAULT_LEASE_TTL = 60.0
+DEFAULT_TRANSFERS = 8
+_BUILD = "+build."
+
+
+class RemoteStorage(Storage):
+    """What S3Storage and GCSStorage share: everything but the client calls (an ObjectStore)."""
+
+    def __init__(
+        self,
+        objects: ObjectStore,
+        local_cache: str | os.PathLike[str] | None,
+        local_cache_limit: int | None,
+        lease_ttl: float,
+        max_transfers: int,
+    ) -> None:
+        if not lease_ttl > 0:
+            raise ValueError(f"lease_ttl must be > 0 seconds, got {lease_ttl!r}")
+        if isinstance(max_transfers, bool) or not isinstance(max_transfers, int):
+            raise ValueError(f"max_transfers must be an int >= 1, got {max_transfers!r}")
+        if max_transfers < 1:
+            raise ValueError(f"max_transfers must be >= 1, got {max_transfers}")
+        self.objects = objects
+        self.url = objects.url
+        if local_cache is None:
+            from yogadl_plus.storage import default_storage
+
+            local_cache = os.path.join(default_storage().root, "+remote", _url_folder(self.url))
+        self.local_cache = LocalCache(os.fspath(local_cache), local_cache_limit)
+        self.lease_ttl = float(lease_ttl)
+        self.max_transfers = max_transfers
+        self._bucket_checked = False
+
+    def _check_bucket(self) -> None:
+        """Fail early, naming the URL, if the bucket is missing or closed to us (some stores
+        would otherwise create a bucket on the first write)."""
+        if not self._bucket_checked:
+            self.objects.check()
+            self._bucket_checked = True
+
+    def get_or_build(self, dataset_id: str, version: str, build: Any, **options: Any) -> DataRef:
+        self._check_bucket()
+        return super().get_or_build(dataset_id, version, build, **options)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.url!r}, local_cache={self.local_cache.root!r})"
+
+    # --- keys ---
+
+    @staticmethod
+    def _key(dataset_id: str, version: str, name: str = "") -> str:
+        return f"{dataset_id}/{version}/{name}"
+
+    # --- reading ---
+
+    def _manifest_exists(self, dataset_id: str, version: str) -> bool:
+        key = self._key(dataset_id, version, MANIFEST_NAME)
+        return with_retries(lambda: self.objects.token(key)) is not None
+
+    def _read_manifest(self, dataset_id: str, version: str) -> tuple[bytes, str, Manifest]:
+        key = self._key(dataset_id, version, MANIFEST_NAME)
+        found = with_retries(lambda: self.objects.read(key))
+        if found is None:
+            raise DatasetNotFound(
+                f"no version {version!r} of dataset {dataset_id!r} in {self.url}; "
+                f"published: {self.list() or 'none'}"
+            )
+        data, token = found
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError:
+            raise CacheCorrupted(f"{self.url}/{key}: the manifest is not UTF-8 text") from None
+        manifest = Manifest.from_json(text, f"{self.url}/{key}")
+        if (manifest.dataset_id, manifest.version) != (dataset_id, version):
+            raise CacheCorrupted(
+                f"{self.url}/{key} describes {manifest.dataset_id}:{manifest.version}, "
+                f"not {dataset_id}:{version}"
+            )
+        return data, token, manifest
+
+    def fetch(
+        self, dataset_id: str, version: str, *, shards: tuple[int, int] | None = None
+    ) -> DataRef:
+        """The version, pulled into the local cache first unless the local copy is current.
+
+        ``shards=(rank, num_shards)`` pulls only the chunks ``rank, rank + num_shards, ...``:
+        what ``stream(shard_by="chunks", shard_rank=rank, num_shards=num_shards)`` reads.
+        """
+        check_name("dataset_id", dataset_id)
+        check_name("version", version)
+        return self._pull(dataset_id, version, shards)
+
+    def _open(self, dataset_id: str, version: str) -> DataRef:
+        return self._pull(dataset_id, version, None)
+
+    def _pull(self, dataset_id: str, version: str, shards: tuple[int, int] | None) -> DataRef:
+        data, _, manifest = self._read_manifest(dataset_id, version)
+        wanted = _shard_chunks(len(manifest.chunks), shards)
+        base = self._key(dataset_id, version)
+        folder, pin = self.local_cache.sync(
+            dataset_id,
+            version,
+            data,
+            manifest,
+            wanted,
+            lambda jobs: self._download_all(base, jobs),
+        )
+        dataref = DataRef(folder, manifest)
+        dataref._pin = pin  # type: ignore[attr-defined]  # held while the DataRef lives
+        return dataref
+
+    def _download_all(self, base: str, jobs: list[tuple[ChunkInfo, str]]) -> None:
+        def one(job: tuple[ChunkInfo, str]) -> None:
+            info, path = job
+            key = base + info.file
+            with_retries(lambda: self.objects.download(key, path))
+            _check_download(f"{self.url}/{key}", path, info)
+
+        self._parallel(one, jobs)
+
+    def _parallel(self, work: Callable[[Any], None], jobs: Sequence[Any]) -> None:
+        """Run ``work`` over ``jobs`` in at most ``max_transfers`` threads; the first error
+        cancels what has not started and is raised."""
+        if len(jobs) <= 1 or self.max_transfers == 1:
+            for job in jobs:
+                work(job)
+            return
+        with ThreadPoolExecutor(min(self.max_transfers, len(jobs))) as pool:
+            futures = [pool.submit(work, job) for job in jobs]
+            try:
+                for future in futures:
+                    future.result()
+            except BaseException:
+                for future in futures:
+                    future.cancel()
+                raise
+
+    def _versions(self) -> Iterator[tuple[str, str]]:
+        self._check_bucket()
+        for dataset_id in self.objects.folders(""):
+            if not _valid_name(dataset_id):
+                continue
+            for version in self.objects.folders(dataset_id + "/"):
+                if _valid_name(version) and self._manifest_exists(dataset_id, version):
+                    yield dataset_id, version
+
+    # --- building and publishing ---
+
+    def _builder_lock(
+        self, dataset_id: str, version: str
+    ) -> contextlib.AbstractContextManager[None]:
+        return _lease(BuildLease(self.objects, self._key(dataset_id, version, LEASE_NAME),
+                                 self.lease_ttl))  # fmt: skip
+
+    @contextlib.contextmanager
+    def _staging(self, dataset_id: str, version: str, replace: bool) -> Iterator[str]:
+        """Build into a local folder; then upload it as a new build and publish its manifest."""
+        cache_parent = os.path.join(self.local_cache.root, dataset_id)
+        os.makedirs(cache_parent, exist_ok=True)
+        # We hold the lease: a build folder of this version left here is a dead builder's.
+        for entry in os.listdir(cache_parent):
+            if (
+                entry.startswith(f"{_BUILD}{version}.")
+                and "." not in entry[len(_BUILD + version) + 1 :]
+            ):
+                shutil.rmtree(os.path.join(cache_parent, entry), ignore_errors=True)
+        folder = os.path.join(cache_parent, f"{_BUILD}{version}.{uuid.uuid4().hex[:12]}")
+        os.makedirs(folder)
+        try:
+            yield folder
+            self._publish(dataset_id, version, folder, replace)
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+
+    def _publish(self, dataset_id: str, version: str, folder: str, replace: bool) -> None:
+        built = Manifest.read(folder)
+        manifest_key = self._key(dataset_id, version, MANIFEST_NAME)
+        old = with_retries(lambda: self.objects.token(manifest_key))
+        if old is not None and not replace:
+            return  # published by a builder that lost its lease to us: theirs stands
+        build = f"b-{uuid.uuid4().hex[:16]}"
+        base = self._key(dataset_id, version)
+        self.upload_chunks(folder, built.chunks, base + build + "/")
+        manifest = dataclasses.replace(
+            built,
+            chunks=[dataclasses.replace(c, file=f"{build}/{c.file}") for c in built.chunks],
+        )
+        body = manifest.to_json().encode()
+        if old is None:
+            won = with_retries(lambda: self.objects.create(manifest_key, body))
+        else:
+            won = with_retries(lambda: self.objects.replace(manifest_key, body, old))
+        if won is None and _written_by_us(self.objects, manifest_key, body):
+            won = "ours"  # our write landed, but its reply was lost and the retry was refused
+        if won is None:
+            # Another build published first (only possible after we lost the lease): keep theirs.
+            self._delete_keys(list(self.objects.keys(base + build + "/")))
+            return
+        self._collect_garbage(dataset_id, version, manifest)
+        self._adopt_local(dataset_id, version, folder, built, build, body)
+
+    def upload_chunks(self, folder: str, chunks: Sequence[ChunkInfo], prefix: str) -> None:
+        """Upload the chunk files of ``folder`` under ``prefix`` in parallel."""
+
+        def one(info: ChunkInfo) -> None:
+            path = os.path.join(folder, info.file)
+            with_retries(lambda: self.objects.upload(prefix + info.file, path))
+
+        self._parallel(one, list(chunks))
+
+    def _collect_garbage(self, dataset_id: str, version: str, manifest: Manifest) -> None:
+        """Remove build folders of this version that its manifest does not name."""
+        base = self._key(dataset_id, version)
+        live = {c.file.split("/", 1)[0] for c in manifest.chunks if "/" in c.file}
+        stale = [
+            key
+            for key in self.objects.keys(base)
+            if "/" in key[len(base) :] and key[len(base) :].split("/", 1)[0] not in live
+        ]
+        self._delete_keys(stale)
+
+    def _delete_keys(self, keys: list[str]) -> None:
+        self._parallel(lambda key: with_retries(lambda: self.objects.delete(key)),
+                       keys)  # fmt: skip
+
+    def _adopt_local(
+        self, dataset_id: str, version: str, folder: str, built: Manifest, build: str, body: bytes
+    ) -> None:
+        """Make what we just built the local copy, so this machine never downloads it again."""
+        local = self.local_cache.local
+        with local._builder_lock(dataset_id, version):
+            exists = os.path.isdir(self.local_cache.path(dataset_id, version))
+            with local._staging(dataset_id, version, replace=exists) as target:
+                os.makedirs(os.path.join(target, build))
+                for info in built.chunks:
+                    os.replace(
+                        os.path.join(folder, info.file), os.path.join(target, build, info.file)
+                    )
+                with open(os.path.join(target, MANIFEST_NAME), "wb") as f:
+                    f.write(body)
+                    f.flush()
+                    os.fsync(f.fileno())
+
+    def _remove(self, dataset_id: str, version: str) -> None:
+        manifest_key = self._key(dataset_id, version, MANIFEST_NAME)
+        if with_retries(lambda: self.objects.token(manifest_key)) is None:
+            raise DatasetNotFound(f"no version {version!r} of dataset {dataset_id!r} in {self.url}")
+        # The manifest goes first: from then on the version does not exist for anyone.
+        with_retries(lambda: self.objects.delete(manifest_key))
+        base = self._key(dataset_id, version)
+        self._delete_keys([k for k in self.objects.keys(base) if not k.endswith(LEASE_NAME)])
+        self.local_cache.remove(dataset_id, version)
+
+
+@contextlib.contextmanager
+def _lease(lease: BuildLease) -> Iterator[None]:
+    with lease:
+        yield
+
+
+def _written_by_us(objects: ObjectStore, key: str, body: bytes) -> bool:
+    found = with_retries(lambda: objects.read(key))
+    return found is not None and found[0] == body
+
+
+def _shard_chunks(num_chunks: int, shards: tuple[int, int] | None) -> list[int]:
+    if shards is None:
+        return list(range(num_chunks))
+    try:
+        rank, count = shards
+    except (TypeError, ValueError):
+        raise ValueError(f"shards must be (rank, num_shards), got {shards!r}") from None
+    from yogadl_plus.checks import check_int
+
+    count = check_int("num_shards", count, 1)
+    rank = check_int("shard_rank", rank, 0, count - 1)
+    return list(range(rank, num_chunks, count))
+
+
+def _check_download(where: str, path: str, info: ChunkInfo) -> None:
+    size = os.path.getsize(path)
+    if size != info.bytes:
+        raise CacheCorrupted(f"{where}: downloaded {size} bytes, the manifest says {info.bytes}")
+    digest = file_sha256(path)
+    if digest != info.sha256:
+        raise CacheCorrupted(
+            f"{where}: downloaded sha256 {digest}, the manifest says {info.sha256}; the remote "
+            "object is damaged: nothing was kept; rebuild the version (overwrite=True)"
+        )
+
+
+def _valid_name(name: str) -> bool:
+    try:
+        check_name("name", name)
+    except ValueError:
+        return False
+    return True
+
+
+def _url_folder(url: str) -> str:
+    """A folder name for a remote URL: readable, and distinct for distinct URLs."""
+    readable = "".join(c if c.isalnum() or c in "._-" else "_" for c in url)[:80]
+    return f"{readable}-{hashlib.sha256(url.encode()).hexdigest()[:8]}"
+
+
+def clean_prefix(prefix: str) -> str:
+    """'' or 'a/b/' (one trailing slash), refusing '..' and empty segments."""
+    if not isinstance(prefix, str):
+        raise ValueError(f"prefix must be a str, got {prefix!r}")
+    parts = [p for p in prefix.strip("/").split("/") if p]
+    if any(p in (".", "..") for p in parts):
+        raise ValueError(f"prefix {prefix!r} must not contain '.' or '..' segments")
+    return "".join(p + "/" for p in parts)

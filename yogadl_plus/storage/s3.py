@@ -1,0 +1,227 @@
+"""S3Storage: versions in an S3 bucket (AWS, or any S3-compatible store via ``endpoint_url``)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from typing import Any
+
+from yogadl_plus.errors import StorageError
+from yogadl_plus.storage.objects import ObjectStore, TransientStorageError
+from yogadl_plus.storage.remote import (
+    DEFAULT_LEASE_TTL,
+    DEFAULT_TRANSFERS,
+    RemoteStorage,
+    clean_prefix,
+)
+
+__all__ = ["S3Storage"]
+
+_PART_BYTES = 16 << 20
+_MISSING = {"404", "NoSuchKey", "NotFound"}
+_PRECONDITION = {"412", "PreconditionFailed", "ConditionalRequestConflict", "409"}
+_DENIED = {"403", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "Forbidden"}
+_TRANSIENT = {"500", "502", "503", "504", "SlowDown", "Throttling", "RequestTimeout",
+              "InternalError", "ServiceUnavailable", "RequestTimeTooSkewed"}  # fmt: skip
+
+
+def _code(exc: Any) -> str:
+    error = getattr(exc, "response", {}).get("Error", {})
+    return str(error.get("Code") or getattr(exc, "response", {}).get("ResponseMetadata", {})
+               .get("HTTPStatusCode", ""))  # fmt: skip
+
+
+class _S3Objects(ObjectStore):
+    def __init__(self, client: Any, bucket: str, prefix: str, max_transfers: int) -> None:
+        from boto3.s3.transfer import TransferConfig
+
+        self.client = client
+        self.bucket = bucket
+        self.prefix = prefix
+        self.url = f"s3://{bucket}/{prefix}".rstrip("/")
+        self.endpoint = getattr(getattr(client, "meta", None), "endpoint_url", "?")
+        self.transfer = TransferConfig(
+            multipart_threshold=_PART_BYTES,
+            multipart_chunksize=_PART_BYTES,
+            max_concurrency=max_transfers,
+        )
+
+    @contextlib.contextmanager
+    def _errors(self, what: str, key: str = "") -> Iterator[None]:
+        """Botocore failures as StorageError naming the URL and what to check."""
+        from botocore import exceptions as bx
+
+        where = f"{self.url}/{key}" if key else self.url
+        try:
+            yield
+        except bx.ClientError as exc:
+            code = _code(exc)
+            if code == "NoSuchBucket" or (what == "the bucket" and code in _MISSING):
+                raise StorageError(
+                    f"{where}: bucket {self.bucket!r} does not exist at {self.endpoint}: check "
+                    "the bucket name, the region and endpoint_url"
+                ) from exc
+            if code in _DENIED:
+                raise StorageError(
+                    f"{where}: access denied ({code}) to {what}: check the credentials "
+                    "(AWS_PROFILE, AWS_ACCESS_KEY_ID, or client=) and the bucket's policy"
+                ) from exc
+            error = TransientStorageError if code in _TRANSIENT else StorageError
+            raise error(f"{where}: {what} failed: {exc}") from exc
+        except bx.NoCredentialsError as exc:
+            raise StorageError(
+                f"{where}: no AWS credentials found: set AWS_PROFILE or AWS_ACCESS_KEY_ID and "
+                "AWS_SECRET_ACCESS_KEY, or pass client="
+            ) from exc
+        except bx.EndpointConnectionError as exc:
+            raise StorageError(
+                f"{where}: cannot reach {self.endpoint}: check endpoint_url, the network and "
+                "any proxy"
+            ) from exc
+        except (bx.ConnectionClosedError, bx.ReadTimeoutError, bx.IncompleteReadError) as exc:
+            raise TransientStorageError(f"{where}: {what} was cut off: {exc}") from exc
+        except bx.BotoCoreError as exc:
+            raise StorageError(f"{where}: {what} failed: {exc}") from exc
+
+    def _missing_or_lost(self, call: Any, lost: set[str]) -> Any:
+        from botocore.exceptions import ClientError
+
+        try:
+            return call()
+        except ClientError as exc:
+            if _code(exc) in lost:
+                return None
+            raise
+
+    def read(self, key: str) -> tuple[bytes, str] | None:
+        with self._errors("read", key):
+            got = self._missing_or_lost(
+                lambda: self.client.get_object(Bucket=self.bucket, Key=self.prefix + key),
+                _MISSING,
+            )
+            if got is None:
+                return None
+            return got["Body"].read(), got["ETag"]
+
+    def token(self, key: str) -> str | None:
+        with self._errors("head", key):
+            got = self._missing_or_lost(
+                lambda: self.client.head_object(Bucket=self.bucket, Key=self.prefix + key),
+                _MISSING,
+            )
+            return None if got is None else str(got["ETag"])
+
+    def create(self, key: str, data: bytes) -> str | None:
+        with self._errors("conditional create", key):
+            got = self._missing_or_lost(
+                lambda: self.client.put_object(
+                    Bucket=self.bucket, Key=self.prefix + key, Body=data, IfNoneMatch="*"
+                ),
+                _PRECONDITION,
+            )
+            return None if got is None else str(got["ETag"])
+
+    def replace(self, key: str, data: bytes, token: str) -> str | None:
+        with self._errors("conditional replace", key):
+            got = self._missing_or_lost(
+                lambda: self.client.put_object(
+                    Bucket=self.bucket, Key=self.prefix + key, Body=data, IfMatch=token
+                ),
+                _PRECONDITION | _MISSING,
+            )
+            return None if got is None else str(got["ETag"])
+
+    def delete(self, key: str, token: str | None = None) -> None:
+        extra = {} if token is None else {"IfMatch": token}
+        with self._errors("delete", key):
+            self._missing_or_lost(
+                lambda: self.client.delete_object(
+                    Bucket=self.bucket, Key=self.prefix + key, **extra
+                ),
+                _PRECONDITION | _MISSING,
+            )
+
+    def upload(self, key: str, path: str) -> None:
+        with self._errors("upload", key):
+            self.client.upload_file(path, self.bucket, self.prefix + key, Config=self.transfer)
+
+    def download(self, key: str, path: str) -> None:
+        with self._errors("download", key):
+            self.client.download_file(self.bucket, self.prefix + key, path, Config=self.transfer)
+
+    def keys(self, prefix: str) -> Iterator[str]:
+        with self._errors("list", prefix):
+            pages = self.client.get_paginator("list_objects_v2").paginate(
+                Bucket=self.bucket, Prefix=self.prefix + prefix
+            )
+            for page in pages:
+                for item in page.get("Contents", []):
+                    yield item["Key"][len(self.prefix) :]
+
+    def folders(self, prefix: str) -> list[str]:
+        with self._errors("list", prefix):
+            pages = self.client.get_paginator("list_objects_v2").paginate(
+                Bucket=self.bucket, Prefix=self.prefix + prefix, Delimiter="/"
+            )
+            start = len(self.prefix + prefix)
+            return [
+                p["Prefix"][start:].rstrip("/")
+                for page in pages
+                for p in page.get("CommonPrefixes", [])
+            ]
+
+    def check(self) -> None:
+        with self._errors("the bucket"):
+            self.client.head_bucket(Bucket=self.bucket)
+
+
+class S3Storage(RemoteStorage):
+    """Versions in ``s3://bucket/prefix``, pulled into ``local_cache`` to be read.
+
+    Credentials come from boto3's standard chain; ``endpoint_url`` points at an S3-compatible
+    store (MinIO, SeaweedFS, Ceph); ``client=`` injects a ready boto3 client; other keywords go
+    to ``boto3.client("s3", ...)``.
+    """
+
+    def __init__(
+        self,
+        bucket: str,
+        prefix: str = "",
+        *,
+        local_cache: str | os.PathLike[str] | None = None,
+        endpoint_url: str | None = None,
+        client: Any = None,
+        local_cache_limit: int | None = None,
+        lease_ttl: float = DEFAULT_LEASE_TTL,
+        max_transfers: int = DEFAULT_TRANSFERS,
+        **client_kwargs: Any,
+    ) -> None:
+        if not isinstance(bucket, str) or not bucket or "/" in bucket:
+            raise ValueError(f"bucket must be a bucket name (no '/'), got {bucket!r}")
+        prefix = clean_prefix(prefix)
+        if client is None:
+            try:
+                import boto3
+                from botocore.config import Config
+            except ImportError:
+                raise ImportError("S3Storage needs boto3: pip install 'yogadl_plus[s3]'") from None
+            client_kwargs.setdefault(
+                "config",
+                Config(
+                    retries={"mode": "standard", "max_attempts": 5},
+                    max_pool_connections=4 * max_transfers + 8,
+                ),
+            )
+            client = boto3.client("s3", endpoint_url=endpoint_url, **client_kwargs)
+        elif endpoint_url is not None or client_kwargs:
+            raise ValueError("pass either client= or endpoint_url=/client keywords, not both")
+        self.bucket = bucket
+        self.prefix = prefix
+        super().__init__(
+            _S3Objects(client, bucket, prefix, max_transfers),
+            local_cache,
+            local_cache_limit,
+            lease_ttl,
+            max_transfers,
+        )
