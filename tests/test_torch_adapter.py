@@ -176,8 +176,9 @@ def test_state_from_another_seed_is_refused(ref):
 
 
 def test_a_stream_with_its_own_workers_goes_into_a_dataloader(ref):
-    stream = ref.stream(shuffle=True, shuffle_seed=4, batch_size=25, num_workers=2,
-                        worker_type="process")
+    stream = ref.stream(
+        shuffle=True, shuffle_seed=4, batch_size=25, num_workers=2, worker_type="process"
+    )
     loader = ydl.torch.make_dataloader(stream, num_workers=2, multiprocessing_context="spawn")
     assert ids(loader) == ids(ref.stream(shuffle=True, shuffle_seed=4, batch_size=25))
     stream.close()
