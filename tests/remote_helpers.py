@@ -69,3 +69,16 @@ def records(n: int, width: int = 64, seed: int = 0) -> list[dict[str, Any]]:
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((n, width)).astype(np.float32)
     return [{"x": x[i], "label": np.int64(i)} for i in range(n)]
+
+
+def count_downloads(storage: Any) -> list[str]:
+    """Record every object download of ``storage`` (wraps its ObjectStore)."""
+    seen: list[str] = []
+    original = storage.objects.download
+
+    def download(key: str, path: str) -> None:
+        seen.append(key)
+        original(key, path)
+
+    storage.objects.download = download
+    return seen

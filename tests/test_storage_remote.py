@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from remote_helpers import client_for, make_storage, records, spec_for
+from remote_helpers import client_for, count_downloads, make_storage, records, spec_for
 
 import yogadl_plus as ydl
 from yogadl_plus.storage.lease import BuildLease
@@ -40,19 +40,6 @@ def labels(dataref: ydl.DataRef) -> list[int]:
 
 def remote_keys(storage: Any) -> list[str]:
     return sorted(storage.objects.keys(""))
-
-
-def count_downloads(storage: Any) -> list[str]:
-    """Record every object download of ``storage`` (wraps its ObjectStore)."""
-    seen: list[str] = []
-    original = storage.objects.download
-
-    def download(key: str, path: str) -> None:
-        seen.append(key)
-        original(key, path)
-
-    storage.objects.download = download
-    return seen
 
 
 # --------------------------------------------------------------------------- sharing versions
@@ -140,6 +127,58 @@ def test_default_local_cache_is_under_the_default_storage(s3_server: Any) -> Non
     storage = ydl.S3Storage(s3_server.make_bucket(), "p", client=s3_server.client())
     assert storage.local_cache.root.startswith(ydl.default_storage().root)
     assert ydl.default_storage().list() == []  # its '+remote' folder is no dataset
+
+
+CHILD_FETCH = textwrap.dedent(
+    """
+    import json, sys
+    sys.path.insert(0, {tests!r})
+    from remote_helpers import count_downloads, make_storage
+    storage = make_storage(json.loads(sys.argv[1]), sys.argv[2])
+    seen = count_downloads(storage)
+    ref = storage.fetch("d", "v")
+    print(len(seen), len(ref), flush=True)
+    """
+)
+
+
+def test_processes_of_one_machine_download_once(spec: dict, tmp_path: Path) -> None:
+    built = ydl.cache_dataset(
+        records(4000), "d", "v", make_storage(spec, tmp_path / "a"), chunk_bytes=100_000
+    )
+    cache = tmp_path / "one-machine"
+    command = [sys.executable, "-c", CHILD_FETCH.format(tests=str(TESTS)), json.dumps(spec)]
+    children = [
+        subprocess.Popen([*command, str(cache)], stdout=subprocess.PIPE, text=True)
+        for _ in range(3)
+    ]
+    outputs = [c.communicate(timeout=120)[0].split() for c in children]
+    assert all(c.returncode == 0 for c in children)
+    assert all(int(records_) == 4000 for _, records_ in outputs)
+    assert sorted(int(downloads) for downloads, _ in outputs) == [
+        0,
+        0,
+        len(built.manifest.chunks),
+    ]
+
+
+def test_transient_failures_are_retried(spec: dict, tmp_path: Path) -> None:
+    from yogadl_plus.storage.objects import TransientStorageError
+
+    ydl.cache_dataset(records(1000), "d", "v", make_storage(spec, tmp_path / "a"))
+    b = make_storage(spec, tmp_path / "b")
+    original = b.objects.download
+    failures = []
+
+    def flaky(key: str, path: str) -> None:
+        if len(failures) < 2:
+            failures.append(key)
+            raise TransientStorageError(f"{key}: connection reset (injected)")
+        original(key, path)
+
+    b.objects.download = flaky
+    assert labels(b.fetch("d", "v")) == list(range(1000))
+    assert len(failures) == 2
 
 
 # --------------------------------------------------------------------------- sharded pulls

@@ -1,7 +1,9 @@
-"""Parquet files, a directory of them, a glob or a list, read with pyarrow's dataset API."""
+"""Parquet files, a directory of them, a glob or a list, local or on S3 / GCS, read with
+pyarrow's dataset API and filesystems."""
 
 from __future__ import annotations
 
+import fnmatch
 import functools
 import glob as globlib
 import hashlib
@@ -100,9 +102,12 @@ def _column_values(column: Any, field: Field) -> Sequence[Any]:
 
 
 class ParquetSource(Source):
-    """Parquet data: a file, a directory, a glob, a ``file://`` URL, or a list of those.
+    """Parquet data: a file, a directory, a glob, a ``file://``, ``s3://`` or ``gs://`` URL, or
+    a list of those (all on one filesystem).
 
-    ``columns`` caches only those columns, in that order.
+    ``columns`` caches only those columns, in that order. ``filesystem`` (a ``pyarrow.fs``
+    filesystem) reads bucket paths through it, for endpoints and credentials of your own;
+    without it, ``s3://`` and ``gs://`` URLs use pyarrow's standard credential chains.
     """
 
     kind = "parquet"
@@ -111,12 +116,13 @@ class ParquetSource(Source):
         self,
         paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
         columns: Sequence[str] | None = None,
+        filesystem: Any = None,
     ) -> None:
-        self.paths = self._expand(paths)
+        self.filesystem, self.paths = _expand(paths, filesystem)
         self.columns = list(columns) if columns is not None else None
         import pyarrow.dataset as pads
 
-        self._dataset = pads.dataset(self.paths, format="parquet")
+        self._dataset = pads.dataset(self.paths, format="parquet", filesystem=self.filesystem)
         if self.columns is not None:
             missing = [c for c in self.columns if c not in self._dataset.schema.names]
             if missing:
@@ -124,40 +130,6 @@ class ParquetSource(Source):
                     f"columns {missing} are not in the Parquet data; "
                     f"it has {self._dataset.schema.names}"
                 )
-
-    @staticmethod
-    def _expand(paths: Any) -> list[str]:
-        items = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
-        files: list[str] = []
-        for item in items:
-            text = os.fspath(item)
-            if text.startswith("file://"):
-                text = text[len("file://") :]
-            elif "://" in text:
-                raise YogaError(
-                    f"{text}: only local Parquet paths and file:// URLs are supported "
-                    "in this release"
-                )
-            if any(ch in text for ch in "*?["):
-                matched = sorted(globlib.glob(text, recursive=True))
-                if not matched:
-                    raise YogaError(f"Parquet glob {text!r} matches no file")
-                files.extend(matched)
-            elif os.path.isdir(text):
-                found = sorted(
-                    os.path.join(d, f)
-                    for d, _, names in os.walk(text)
-                    for f in names
-                    if f.endswith(".parquet") or f.endswith(".parq")
-                )
-                if not found:
-                    raise YogaError(f"Parquet directory {text!r} holds no *.parquet file")
-                files.extend(found)
-            elif os.path.exists(text):
-                files.append(text)
-            else:
-                raise YogaError(f"Parquet path {text!r} does not exist")
-        return files
 
     @property
     def arrow_schema(self) -> Any:
@@ -179,7 +151,8 @@ class ParquetSource(Source):
         reported: set[str] = set()
         names = set(self.arrow_schema.names)
         for path in self.paths:
-            meta = pq.ParquetFile(path).metadata
+            with self.filesystem.open_input_file(path) as f:
+                meta = pq.ParquetFile(f).metadata
             for g in range(meta.num_row_groups):
                 group = meta.row_group(g)
                 for c in range(group.num_columns):
@@ -208,9 +181,12 @@ class ParquetSource(Source):
 
     def fingerprint(self) -> str:
         digest = hashlib.sha256()
-        for path in self.paths:
-            st = os.stat(path)
-            digest.update(f"{os.path.abspath(path)}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+        for info in self.filesystem.get_file_info(self.paths):
+            mtime = info.mtime_ns if info.mtime_ns is not None else ""
+            name = info.path  # local paths as before, so existing fingerprints still match
+            if self.filesystem.type_name != "local":
+                name = f"{self.filesystem.type_name}://{name}"
+            digest.update(f"{name}\0{info.size}\0{mtime}\n".encode())
         if self.columns is not None:
             digest.update(("columns:" + ",".join(self.columns)).encode())
         return "parquet-sha256:" + digest.hexdigest()[:32]
@@ -223,3 +199,83 @@ class ParquetSource(Source):
             columns = [_column_values(batch.column(i), schema[n]) for i, n in enumerate(names)]
             for row in zip(*columns):
                 yield dict(zip(names, row))
+
+
+def _expand(paths: Any, filesystem: Any) -> tuple[Any, list[str]]:
+    """(the filesystem, the sorted Parquet file paths on it) for what the user named."""
+    import pyarrow.fs as pafs
+
+    items = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
+    texts = [os.fspath(item) for item in items]
+    schemes = {t.split("://", 1)[0] if "://" in t else "file" for t in texts}
+    if len(schemes) > 1:
+        raise YogaError(f"Parquet paths must all be on one filesystem, got {sorted(schemes)}")
+    scheme = schemes.pop() if schemes else "file"
+    if scheme not in ("file", "s3", "gs"):
+        raise YogaError(f"{texts[0]}: Parquet URLs may be file://, s3:// or gs://")
+    if scheme == "file" and filesystem is None:
+        local = [t[len("file://") :] if t.startswith("file://") else t for t in texts]
+        return pafs.LocalFileSystem(), [os.path.abspath(f) for t in local for f in _local_files(t)]
+    if filesystem is None:
+        try:
+            filesystem, _ = pafs.FileSystem.from_uri(texts[0])
+        except Exception as exc:
+            raise YogaError(
+                f"{texts[0]}: cannot open its filesystem ({exc}); pass filesystem= (a pyarrow.fs "
+                "filesystem with your endpoint and credentials)"
+            ) from exc
+    bare = [t.split("://", 1)[1] if "://" in t else t for t in texts]
+    return filesystem, [f for t in bare for f in _remote_files(filesystem, t)]
+
+
+def _local_files(text: str) -> list[str]:
+    if any(ch in text for ch in "*?["):
+        matched = sorted(globlib.glob(text, recursive=True))
+        if not matched:
+            raise YogaError(f"Parquet glob {text!r} matches no file")
+        return matched
+    if os.path.isdir(text):
+        found = sorted(
+            os.path.join(d, f) for d, _, names in os.walk(text) for f in names if _is_parquet(f)
+        )
+        if not found:
+            raise YogaError(f"Parquet directory {text!r} holds no *.parquet file")
+        return found
+    if os.path.exists(text):
+        return [text]
+    raise YogaError(f"Parquet path {text!r} does not exist")
+
+
+def _remote_files(filesystem: Any, path: str) -> list[str]:
+    """Files of a bucket path: a file, a "directory" (recursively) or a glob in its last part."""
+    import pyarrow.fs as pafs
+
+    where = f"{filesystem.type_name}://{path}"
+    try:
+        if any(ch in path for ch in "*?["):
+            parent, pattern = path.rsplit("/", 1)
+            infos = filesystem.get_file_info(pafs.FileSelector(parent))
+            found = sorted(
+                i.path for i in infos if i.is_file and fnmatch.fnmatch(i.base_name, pattern)
+            )
+            if not found:
+                raise YogaError(f"Parquet glob {where!r} matches no file")
+            return found
+        info = filesystem.get_file_info(path)
+        if info.type == pafs.FileType.File:
+            return [path]
+        if info.type == pafs.FileType.Directory:
+            infos = filesystem.get_file_info(pafs.FileSelector(path, recursive=True))
+            found = sorted(i.path for i in infos if i.is_file and _is_parquet(i.base_name))
+            if not found:
+                raise YogaError(f"Parquet directory {where!r} holds no *.parquet file")
+            return found
+    except OSError as exc:
+        raise YogaError(
+            f"{where}: cannot list it ({exc}): check the bucket, credentials and endpoint"
+        ) from exc
+    raise YogaError(f"Parquet path {where!r} does not exist")
+
+
+def _is_parquet(name: str) -> bool:
+    return name.endswith(".parquet") or name.endswith(".parq")

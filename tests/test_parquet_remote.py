@@ -1,0 +1,92 @@
+"""Parquet sources on S3 and GCS (real servers, tests/servers.py), read through pyarrow."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+import pytest
+
+import yogadl_plus as ydl
+
+
+def table(start: int, n: int) -> pa.Table:
+    return pa.table(
+        {
+            "id": pa.array(np.arange(start, start + n, dtype=np.int64)),
+            "x": pa.array(
+                list(np.arange(start, start + n, dtype=np.float32).reshape(-1, 1) * [1, 2])
+            ),
+        }
+    )
+
+
+def write_parts(filesystem: Any, base: str) -> None:
+    for part in range(3):
+        with filesystem.open_output_stream(f"{base}/part-{part}.parquet") as f:
+            pq.write_table(table(part * 100, 100), f)
+    with filesystem.open_output_stream(f"{base}/_SUCCESS") as f:
+        f.write(b"")
+
+
+def s3_filesystem(server: Any) -> pafs.S3FileSystem:
+    host = server.endpoint_url.split("://", 1)[1]
+    return pafs.S3FileSystem(
+        access_key=server.access_key,
+        secret_key=server.secret_key,
+        endpoint_override=host,
+        scheme="http",
+        region=server.region,
+    )
+
+
+def gcs_filesystem(server: Any) -> pafs.GcsFileSystem:
+    host = server.endpoint.split("://", 1)[1]
+    return pafs.GcsFileSystem(anonymous=True, endpoint_override=host, scheme="http")
+
+
+@pytest.mark.parametrize("kind", ["s3", "gs"])
+def test_parquet_from_bucket_urls_builds_directly(
+    kind: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    server = request.getfixturevalue("s3_server" if kind == "s3" else "gcs_server")
+    bucket = server.make_bucket()
+    filesystem = s3_filesystem(server) if kind == "s3" else gcs_filesystem(server)
+    write_parts(filesystem, f"{bucket}/tables/t1")
+    storage = ydl.LocalStorage(tmp_path / "store")
+
+    whole = ydl.sources.ParquetSource(f"{kind}://{bucket}/tables/t1", filesystem=filesystem)
+    ref = ydl.cache_dataset(whole, "t", "1", storage)
+    assert [int(i) for i in ref.get_batch(range(300), "id")["id"]] == list(range(300))
+    np.testing.assert_array_equal(ref[150]["x"], [150, 300])
+    assert ref.manifest.source_kind == "parquet"
+    assert ref.manifest.source_fingerprint == whole.fingerprint()
+
+    glob = ydl.sources.ParquetSource(
+        f"{kind}://{bucket}/tables/t1/part-[02].parquet", filesystem=filesystem, columns=["id"]
+    )
+    assert [int(r["id"]) for r in glob.records()][::100] == [0, 200]
+
+    with pytest.raises(ydl.YogaError, match="does not exist"):
+        ydl.sources.ParquetSource(f"{kind}://{bucket}/tables/nothing", filesystem=filesystem)
+
+
+def test_s3_parquet_url_uses_the_standard_chain(
+    s3_server: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No filesystem=: pyarrow's S3 picks endpoint and keys up from the environment."""
+    bucket = s3_server.make_bucket()
+    write_parts(s3_filesystem(s3_server), f"{bucket}/t")
+    for name, value in s3_server.env().items():
+        monkeypatch.setenv(name, value)
+    ref = ydl.cache_dataset(f"s3://{bucket}/t", "t", "1", ydl.LocalStorage(tmp_path / "s"))
+    assert len(ref) == 300
+
+
+def test_mixed_filesystems_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(ydl.YogaError, match="one filesystem"):
+        ydl.sources.ParquetSource(["s3://b/x.parquet", str(tmp_path / "y.parquet")])
