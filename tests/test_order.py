@@ -18,7 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from yogadl_plus.order import EpochOrder, Permutation
+from yogadl_plus.order import ChunkShardOrder, EpochOrder, Permutation
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -520,3 +520,54 @@ def test_table_and_network_sizes_meet_at_the_threshold() -> None:
         values = p.indices(np.arange(n))
         assert sorted(values.tolist()) == list(range(n))
         assert [p[i] for i in range(0, n, 97)] == values[::97].tolist()
+
+
+# --------------------------------------------------------------------------- whole-chunk shards
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    counts=st.lists(st.integers(1, 40), min_size=1, max_size=12),
+    shards=st.integers(1, 5),
+    shuffle=st.booleans(),
+    drop=st.booleans(),
+    epoch=st.integers(0, 3),
+    seed=st.integers(0, 2**40),
+)
+def test_chunk_shards_own_whole_chunks_and_cover_the_version(
+    counts: list[int], shards: int, shuffle: bool, drop: bool, epoch: int, seed: int
+) -> None:
+    if len(counts) < shards:
+        with pytest.raises(ValueError, match="at least one chunk per shard"):
+            ChunkShardOrder(counts, num_shards=shards)
+        return
+    starts = np.concatenate([[0], np.cumsum(counts)])
+    chunk_of = np.repeat(np.arange(len(counts)), counts)
+    seen = []
+    lengths = set()
+    for rank in range(shards):
+        order = ChunkShardOrder(
+            counts, shuffle=shuffle, seed=seed, shard_rank=rank, num_shards=shards,
+            drop_shard_remainder=drop,
+        )  # fmt: skip
+        got = order.indices(epoch, 0, order.shard_length)
+        assert len(got) == order.shard_length
+        assert set(chunk_of[got]) <= set(range(rank, len(counts), shards))  # its chunks only
+        assert len(set(got.tolist())) == len(got)
+        # any position costs the same, and agrees with the slice
+        if len(got):
+            k = len(got) // 2
+            assert order.index(epoch, k) == got[k]
+            np.testing.assert_array_equal(order.indices(epoch, k, len(got)), got[k:])
+        seen.extend(got.tolist())
+        lengths.add(len(got))
+    if drop:
+        assert len(lengths) == 1  # equal lengths, cut to the shortest shard
+    else:
+        assert sorted(seen) == list(range(int(starts[-1])))  # disjoint and covering
+
+
+def test_chunk_shards_have_no_global_offset() -> None:
+    order = ChunkShardOrder([5, 5, 5], num_shards=2, shard_rank=1)
+    with pytest.raises(ValueError, match="no global order"):
+        order.global_offset(0, 1)

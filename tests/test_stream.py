@@ -207,3 +207,29 @@ def test_empty_shard(tmp_path):
     )
     stream = ref.stream(num_shards=3, shard_rank=2)
     assert len(stream) == 0 and list(stream) == [] and stream.offset == 0
+
+
+def test_shard_by_chunks_streams_and_resumes(tmp_path) -> None:
+    storage = ydl.LocalStorage(tmp_path)
+    ref = ydl.cache_dataset(
+        ({"i": np.int64(i), "pad": np.zeros(100, np.float32)} for i in range(3000)),
+        "c", "v", storage, chunk_bytes=50_000,
+    )  # fmt: skip
+    assert len(ref.manifest.chunks) >= 4
+    kwargs = {"shard_by": "chunks", "num_shards": 2, "shuffle": True, "shuffle_seed": 5}
+    epochs = [[int(r["i"]) for r in ref.stream(shard_rank=k, **kwargs)] for k in range(2)]
+    assert sorted(epochs[0] + epochs[1]) == list(range(3000))
+    stream = ref.stream(shard_rank=1, batch_size=7, fields="i", **kwargs)
+    it = iter(stream)
+    [next(it) for _ in range(10)]
+    resumed = ref.stream(
+        shard_rank=1, batch_size=7, fields="i", start_offset=stream.offset, **kwargs
+    )
+    rest = [int(i) for b in resumed for i in b["i"]]
+    assert rest == epochs[1][70:]
+    with pytest.raises(ValueError, match="no global order"):
+        _ = stream.global_offset
+    with pytest.raises(ValueError, match="shard_by must be"):
+        ref.stream(shard_by="rows")
+    with pytest.raises(ValueError, match="global_start"):
+        ref.stream(shard_by="chunks", global_start=5)
