@@ -563,6 +563,18 @@ def test_chunk_shards_own_whole_chunks_and_cover_the_version(
         lengths.add(len(got))
     if drop:
         assert len(lengths) == 1  # equal lengths, cut to the shortest shard
+        if shuffle:
+            # The cut moves with the epoch (it is not always the same tail of the shard).
+            order = ChunkShardOrder(
+                counts, shuffle=True, seed=seed, num_shards=shards, drop_shard_remainder=True
+            )
+            mine = np.flatnonzero(chunk_of % shards == 0)
+            first = set(order.indices(0, 0, order.shard_length).tolist())
+            read = set().union(
+                *(set(order.indices(e, 0, order.shard_length).tolist()) for e in range(20))
+            )
+            assert read <= set(mine.tolist())
+            assert read != first or order.shard_length in (0, len(mine))
     else:
         assert sorted(seen) == list(range(int(starts[-1])))  # disjoint and covering
 

@@ -39,7 +39,7 @@ def labels(dataref: ydl.DataRef) -> list[int]:
 
 
 def remote_keys(storage: Any) -> list[str]:
-    return sorted(storage.objects.keys(""))
+    return sorted(k for k, _ in storage.objects.keys(""))
 
 
 # --------------------------------------------------------------------------- sharing versions
@@ -72,14 +72,31 @@ def test_two_machines_share_a_version(spec: dict, tmp_path: Path) -> None:
 
 
 def test_a_changed_remote_version_is_pulled_again(spec: dict, tmp_path: Path) -> None:
-    a = make_storage(spec, tmp_path / "a")
+    a = make_storage(spec, tmp_path / "a", lease_ttl=1.0)
     b = make_storage(spec, tmp_path / "b")
     ydl.cache_dataset(records(500), "d", "v", a)
-    assert labels(b.fetch("d", "v")) == list(range(500))
+    old = b.fetch("d", "v")
+    assert labels(old) == list(range(500))
     ydl.cache_dataset(records(700), "d", "v", a, overwrite=True)
-    assert labels(b.fetch("d", "v")) == list(range(700))
-    # The replaced build's chunks are gone from the bucket.
-    assert len({k.split("/")[2] for k in remote_keys(a) if k.count("/") == 3}) == 1
+    # A reader of the old copy keeps reading it while the new one is pulled beside it.
+    new = b.fetch("d", "v")
+    assert labels(new) == list(range(700)) and labels(old) == list(range(500))
+    local = Path(new.directory)
+    assert len([p for p in local.iterdir() if p.is_dir()]) == 2
+    del old, new
+    assert labels(b.fetch("d", "v")) == list(range(700))  # nobody reads the old build now
+    assert len([p for p in local.iterdir() if p.is_dir()]) == 1
+
+    def builds() -> set[str]:
+        return {k.split("/")[2] for k in remote_keys(a) if k.count("/") == 3}
+
+    # The replaced build stays in the bucket for a lease_ttl (pulls in flight may need it) ...
+    assert len(builds()) == 2
+    time.sleep(2.5)  # listings time objects to the second
+    ydl.cache_dataset(records(900), "d", "v", a, overwrite=True)
+    # ... and is collected by a later build once it is older than that.
+    assert len(builds()) == 1
+    assert labels(b.fetch("d", "v")) == list(range(900))
 
 
 def test_cacheable_list_delete_and_not_found(spec: dict, tmp_path: Path) -> None:
@@ -314,9 +331,18 @@ def test_builder_killed_mid_upload_leaves_no_version_and_its_lease_expires(
     ref = ydl.cache_dataset(records(2000), "race", "v", witness, chunk_bytes=50_000)
     assert time.monotonic() - start >= 1.5
     assert labels(ref) == list(range(2000))
-    # The dead build's chunks were collected: one build folder, the manifest's.
-    builds = {k.split("/")[2] for k in remote_keys(witness) if k.count("/") == 3}
-    assert builds == {ref.manifest.chunks[0].file.split("/")[0]}
+    # The manifest names only its own build; the dead build's chunks are collected by a
+    # builder once nothing was written to them for a lease_ttl.
+    ours = {c.file.split("/")[0] for c in ref.manifest.chunks}
+    assert len(ours) == 1
+
+    def builds() -> set[str]:
+        return {k.split("/")[2] for k in remote_keys(witness) if k.count("/") == 3}
+
+    assert ours <= builds() and len(builds()) <= 2
+    time.sleep(3.5)  # over lease_ttl, as listings time objects to the second
+    again = ydl.cache_dataset(records(2000), "race", "v", witness, overwrite=True)
+    assert builds() == {c.file.split("/")[0] for c in again.manifest.chunks}
 
 
 # --------------------------------------------------------------------------- the lease itself
@@ -487,3 +513,31 @@ def test_eviction_under_a_size_limit_spares_versions_in_use(spec: dict, tmp_path
     machine2 = make_storage(spec, cache, local_cache_limit=sizes["new"] + sizes["mid"] + 65536)
     machine2.fetch("d", "mid")
     assert {v for _, v in machine2.local_cache.local.list()} == {"mid", "new"}
+
+
+def test_a_pickled_dataref_keeps_its_copy_pinned(spec: dict, tmp_path: Path) -> None:
+    import pickle
+
+    ydl.cache_dataset(records(100), "d", "v", make_storage(spec, tmp_path / "a"))
+    machine = make_storage(spec, tmp_path / "m")
+    ref = machine.fetch("d", "v")
+    copy = pickle.loads(pickle.dumps(ref))  # what a spawned worker receives
+    del ref
+    assert not machine.local_cache._evict("d", "v")
+    assert labels(copy) == list(range(100))
+    del copy
+    assert machine.local_cache._evict("d", "v")
+
+
+def test_verify_pulls_a_damaged_local_copy_again(spec: dict, tmp_path: Path) -> None:
+    ydl.cache_dataset(records(500), "d", "v", make_storage(spec, tmp_path / "a"))
+    machine = make_storage(spec, tmp_path / "m")
+    ref = machine.fetch("d", "v")
+    chunk = Path(ref.directory) / ref.manifest.chunks[0].file
+    good = chunk.read_bytes()
+    del ref
+    damaged = bytearray(good)
+    damaged[100] ^= 0xFF
+    chunk.write_bytes(bytes(damaged))
+    machine.verify("d", "v")
+    assert chunk.read_bytes() == good

@@ -32,13 +32,23 @@ class DataRef:
         self._layout = RecordLayout(manifest.schema)
         self._len = manifest.num_records
         self._columns = self._chunks.columns()
+        # A remote storage's hold on the local copy this reads (storage.localcache.Pin): while
+        # it is held, no process evicts the copy.
+        self._pin: Any = None
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"directory": self.directory, "manifest": self.manifest.to_json()}
+        state = {"directory": self.directory, "manifest": self.manifest.to_json()}
+        if self._pin is not None:
+            state["pin"] = self._pin.path
+        return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         manifest = Manifest.from_json(state["manifest"], state["directory"])
         self.__init__(state["directory"], manifest)  # type: ignore[misc]
+        if state.get("pin"):
+            from yogadl_plus.storage.localcache import Pin
+
+            self._pin = Pin(state["pin"])
 
     def __repr__(self) -> str:
         return (

@@ -400,15 +400,20 @@ class ChunkShardOrder(EpochOrder):
         self._starts = starts[mine]  # where each of this shard's chunks starts in the version
         self._ends = np.cumsum(counts[mine])  # ... and ends in this shard's own numbering
         self._local_starts = self._ends - counts[mine]
-        length = int(self._ends[-1])
-        if drop_shard_remainder:
-            length = min(int(counts[r::num_shards].sum()) for r in range(num_shards))
         super().__init__(
-            length, shuffle=shuffle, seed=seed, skip_shuffle_at_epoch_end=skip_shuffle_at_epoch_end
+            int(self._ends[-1]),
+            shuffle=shuffle,
+            seed=seed,
+            skip_shuffle_at_epoch_end=skip_shuffle_at_epoch_end,
         )
         self.chunks = mine
         self.chunk_shard = (shard_rank, num_shards)
         self.drop_shard_remainder = check_bool("drop_shard_remainder", drop_shard_remainder)
+        if self.drop_shard_remainder:
+            # Each epoch takes the first `shortest` positions of this shard's own shuffle: a
+            # different cut every shuffled epoch, as with shard_by="records".
+            shortest = min(int(counts[r::num_shards].sum()) for r in range(num_shards))
+            self.global_length = self.shard_length = shortest
 
     def _records(self, local: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
         """This shard's k-th record -> the version's record index."""

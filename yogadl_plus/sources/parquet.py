@@ -122,7 +122,10 @@ class ParquetSource(Source):
         self.columns = list(columns) if columns is not None else None
         import pyarrow.dataset as pads
 
-        self._dataset = pads.dataset(self.paths, format="parquet", filesystem=self.filesystem)
+        try:
+            self._dataset = pads.dataset(self.paths, format="parquet", filesystem=self.filesystem)
+        except (OSError, ValueError) as exc:  # pyarrow's ArrowInvalid is a ValueError
+            raise YogaError(f"cannot read the Parquet data {paths!r}: {exc}") from exc
         if self.columns is not None:
             missing = [c for c in self.columns if c not in self._dataset.schema.names]
             if missing:
@@ -253,6 +256,11 @@ def _remote_files(filesystem: Any, path: str) -> list[str]:
     where = f"{filesystem.type_name}://{path}"
     try:
         if any(ch in path for ch in "*?["):
+            if "/" not in path or any(ch in path.rsplit("/", 1)[0] for ch in "*?["):
+                raise YogaError(
+                    f"{where}: in a bucket URL only the last part may be a glob "
+                    "(s3://bucket/folder/part-*.parquet)"
+                )
             parent, pattern = path.rsplit("/", 1)
             infos = filesystem.get_file_info(pafs.FileSelector(parent))
             found = sorted(

@@ -7,7 +7,7 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
-from yogadl_plus.errors import StorageError
+from yogadl_plus.errors import StorageError, YogaError
 from yogadl_plus.storage.objects import ObjectStore, TransientStorageError
 from yogadl_plus.storage.remote import (
     DEFAULT_LEASE_TTL,
@@ -35,8 +35,12 @@ class _GCSObjects(ObjectStore):
     def _errors(self, what: str, key: str = "", missing_is_bucket: bool = True) -> Iterator[None]:
         """google-cloud failures as StorageError naming the URL and what to check."""
         import requests
+        from google import auth
         from google.api_core import exceptions as gx
         from google.auth.exceptions import DefaultCredentialsError
+        from google.resumable_media import common as rmx
+
+        gax = auth.exceptions
 
         where = f"{self.url}/{key}" if key else self.url
         try:
@@ -72,8 +76,22 @@ class _GCSObjects(ObjectStore):
                 f"{where}: cannot reach {endpoint}: check the endpoint (client_options, "
                 "STORAGE_EMULATOR_HOST), the network and any proxy"
             ) from exc
-        except gx.GoogleAPICallError as exc:
-            raise StorageError(f"{where}: {what} failed: {exc}") from exc
+        except (
+            requests.exceptions.RequestException,
+            rmx.InvalidResponse,
+            rmx.DataCorruption,
+            gax.TransportError,
+        ) as exc:
+            raise TransientStorageError(f"{where}: {what} was cut off: {exc}") from exc
+        except gax.RefreshError as exc:
+            raise StorageError(
+                f"{where}: the Google credentials could not be refreshed ({exc}): check "
+                "GOOGLE_APPLICATION_CREDENTIALS or run `gcloud auth application-default login`"
+            ) from exc
+        except YogaError:
+            raise
+        except Exception as exc:  # anything else from the client, still named by its URL
+            raise StorageError(f"{where}: {what} failed: {type(exc).__name__}: {exc}") from exc
 
     def read(self, key: str) -> tuple[bytes, str] | None:
         from google.api_core.exceptions import NotFound
@@ -124,15 +142,25 @@ class _GCSObjects(ObjectStore):
             self.bucket.blob(self.prefix + key).upload_from_filename(path, retry=self.retry)
 
     def download(self, key: str, path: str) -> None:
-        with self._errors("download", key):
-            self.bucket.blob(self.prefix + key).download_to_filename(path, retry=self.retry)
+        from google.api_core.exceptions import NotFound
 
-    def keys(self, prefix: str) -> Iterator[str]:
+        with self._errors("download", key, missing_is_bucket=False):
+            try:
+                self.bucket.blob(self.prefix + key).download_to_filename(path, retry=self.retry)
+            except NotFound:
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(path)  # the client leaves an empty file behind
+                raise StorageError(
+                    f"{self.url}/{key}: the object is gone (was the version replaced or deleted "
+                    "while it was pulled?)"
+                ) from None
+
+    def keys(self, prefix: str) -> Iterator[tuple[str, float]]:
         with self._errors("list", prefix):
             for blob in self.client.list_blobs(
                 self.bucket_name, prefix=self.prefix + prefix, retry=self.retry
             ):
-                yield blob.name[len(self.prefix) :]
+                yield blob.name[len(self.prefix) :], blob.updated.timestamp()
 
     def folders(self, prefix: str) -> list[str]:
         start = len(self.prefix + prefix)

@@ -66,6 +66,8 @@ class BuildLease:
         while True:
             token = with_retries(lambda: self.store.create(self.key, self._body()))
             if token is None:
+                token = self._ours()  # our create landed but its reply was lost
+            if token is None:
                 current = with_retries(lambda: self.store.token(self.key))
                 now = time.monotonic()
                 if current is None:
@@ -87,6 +89,17 @@ class BuildLease:
                 return self
             time.sleep(self.poll * (0.5 + random.random()))
 
+    def _ours(self) -> str | None:
+        """The lease's token if the lease in the bucket is ours, else None."""
+        found = with_retries(lambda: self.store.read(self.key))
+        if found is None:
+            return None
+        try:
+            holder = json.loads(found[0]).get("holder")
+        except (ValueError, AttributeError):
+            return None
+        return found[1] if holder == self.holder else None
+
     def _renew(self) -> None:
         while not self._stop.wait(self.ttl / 3):
             with self._token_lock:
@@ -102,6 +115,8 @@ class BuildLease:
                         stacklevel=1,
                     )
                     continue
+                if new is None:
+                    new = self._ours()  # our beat landed but its reply was lost
                 if new is None:
                     self.lost = True  # taken over: the conditional manifest write decides
                     self._token = None

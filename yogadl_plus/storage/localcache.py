@@ -20,7 +20,7 @@ from typing import BinaryIO
 
 from filelock import FileLock, Timeout
 
-from yogadl_plus.cache.manifest import MANIFEST_NAME, ChunkInfo, Manifest, bytes_sha256
+from yogadl_plus.cache.manifest import MANIFEST_NAME, ChunkInfo, Manifest
 from yogadl_plus.errors import CacheLimitWarning
 from yogadl_plus.storage.local import LocalStorage
 
@@ -34,6 +34,7 @@ class Pin:
     """A shared lock on one local copy, held while a DataRef reads it."""
 
     def __init__(self, path: str) -> None:
+        self.path = path
         self._file: BinaryIO | None = open(path, "a+b")  # noqa: SIM115 - held for the pin's life
         fcntl.flock(self._file.fileno(), fcntl.LOCK_SH)
         os.utime(path)  # last use, for eviction
@@ -79,24 +80,79 @@ class LocalCache:
         One process per machine does the work; the others wait for it and reuse what it pulled.
         ``download(jobs)`` fetches and verifies each (chunk, local path) job.
         """
-        folder = self.path(dataset_id, version)
+
+        def fill(folder: str, numbers: list[int]) -> None:
+            self._download_into(folder, manifest, numbers, download)
+
         with self.local._builder_lock(dataset_id, version):
-            current = _read_bytes(os.path.join(folder, MANIFEST_NAME))
-            fresh = current is not None and bytes_sha256(current) == bytes_sha256(manifest_bytes)
-            if fresh:
-                missing = _missing(folder, manifest, wanted)
-                if missing:
-                    self._make_room(_size(manifest, missing), keep=(dataset_id, version))
-                    self._download_into(folder, manifest, missing, download)
-            else:
-                self._make_room(_size(manifest, wanted), keep=(dataset_id, version))
-                with self.local._staging(dataset_id, version, replace=current is not None) as new:
-                    self._download_into(new, manifest, list(wanted), download)
-                    with open(os.path.join(new, MANIFEST_NAME), "wb") as f:
-                        f.write(manifest_bytes)
-                        f.flush()
-                        os.fsync(f.fileno())
-            return folder, Pin(self._pin_path(dataset_id, version))
+            self._update(dataset_id, version, manifest_bytes, manifest, wanted, fill)
+            return self.path(dataset_id, version), Pin(self._pin_path(dataset_id, version))
+
+    def adopt(
+        self, dataset_id: str, version: str, manifest_bytes: bytes, manifest: Manifest, built: str
+    ) -> None:
+        """Make the chunk files a builder just uploaded from ``built`` (flat, as written) the
+        local copy, so the building machine never downloads them."""
+
+        def fill(folder: str, numbers: list[int]) -> None:
+            for number in numbers:
+                info = manifest.chunks[number]
+                target = os.path.join(folder, info.file)
+                os.makedirs(os.path.dirname(target), exist_ok=True)
+                os.replace(os.path.join(built, os.path.basename(info.file)), target)
+
+        with self.local._builder_lock(dataset_id, version):
+            everything = range(len(manifest.chunks))
+            self._update(dataset_id, version, manifest_bytes, manifest, everything, fill)
+
+    def _update(
+        self,
+        dataset_id: str,
+        version: str,
+        manifest_bytes: bytes,
+        manifest: Manifest,
+        wanted: Sequence[int],
+        fill: Callable[[str, list[int]], None],
+    ) -> None:
+        """Under the version's lock: bring the copy to ``manifest_bytes`` with ``wanted`` present.
+
+        A first copy is built in staging and renamed into place. An existing copy is updated in
+        place: each build's chunks live in their own ``b-<build>/`` folder, so the new build's
+        files go next to the old ones, the manifest is replaced atomically, and the old build's
+        files are removed only when no process is reading them (processes that opened the old
+        manifest keep reading the old files).
+        """
+        folder = self.path(dataset_id, version)
+        current = _read_bytes(os.path.join(folder, MANIFEST_NAME))
+        if current is None:
+            self._make_room(_size(manifest, wanted), keep=(dataset_id, version))
+            with self.local._staging(dataset_id, version, replace=False) as new:
+                fill(new, list(wanted))
+                _write_durably(os.path.join(new, MANIFEST_NAME), manifest_bytes)
+            return
+        _remove_partial_downloads(folder)
+        missing = _missing(folder, manifest, wanted)
+        if missing:
+            self._make_room(_size(manifest, missing), keep=(dataset_id, version))
+            fill(folder, missing)
+        if current != manifest_bytes:
+            _write_durably(os.path.join(folder, MANIFEST_NAME), manifest_bytes)
+        self._drop_unnamed_builds(dataset_id, version, manifest)
+
+    def _drop_unnamed_builds(self, dataset_id: str, version: str, manifest: Manifest) -> None:
+        """Remove build folders the manifest does not name, if no process reads this copy."""
+        folder = self.path(dataset_id, version)
+        named = {c.file.split("/", 1)[0] for c in manifest.chunks if "/" in c.file}
+        stale = [e.path for e in os.scandir(folder) if e.is_dir() and e.name not in named]
+        if not stale:
+            return
+        with open(self._pin_path(dataset_id, version), "a+b") as pin:
+            try:
+                fcntl.flock(pin.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return  # someone reads the old build: the next update removes it
+            for path in stale:
+                shutil.rmtree(path, ignore_errors=True)
 
     @staticmethod
     def _download_into(
@@ -125,9 +181,7 @@ class LocalCache:
         """(dataset_id, version, bytes present, last use) of every local copy."""
         for dataset_id, version in self.local.list():
             folder = self.path(dataset_id, version)
-            size = 0
-            for dirpath, _, files in os.walk(folder):
-                size += sum(os.path.getsize(os.path.join(dirpath, f)) for f in files)
+            size = _tree_bytes(folder)
             pin = self._pin_path(dataset_id, version)
             try:
                 used = os.path.getmtime(pin)
@@ -189,6 +243,35 @@ class LocalCache:
                 trash = os.path.join(parent, f"+trash.{version}.{uuid.uuid4().hex[:12]}")
                 os.rename(self.path(dataset_id, version), trash)
                 shutil.rmtree(trash, ignore_errors=True)
+
+
+def _tree_bytes(folder: str) -> int:
+    """Bytes of the files under ``folder``; files that vanish meanwhile count as 0."""
+    size = 0
+    for dirpath, _, files in os.walk(folder):
+        for name in files:
+            with contextlib.suppress(FileNotFoundError):
+                size += os.path.getsize(os.path.join(dirpath, name))
+    return size
+
+
+def _remove_partial_downloads(folder: str) -> None:
+    """Downloads of a killed process: our ``.part`` files and the client's temp files beside
+    them (``chunk.mdb.part.<random>``)."""
+    for dirpath, _, files in os.walk(folder):
+        for name in files:
+            if name.endswith(_PART) or _PART + "." in name:
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(os.path.join(dirpath, name))
+
+
+def _write_durably(path: str, data: bytes) -> None:
+    temp = path + ".tmp"
+    with open(temp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(temp, path)
 
 
 def _read_bytes(path: str) -> bytes | None:

@@ -55,11 +55,13 @@ class ObjectStore(ABC):
 
     @abstractmethod
     def download(self, key: str, path: str) -> None:
-        """Write object ``key`` into the local file ``path`` (ranged in parallel when large)."""
+        """Write object ``key`` into the local file ``path`` (ranged in parallel when the client
+        can); StorageError if the object is gone."""
 
     @abstractmethod
-    def keys(self, prefix: str) -> Iterator[str]:
-        """Every key under ``prefix`` (recursively)."""
+    def keys(self, prefix: str) -> Iterator[tuple[str, float]]:
+        """(key, last modified as a POSIX time on the server's clock) of every key under
+        ``prefix``, recursively."""
 
     @abstractmethod
     def folders(self, prefix: str) -> list[str]:

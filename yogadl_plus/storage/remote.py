@@ -20,6 +20,7 @@ import dataclasses
 import hashlib
 import os
 import shutil
+import threading
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -27,7 +28,7 @@ from typing import Any
 
 from yogadl_plus.cache.manifest import MANIFEST_NAME, ChunkInfo, Manifest, file_sha256
 from yogadl_plus.dataref import DataRef
-from yogadl_plus.errors import CacheCorrupted, DatasetNotFound
+from yogadl_plus.errors import CacheCorrupted, DatasetNotFound, StorageError
 from yogadl_plus.storage.base import Storage, check_name
 from yogadl_plus.storage.lease import BuildLease
 from yogadl_plus.storage.localcache import LocalCache
@@ -38,6 +39,7 @@ __all__ = ["RemoteStorage", "clean_prefix"]
 LEASE_NAME = "lease.json"
 DEFAULT_LEASE_TTL = 60.0
 DEFAULT_TRANSFERS = 8
+_PULL_ATTEMPTS = 3
 _BUILD = "+build."
 
 
@@ -68,6 +70,7 @@ class RemoteStorage(Storage):
         self.lease_ttl = float(lease_ttl)
         self.max_transfers = max_transfers
         self._bucket_checked = False
+        self._leases = threading.local()
 
     def _check_bucket(self) -> None:
         """Fail early, naming the URL, if the bucket is missing or closed to us (some stores
@@ -128,24 +131,49 @@ class RemoteStorage(Storage):
         check_name("version", version)
         return self._pull(dataset_id, version, shards)
 
+    def verify(self, dataset_id: str, version: str) -> None:
+        """Check the local copy against the manifest; a damaged one is pulled again (every
+        download is sha256-checked), so CacheCorrupted means the remote version is damaged."""
+        dataref = self.fetch(dataset_id, version)
+        try:
+            dataref.verify()
+            return
+        except CacheCorrupted:
+            dataref.close()
+            del dataref  # let go of its pin, so the copy can be dropped
+        self.local_cache.remove(dataset_id, version)
+        self.fetch(dataset_id, version).verify()
+
     def _open(self, dataset_id: str, version: str) -> DataRef:
         return self._pull(dataset_id, version, None)
 
     def _pull(self, dataset_id: str, version: str, shards: tuple[int, int] | None) -> DataRef:
-        data, _, manifest = self._read_manifest(dataset_id, version)
-        wanted = _shard_chunks(len(manifest.chunks), shards)
         base = self._key(dataset_id, version)
-        folder, pin = self.local_cache.sync(
-            dataset_id,
-            version,
-            data,
-            manifest,
-            wanted,
-            lambda jobs: self._download_all(base, jobs),
-        )
-        dataref = DataRef(folder, manifest)
-        dataref._pin = pin  # type: ignore[attr-defined]  # held while the DataRef lives
-        return dataref
+        for attempt in range(_PULL_ATTEMPTS):
+            data, _, manifest = self._read_manifest(dataset_id, version)
+            wanted = _shard_chunks(len(manifest.chunks), shards)
+            try:
+                folder, pin = self.local_cache.sync(
+                    dataset_id,
+                    version,
+                    data,
+                    manifest,
+                    wanted,
+                    lambda jobs: self._download_all(base, jobs),
+                )
+            except (StorageError, CacheCorrupted):
+                # Rebuilt (overwrite=True) while we pulled? Then its old chunks are going away:
+                # pull the new version. Otherwise the error stands.
+                if (
+                    attempt == _PULL_ATTEMPTS - 1
+                    or self._read_manifest(dataset_id, version)[0] == data
+                ):
+                    raise
+                continue
+            dataref = DataRef(folder, manifest)
+            dataref._pin = pin  # held while the DataRef (or a copy in a worker) lives
+            return dataref
+        raise AssertionError("unreachable")
 
     def _download_all(self, base: str, jobs: list[tuple[ChunkInfo, str]]) -> None:
         def one(job: tuple[ChunkInfo, str]) -> None:
@@ -184,11 +212,19 @@ class RemoteStorage(Storage):
 
     # --- building and publishing ---
 
-    def _builder_lock(
-        self, dataset_id: str, version: str
-    ) -> contextlib.AbstractContextManager[None]:
-        return _lease(BuildLease(self.objects, self._key(dataset_id, version, LEASE_NAME),
-                                 self.lease_ttl))  # fmt: skip
+    @contextlib.contextmanager
+    def _builder_lock(self, dataset_id: str, version: str) -> Iterator[None]:
+        lease = BuildLease(self.objects, self._key(dataset_id, version, LEASE_NAME), self.lease_ttl)
+        with lease:
+            self._leases.held = lease  # for _publish, in this thread
+            try:
+                yield
+            finally:
+                self._leases.held = None
+
+    def _lease_lost(self) -> bool:
+        lease = getattr(self._leases, "held", None)
+        return lease is not None and lease.lost
 
     @contextlib.contextmanager
     def _staging(self, dataset_id: str, version: str, replace: bool) -> Iterator[str]:
@@ -216,9 +252,20 @@ class RemoteStorage(Storage):
         old = with_retries(lambda: self.objects.token(manifest_key))
         if old is not None and not replace:
             return  # published by a builder that lost its lease to us: theirs stands
+        if self._lease_lost():
+            raise StorageError(
+                f"{self.url}/{self._key(dataset_id, version, LEASE_NAME)}: this builder lost its "
+                "build lease (it could not renew it for lease_ttl seconds) and another took over: "
+                "nothing was published; fetch the version, or build again"
+            )
         build = f"b-{uuid.uuid4().hex[:16]}"
-        base = self._key(dataset_id, version)
-        self.upload_chunks(folder, built.chunks, base + build + "/")
+        prefix = self._key(dataset_id, version, build + "/")
+        try:
+            self.upload_chunks(folder, built.chunks, prefix)
+        except BaseException:
+            with contextlib.suppress(Exception):  # best effort; the next builder collects it
+                self._delete_keys([k for k, _ in self.objects.keys(prefix)])
+            raise
         manifest = dataclasses.replace(
             built,
             chunks=[dataclasses.replace(c, file=f"{build}/{c.file}") for c in built.chunks],
@@ -232,10 +279,11 @@ class RemoteStorage(Storage):
             won = "ours"  # our write landed, but its reply was lost and the retry was refused
         if won is None:
             # Another build published first (only possible after we lost the lease): keep theirs.
-            self._delete_keys(list(self.objects.keys(base + build + "/")))
+            self._delete_keys([k for k, _ in self.objects.keys(prefix)])
             return
-        self._collect_garbage(dataset_id, version, manifest)
-        self._adopt_local(dataset_id, version, folder, built, build, body)
+        if not self._lease_lost():
+            self._collect_garbage(dataset_id, version)
+        self.local_cache.adopt(dataset_id, version, body, manifest, folder)
 
     def upload_chunks(self, folder: str, chunks: Sequence[ChunkInfo], prefix: str) -> None:
         """Upload the chunk files of ``folder`` under ``prefix`` in parallel."""
@@ -246,38 +294,34 @@ class RemoteStorage(Storage):
 
         self._parallel(one, list(chunks))
 
-    def _collect_garbage(self, dataset_id: str, version: str, manifest: Manifest) -> None:
-        """Remove build folders of this version that its manifest does not name."""
+    def _collect_garbage(self, dataset_id: str, version: str) -> None:
+        """Remove build folders of this version that the published manifest does not name and
+        that nobody has written to for a whole lease_ttl (server clock): those of dead builders,
+        of builders that lost the race, and of the version this build replaced."""
         base = self._key(dataset_id, version)
-        live = {c.file.split("/", 1)[0] for c in manifest.chunks if "/" in c.file}
-        stale = [
-            key
-            for key in self.objects.keys(base)
-            if "/" in key[len(base) :] and key[len(base) :].split("/", 1)[0] not in live
-        ]
-        self._delete_keys(stale)
+        listing = list(self.objects.keys(base))
+        published = with_retries(lambda: self.objects.read(base + MANIFEST_NAME))
+        if published is None:
+            return
+        stamps = {k: t for k, t in listing if k == base + MANIFEST_NAME}
+        now = stamps.get(base + MANIFEST_NAME, max((t for _, t in listing), default=0.0))
+        live = {
+            c.file.split("/", 1)[0]
+            for c in Manifest.from_json(published[0].decode("utf-8"), base).chunks
+            if "/" in c.file
+        }
+        newest: dict[str, float] = {}
+        for key, modified in listing:
+            rest = key[len(base) :]
+            if "/" in rest:
+                build = rest.split("/", 1)[0]
+                newest[build] = max(newest.get(build, 0.0), modified)
+        stale = {b for b, t in newest.items() if b not in live and now - t > self.lease_ttl}
+        self._delete_keys([k for k, _ in listing if k[len(base) :].split("/", 1)[0] in stale])
 
     def _delete_keys(self, keys: list[str]) -> None:
         self._parallel(lambda key: with_retries(lambda: self.objects.delete(key)),
                        keys)  # fmt: skip
-
-    def _adopt_local(
-        self, dataset_id: str, version: str, folder: str, built: Manifest, build: str, body: bytes
-    ) -> None:
-        """Make what we just built the local copy, so this machine never downloads it again."""
-        local = self.local_cache.local
-        with local._builder_lock(dataset_id, version):
-            exists = os.path.isdir(self.local_cache.path(dataset_id, version))
-            with local._staging(dataset_id, version, replace=exists) as target:
-                os.makedirs(os.path.join(target, build))
-                for info in built.chunks:
-                    os.replace(
-                        os.path.join(folder, info.file), os.path.join(target, build, info.file)
-                    )
-                with open(os.path.join(target, MANIFEST_NAME), "wb") as f:
-                    f.write(body)
-                    f.flush()
-                    os.fsync(f.fileno())
 
     def _remove(self, dataset_id: str, version: str) -> None:
         manifest_key = self._key(dataset_id, version, MANIFEST_NAME)
@@ -286,14 +330,8 @@ class RemoteStorage(Storage):
         # The manifest goes first: from then on the version does not exist for anyone.
         with_retries(lambda: self.objects.delete(manifest_key))
         base = self._key(dataset_id, version)
-        self._delete_keys([k for k in self.objects.keys(base) if not k.endswith(LEASE_NAME)])
+        self._delete_keys([k for k, _ in self.objects.keys(base) if not k.endswith(LEASE_NAME)])
         self.local_cache.remove(dataset_id, version)
-
-
-@contextlib.contextmanager
-def _lease(lease: BuildLease) -> Iterator[None]:
-    with lease:
-        yield
 
 
 def _written_by_us(objects: ObjectStore, key: str, body: bytes) -> bool:

@@ -7,7 +7,7 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
-from yogadl_plus.errors import StorageError
+from yogadl_plus.errors import StorageError, YogaError
 from yogadl_plus.storage.objects import ObjectStore, TransientStorageError
 from yogadl_plus.storage.remote import (
     DEFAULT_LEASE_TTL,
@@ -19,11 +19,13 @@ from yogadl_plus.storage.remote import (
 __all__ = ["S3Storage"]
 
 _PART_BYTES = 16 << 20
+_THREADS_PER_OBJECT = 4  # ranged parts of one object in flight, times max_transfers objects
 _MISSING = {"404", "NoSuchKey", "NotFound"}
-_PRECONDITION = {"412", "PreconditionFailed", "ConditionalRequestConflict", "409"}
+_PRECONDITION = {"412", "PreconditionFailed"}
 _DENIED = {"403", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "Forbidden"}
-_TRANSIENT = {"500", "502", "503", "504", "SlowDown", "Throttling", "RequestTimeout",
-              "InternalError", "ServiceUnavailable", "RequestTimeTooSkewed"}  # fmt: skip
+# 409 ConditionalRequestConflict: concurrent conditional writes; AWS says to retry.
+_TRANSIENT = {"500", "502", "503", "504", "409", "SlowDown", "Throttling", "RequestTimeout",
+              "InternalError", "ServiceUnavailable", "ConditionalRequestConflict"}  # fmt: skip
 
 
 def _code(exc: Any) -> str:
@@ -44,13 +46,24 @@ class _S3Objects(ObjectStore):
         self.transfer = TransferConfig(
             multipart_threshold=_PART_BYTES,
             multipart_chunksize=_PART_BYTES,
-            max_concurrency=max_transfers,
+            max_concurrency=_THREADS_PER_OBJECT,
         )
 
     @contextlib.contextmanager
     def _errors(self, what: str, key: str = "") -> Iterator[None]:
         """Botocore failures as StorageError naming the URL and what to check."""
+        from boto3 import exceptions as b3x
         from botocore import exceptions as bx
+
+        # Dropped connections and transfers boto3 gave up on (it wraps their causes).
+        cut_off = (
+            bx.ConnectionClosedError,
+            bx.ReadTimeoutError,
+            bx.IncompleteReadError,
+            getattr(bx, "ResponseStreamingError", bx.IncompleteReadError),
+            b3x.S3UploadFailedError,
+            b3x.RetriesExceededError,
+        )
 
         where = f"{self.url}/{key}" if key else self.url
         try:
@@ -79,10 +92,12 @@ class _S3Objects(ObjectStore):
                 f"{where}: cannot reach {self.endpoint}: check endpoint_url, the network and "
                 "any proxy"
             ) from exc
-        except (bx.ConnectionClosedError, bx.ReadTimeoutError, bx.IncompleteReadError) as exc:
+        except cut_off as exc:
             raise TransientStorageError(f"{where}: {what} was cut off: {exc}") from exc
-        except bx.BotoCoreError as exc:
-            raise StorageError(f"{where}: {what} failed: {exc}") from exc
+        except YogaError:
+            raise
+        except Exception as exc:  # anything else from the client, still named by its URL
+            raise StorageError(f"{where}: {what} failed: {type(exc).__name__}: {exc}") from exc
 
     def _missing_or_lost(self, call: Any, lost: set[str]) -> Any:
         from botocore.exceptions import ClientError
@@ -147,17 +162,29 @@ class _S3Objects(ObjectStore):
             self.client.upload_file(path, self.bucket, self.prefix + key, Config=self.transfer)
 
     def download(self, key: str, path: str) -> None:
-        with self._errors("download", key):
-            self.client.download_file(self.bucket, self.prefix + key, path, Config=self.transfer)
+        from botocore.exceptions import ClientError
 
-    def keys(self, prefix: str) -> Iterator[str]:
+        with self._errors("download", key):
+            try:
+                self.client.download_file(
+                    self.bucket, self.prefix + key, path, Config=self.transfer
+                )
+            except ClientError as exc:
+                if _code(exc) not in _MISSING:
+                    raise
+                raise StorageError(
+                    f"{self.url}/{key}: the object is gone (was the version replaced or deleted "
+                    "while it was pulled?)"
+                ) from exc
+
+    def keys(self, prefix: str) -> Iterator[tuple[str, float]]:
         with self._errors("list", prefix):
             pages = self.client.get_paginator("list_objects_v2").paginate(
                 Bucket=self.bucket, Prefix=self.prefix + prefix
             )
             for page in pages:
                 for item in page.get("Contents", []):
-                    yield item["Key"][len(self.prefix) :]
+                    yield item["Key"][len(self.prefix) :], item["LastModified"].timestamp()
 
     def folders(self, prefix: str) -> list[str]:
         with self._errors("list", prefix):
@@ -210,7 +237,7 @@ class S3Storage(RemoteStorage):
                 "config",
                 Config(
                     retries={"mode": "standard", "max_attempts": 5},
-                    max_pool_connections=4 * max_transfers + 8,
+                    max_pool_connections=_THREADS_PER_OBJECT * max_transfers + 8,
                 ),
             )
             client = boto3.client("s3", endpoint_url=endpoint_url, **client_kwargs)
