@@ -119,32 +119,25 @@ class Stream:
         self.ngram = ngram
         self.anchors = ngram.anchors(dataref) if ngram is not None else None
         positions_total = len(self.anchors) if self.anchors is not None else len(dataref)
+        order_options: dict[str, Any] = {
+            "shuffle": shuffle,
+            "seed": shuffle_seed,
+            "skip_shuffle_at_epoch_end": skip_shuffle_at_epoch_end,
+            "shard_rank": shard_rank,
+            "num_shards": num_shards,
+            "drop_shard_remainder": drop_shard_remainder,
+        }
         if shard_by == "chunks":
             if ngram is not None or global_start is not None:
                 raise ValueError(
                     "shard_by='chunks' shards whole chunks of records: it takes neither ngram= "
                     "nor global_start= (use shard_by='records' for those)"
                 )
-            self.order: EpochOrder = ChunkShardOrder(
-                [c.records for c in dataref.manifest.chunks],
-                shuffle=shuffle,
-                seed=shuffle_seed,
-                skip_shuffle_at_epoch_end=skip_shuffle_at_epoch_end,
-                shard_rank=shard_rank,
-                num_shards=num_shards,
-                drop_shard_remainder=drop_shard_remainder,
-            )
+            counts = [c.records for c in dataref.manifest.chunks]
+            self.order: EpochOrder = ChunkShardOrder(counts, **order_options)
         elif shard_by == "records":
-            self.order = EpochOrder(
-                positions_total,
-                shuffle=shuffle,
-                seed=shuffle_seed,
-                skip_shuffle_at_epoch_end=skip_shuffle_at_epoch_end,
-                shard_rank=shard_rank,
-                num_shards=num_shards,
-                drop_shard_remainder=drop_shard_remainder,
-                global_start=0 if global_start is None else global_start,
-            )
+            start_at = 0 if global_start is None else global_start
+            self.order = EpochOrder(positions_total, global_start=start_at, **order_options)
         else:
             raise ValueError(f"shard_by must be 'records' or 'chunks', got {shard_by!r}")
         self.shuffle_seed = shuffle_seed

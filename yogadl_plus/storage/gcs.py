@@ -13,7 +13,7 @@ from yogadl_plus.storage.remote import (
     DEFAULT_LEASE_TTL,
     DEFAULT_TRANSFERS,
     RemoteStorage,
-    clean_prefix,
+    check_location,
 )
 
 __all__ = ["GCSStorage"]
@@ -197,9 +197,7 @@ class GCSStorage(RemoteStorage):
         max_transfers: int = DEFAULT_TRANSFERS,
         timeout: float = 120.0,
     ) -> None:
-        if not isinstance(bucket, str) or not bucket or "/" in bucket:
-            raise ValueError(f"bucket must be a bucket name (no '/'), got {bucket!r}")
-        prefix = clean_prefix(prefix)
+        bucket, prefix = check_location(bucket, prefix)
         if client is None:
             try:
                 from google.cloud import storage

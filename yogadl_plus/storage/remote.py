@@ -34,7 +34,7 @@ from yogadl_plus.storage.lease import BuildLease
 from yogadl_plus.storage.localcache import LocalCache
 from yogadl_plus.storage.objects import ObjectStore, with_retries
 
-__all__ = ["RemoteStorage", "clean_prefix"]
+__all__ = ["RemoteStorage", "check_location"]
 
 LEASE_NAME = "lease.json"
 DEFAULT_LEASE_TTL = 60.0
@@ -379,11 +379,14 @@ def _url_folder(url: str) -> str:
     return f"{readable}-{hashlib.sha256(url.encode()).hexdigest()[:8]}"
 
 
-def clean_prefix(prefix: str) -> str:
-    """'' or 'a/b/' (one trailing slash), refusing '..' and empty segments."""
+def check_location(bucket: object, prefix: object) -> tuple[str, str]:
+    """(bucket, prefix as '' or 'a/b/'), or ValueError for a bad bucket name, a '.' or '..'
+    segment in the prefix."""
+    if not isinstance(bucket, str) or not bucket or "/" in bucket:
+        raise ValueError(f"bucket must be a bucket name (no '/'), got {bucket!r}")
     if not isinstance(prefix, str):
         raise ValueError(f"prefix must be a str, got {prefix!r}")
     parts = [p for p in prefix.strip("/").split("/") if p]
     if any(p in (".", "..") for p in parts):
         raise ValueError(f"prefix {prefix!r} must not contain '.' or '..' segments")
-    return "".join(p + "/" for p in parts)
+    return bucket, "".join(p + "/" for p in parts)

@@ -13,7 +13,7 @@ from yogadl_plus.storage.remote import (
     DEFAULT_LEASE_TTL,
     DEFAULT_TRANSFERS,
     RemoteStorage,
-    clean_prefix,
+    check_location,
 )
 
 __all__ = ["S3Storage"]
@@ -224,9 +224,7 @@ class S3Storage(RemoteStorage):
         max_transfers: int = DEFAULT_TRANSFERS,
         **client_kwargs: Any,
     ) -> None:
-        if not isinstance(bucket, str) or not bucket or "/" in bucket:
-            raise ValueError(f"bucket must be a bucket name (no '/'), got {bucket!r}")
-        prefix = clean_prefix(prefix)
+        bucket, prefix = check_location(bucket, prefix)
         if client is None:
             try:
                 import boto3
