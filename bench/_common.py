@@ -18,6 +18,13 @@ def warm(path: str) -> None:
                 pass
 
 
+def target_cell(target: str, met: bool | None) -> str:
+    """A table's target column: the target, and whether this run met it."""
+    if not target:
+        return ""
+    return f"{target} — " + ("n/a" if met is None else "met" if met else "**MISSED**")
+
+
 def collect_warnings() -> dict[str, int]:
     """From now on, count warnings by their first line instead of printing them (side-venv
     libraries warn thousands of times); the counts go into a benchmark's JSON."""

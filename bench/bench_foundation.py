@@ -31,7 +31,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 
-from _common import warm  # noqa: E402  (bench/ is on sys.path when run as a script)
+from _common import target_cell, warm  # noqa: E402  (bench/ is on sys.path when run as a script)
 
 import yogadl_plus as ydl  # noqa: E402
 
@@ -409,10 +409,7 @@ def markdown(rows: list[dict[str, Any]]) -> str:
         ratio = "" if r["ratio"] is None else f"{r['ratio']:.2f}x"
         if r["baseline"] is not None and (r.get("baseline_value") is None or r["value"] is None):
             ratio = "n/a"
-        target = r.get("target", "")
-        if target:
-            met = r.get("target_met")
-            target += " — " + ("n/a" if met is None else "met" if met else "**MISSED**")
+        target = target_cell(r.get("target", ""), r.get("target_met"))
         base_val = (
             fmt_value(r.get("baseline_value"), r["unit"]) if r["baseline"] is not None else ""
         )

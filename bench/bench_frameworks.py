@@ -30,7 +30,7 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 sys.path.insert(0, HERE)
 
-from _common import warm  # noqa: E402
+from _common import target_cell, warm  # noqa: E402
 from bench_foundation import best_of, machine, make_data  # noqa: E402
 
 import yogadl_plus as ydl  # noqa: E402
@@ -140,21 +140,27 @@ def save_arrays(folder: str, x: np.ndarray, label: np.ndarray) -> tuple[str, str
     return xp, lp
 
 
+def arrays_side_script(
+    python: str, script: str, x: np.ndarray, label: np.ndarray, tmp: str, args: list[str]
+) -> dict | str:
+    """Runs a side-venv baseline on the same arrays (saved under ``tmp``, removed after);
+    ``{workdir}`` in ``args`` is a fresh folder for its files."""
+    work = tempfile.mkdtemp(prefix=script.strip("_").split(".")[0] + "-", dir=tmp)
+    xp, lp = save_arrays(work, x, label)
+    args = [a.replace("{workdir}", os.path.join(work, "wd")) for a in args]
+    try:
+        return side_script(python, script, ["--x", xp, "--label", lp, *args])
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
 def bench_petastorm(
     x: np.ndarray, label: np.ndarray, tmp: str, repeats: int, python: str, queue: int
 ) -> dict | str:
-    work = os.path.join(tmp, "petastorm")
-    os.makedirs(work)
-    xp, lp = save_arrays(work, x, label)
-    try:
-        return side_script(
-            python,
-            "_petastorm_torch_baseline.py",
-            ["--x", xp, "--label", lp, "--workdir", os.path.join(work, "wd"),
-             "--repeats", str(repeats), "--shuffle-queue", str(queue)],
-        )  # fmt: skip
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    return arrays_side_script(
+        python, "_petastorm_torch_baseline.py", x, label, tmp,
+        ["--workdir", "{workdir}", "--repeats", str(repeats), "--shuffle-queue", str(queue)],
+    )  # fmt: skip
 
 
 # --------------------------------------------------------------------------- TensorFlow
@@ -220,9 +226,7 @@ def bench_tf(dataref: Any, small: Any, x: np.ndarray, label: np.ndarray, repeats
     out["ydl_tf_records_read_ahead"] = best_of(
         python_loop(ydl_read_ahead, n_small), max(repeats, RECORDS_REPEATS)
     )
-    out["ydl_tf_records_read_ahead_reduce"] = best_of(
-        reduce_loop(ydl_read_ahead, n_small), repeats
-    )
+    out["ydl_tf_records_read_ahead_reduce"] = best_of(reduce_loop(ydl_read_ahead, n_small), repeats)
 
     # Floors, for information: what tf.data costs per element with no cache behind it.
     records = [{"x": xi, "label": li} for xi, li in zip(xs, labels)]
@@ -261,19 +265,11 @@ def bench_tf(dataref: Any, small: Any, x: np.ndarray, label: np.ndarray, repeats
 def bench_yogadl_tf(
     x: np.ndarray, label: np.ndarray, tmp: str, repeats: int, python: str
 ) -> dict | str:
-    work = os.path.join(tmp, "yogadl_tf")
-    os.makedirs(work)
-    xp, lp = save_arrays(work, x, label)
-    try:
-        return side_script(
-            python,
-            "_yogadl_tf_baseline.py",
-            ["--x", xp, "--label", lp, "--workdir", os.path.join(work, "storage"),
-             "--repeats", str(repeats),
-             "--records-repeats", str(max(repeats, RECORDS_REPEATS))],
-        )  # fmt: skip
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    return arrays_side_script(
+        python, "_yogadl_tf_baseline.py", x, label, tmp,
+        ["--workdir", "{workdir}", "--repeats", str(repeats),
+         "--records-repeats", str(max(repeats, RECORDS_REPEATS))],
+    )  # fmt: skip
 
 
 # --------------------------------------------------------------------------- table
@@ -411,10 +407,7 @@ def markdown(rows: list[dict[str, Any]]) -> str:
         ratio = (
             "" if r["baseline"] is None else "n/a" if r["ratio"] is None else f"{r['ratio']:.2f}x"
         )
-        target = r.get("target", "")
-        if target:
-            met = r.get("target_met")
-            target += " — " + ("n/a" if met is None else "met" if met else "**MISSED**")
+        target = target_cell(r.get("target", ""), r.get("target_met"))
         base_val = fmt(r.get("baseline_value")) if r["baseline"] is not None else ""
         lines.append(
             f"| {r['metric']} | {r['n']:,} | {fmt(r['value'])} | {base} | {base_val} | {ratio} "

@@ -116,13 +116,7 @@ class Manifest:
 
     def write(self, directory: str) -> None:
         """Write the manifest durably: temp file, fsync, rename."""
-        path = os.path.join(directory, MANIFEST_NAME)
-        temp = path + ".tmp"
-        with open(temp, "w") as f:
-            f.write(self.to_json())
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(temp, path)
+        write_durably(os.path.join(directory, MANIFEST_NAME), self.to_json().encode())
 
     @classmethod
     def read(cls, directory: str) -> Manifest:
@@ -134,6 +128,16 @@ class Manifest:
         except UnicodeDecodeError:
             raise CacheCorrupted(f"{path}: the manifest is not UTF-8 text") from None
         return cls.from_json(text, path)
+
+
+def write_durably(path: str, data: bytes) -> None:
+    """Replace ``path`` by ``data`` whole or not at all: temp file, fsync, rename."""
+    temp = path + ".tmp"
+    with open(temp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(temp, path)
 
 
 def bytes_sha256(data: bytes) -> str:

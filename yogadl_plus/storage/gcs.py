@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from yogadl_plus.errors import StorageError, YogaError
-from yogadl_plus.storage.objects import ObjectStore, TransientStorageError
+from yogadl_plus.storage.objects import ObjectStore, TransientStorageError, object_gone
 from yogadl_plus.storage.remote import (
     DEFAULT_LEASE_TTL,
     DEFAULT_TRANSFERS,
@@ -150,10 +150,7 @@ class _GCSObjects(ObjectStore):
             except NotFound:
                 with contextlib.suppress(FileNotFoundError):
                     os.remove(path)  # the client leaves an empty file behind
-                raise StorageError(
-                    f"{self.url}/{key}: the object is gone (was the version replaced or deleted "
-                    "while it was pulled?)"
-                ) from None
+                raise object_gone(self.url, key) from None
 
     def keys(self, prefix: str) -> Iterator[tuple[str, float]]:
         with self._errors("list", prefix):

@@ -35,8 +35,6 @@ class BuildLease:
     """``with BuildLease(store, key, ttl):`` holds the lease ``key`` for the block."""
 
     def __init__(self, store: ObjectStore, key: str, ttl: float, poll: float | None = None) -> None:
-        if not ttl > 0:
-            raise ValueError(f"lease_ttl must be > 0 seconds, got {ttl!r}")
         self.store = store
         self.key = key
         self.ttl = float(ttl)

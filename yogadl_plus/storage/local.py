@@ -15,7 +15,7 @@ from yogadl_plus.dataref import DataRef
 from yogadl_plus.errors import DatasetNotFound
 from yogadl_plus.storage.base import Storage, check_name
 
-__all__ = ["LocalStorage"]
+__all__ = ["LocalStorage", "is_leftover"]
 
 # Bookkeeping entries carry a '+', which no dataset_id or version may contain.
 _LOCK = "+lock."
@@ -23,10 +23,10 @@ _STAGING = "+staging."
 _TRASH = "+trash."
 
 
-def _leftover_of(entry: str, version: str) -> bool:
-    """True for ``+staging.<version>.<random>`` and ``+trash.<version>.<random>`` exactly
+def is_leftover(entry: str, version: str, kinds: tuple[str, ...] = (_STAGING, _TRASH)) -> bool:
+    """True for ``<kind><version>.<random>`` exactly, ``+staging.`` and ``+trash.`` by default
     (not for those of a sibling version such as ``<version>.2``)."""
-    for kind in (_STAGING, _TRASH):
+    for kind in kinds:
         prefix = f"{kind}{version}."
         if entry.startswith(prefix) and "." not in entry[len(prefix) :]:
             return True
@@ -95,7 +95,7 @@ class LocalStorage(Storage):
         parent = os.path.join(self.root, dataset_id)
         # We hold the builder lock: any staging or trash folder of this version is a dead builder's.
         for entry in os.listdir(parent):
-            if _leftover_of(entry, version):
+            if is_leftover(entry, version):
                 shutil.rmtree(os.path.join(parent, entry), ignore_errors=True)
         staging = os.path.join(parent, f"{_STAGING}{version}.{uuid.uuid4().hex[:12]}")
         os.makedirs(staging)
@@ -131,6 +131,11 @@ class LocalStorage(Storage):
     def _remove(self, dataset_id: str, version: str) -> None:
         if not self._manifest_exists(dataset_id, version):
             raise DatasetNotFound(f"no version {version!r} of dataset {dataset_id!r} in {self}")
+        self.discard(dataset_id, version)
+
+    def discard(self, dataset_id: str, version: str) -> None:
+        """Take a version's folder away in one rename, then delete it (callers hold the
+        builder lock; processes with its files open keep reading them)."""
         parent = os.path.join(self.root, dataset_id)
         trash = os.path.join(parent, f"{_TRASH}{version}.{uuid.uuid4().hex[:12]}")
         os.rename(os.path.join(parent, version), trash)

@@ -13,14 +13,14 @@ import contextlib
 import fcntl
 import os
 import shutil
-import uuid
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import BinaryIO
 
 from filelock import FileLock, Timeout
 
-from yogadl_plus.cache.manifest import MANIFEST_NAME, ChunkInfo, Manifest
+from yogadl_plus.cache.manifest import MANIFEST_NAME, ChunkInfo, Manifest, write_durably
+from yogadl_plus.checks import check_int
 from yogadl_plus.errors import CacheLimitWarning
 from yogadl_plus.storage.local import LocalStorage
 
@@ -52,13 +52,9 @@ class LocalCache:
     """Pulled copies of remote versions under ``root``, at most ``limit`` bytes (None: no limit)."""
 
     def __init__(self, root: str, limit: int | None = None) -> None:
-        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)):
-            raise ValueError(f"local_cache_limit must be a number of bytes or None, got {limit!r}")
-        if limit is not None and limit < 0:
-            raise ValueError(f"local_cache_limit must be >= 0 bytes, got {limit}")
+        self.limit = None if limit is None else check_int("local_cache_limit", limit, 0)
         self.local = LocalStorage(root)
         self.root = self.local.root
-        self.limit = limit
 
     def path(self, dataset_id: str, version: str) -> str:
         return self.local.path(dataset_id, version)
@@ -128,7 +124,7 @@ class LocalCache:
             self._make_room(_size(manifest, wanted), keep=(dataset_id, version))
             with self.local._staging(dataset_id, version, replace=False) as new:
                 fill(new, list(wanted))
-                _write_durably(os.path.join(new, MANIFEST_NAME), manifest_bytes)
+                write_durably(os.path.join(new, MANIFEST_NAME), manifest_bytes)
             return
         _remove_partial_downloads(folder)
         missing = _missing(folder, manifest, wanted)
@@ -136,7 +132,7 @@ class LocalCache:
             self._make_room(_size(manifest, missing), keep=(dataset_id, version))
             fill(folder, missing)
         if current != manifest_bytes:
-            _write_durably(os.path.join(folder, MANIFEST_NAME), manifest_bytes)
+            write_durably(os.path.join(folder, MANIFEST_NAME), manifest_bytes)
         self._drop_unnamed_builds(dataset_id, version, manifest)
 
     def _drop_unnamed_builds(self, dataset_id: str, version: str, manifest: Manifest) -> None:
@@ -227,10 +223,7 @@ class LocalCache:
                     fcntl.flock(pin.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
                 except BlockingIOError:
                     return False
-                parent = os.path.join(self.root, dataset_id)
-                trash = os.path.join(parent, f"+trash.{version}.{uuid.uuid4().hex[:12]}")
-                os.rename(self.path(dataset_id, version), trash)
-                shutil.rmtree(trash, ignore_errors=True)
+                self.local.discard(dataset_id, version)
                 return True
         finally:
             lock.release()
@@ -239,10 +232,7 @@ class LocalCache:
         """Drop the local copy if there is one (readers with open files keep reading them)."""
         with self.local._builder_lock(dataset_id, version):
             if os.path.isdir(self.path(dataset_id, version)):
-                parent = os.path.join(self.root, dataset_id)
-                trash = os.path.join(parent, f"+trash.{version}.{uuid.uuid4().hex[:12]}")
-                os.rename(self.path(dataset_id, version), trash)
-                shutil.rmtree(trash, ignore_errors=True)
+                self.local.discard(dataset_id, version)
 
 
 def _tree_bytes(folder: str) -> int:
@@ -263,15 +253,6 @@ def _remove_partial_downloads(folder: str) -> None:
             if name.endswith(_PART) or _PART + "." in name:
                 with contextlib.suppress(FileNotFoundError):
                     os.remove(os.path.join(dirpath, name))
-
-
-def _write_durably(path: str, data: bytes) -> None:
-    temp = path + ".tmp"
-    with open(temp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(temp, path)
 
 
 def _read_bytes(path: str) -> bytes | None:

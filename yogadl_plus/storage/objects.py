@@ -15,13 +15,21 @@ from typing import TypeVar
 
 from yogadl_plus.errors import StorageError
 
-__all__ = ["ObjectStore", "TransientStorageError", "with_retries"]
+__all__ = ["ObjectStore", "TransientStorageError", "object_gone", "with_retries"]
 
 T = TypeVar("T")
 
 
 class TransientStorageError(StorageError):
     """A failure worth retrying: a dropped connection, a 5xx, throttling."""
+
+
+def object_gone(url: str, key: str) -> StorageError:
+    """The error for an object that vanished under a download."""
+    return StorageError(
+        f"{url}/{key}: the object is gone (was the version replaced or deleted while it was "
+        "pulled?)"
+    )
 
 
 class ObjectStore(ABC):

@@ -27,10 +27,12 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from yogadl_plus.cache.manifest import MANIFEST_NAME, ChunkInfo, Manifest, file_sha256
+from yogadl_plus.checks import check_int
 from yogadl_plus.dataref import DataRef
 from yogadl_plus.errors import CacheCorrupted, DatasetNotFound, StorageError
 from yogadl_plus.storage.base import Storage, check_name
 from yogadl_plus.storage.lease import BuildLease
+from yogadl_plus.storage.local import is_leftover
 from yogadl_plus.storage.localcache import LocalCache
 from yogadl_plus.storage.objects import ObjectStore, with_retries
 
@@ -56,10 +58,7 @@ class RemoteStorage(Storage):
     ) -> None:
         if not lease_ttl > 0:
             raise ValueError(f"lease_ttl must be > 0 seconds, got {lease_ttl!r}")
-        if isinstance(max_transfers, bool) or not isinstance(max_transfers, int):
-            raise ValueError(f"max_transfers must be an int >= 1, got {max_transfers!r}")
-        if max_transfers < 1:
-            raise ValueError(f"max_transfers must be >= 1, got {max_transfers}")
+        max_transfers = check_int("max_transfers", max_transfers, 1)
         self.objects = objects
         self.url = objects.url
         if local_cache is None:
@@ -233,10 +232,7 @@ class RemoteStorage(Storage):
         os.makedirs(cache_parent, exist_ok=True)
         # We hold the lease: a build folder of this version left here is a dead builder's.
         for entry in os.listdir(cache_parent):
-            if (
-                entry.startswith(f"{_BUILD}{version}.")
-                and "." not in entry[len(_BUILD + version) + 1 :]
-            ):
+            if is_leftover(entry, version, (_BUILD,)):
                 shutil.rmtree(os.path.join(cache_parent, entry), ignore_errors=True)
         folder = os.path.join(cache_parent, f"{_BUILD}{version}.{uuid.uuid4().hex[:12]}")
         os.makedirs(folder)
@@ -346,8 +342,6 @@ def _shard_chunks(num_chunks: int, shards: tuple[int, int] | None) -> list[int]:
         rank, count = shards
     except (TypeError, ValueError):
         raise ValueError(f"shards must be (rank, num_shards), got {shards!r}") from None
-    from yogadl_plus.checks import check_int
-
     count = check_int("num_shards", count, 1)
     rank = check_int("shard_rank", rank, 0, count - 1)
     return list(range(rank, num_chunks, count))

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from yogadl_plus.errors import StorageError, YogaError
-from yogadl_plus.storage.objects import ObjectStore, TransientStorageError
+from yogadl_plus.storage.objects import ObjectStore, TransientStorageError, object_gone
 from yogadl_plus.storage.remote import (
     DEFAULT_LEASE_TTL,
     DEFAULT_TRANSFERS,
@@ -172,10 +172,7 @@ class _S3Objects(ObjectStore):
             except ClientError as exc:
                 if _code(exc) not in _MISSING:
                     raise
-                raise StorageError(
-                    f"{self.url}/{key}: the object is gone (was the version replaced or deleted "
-                    "while it was pulled?)"
-                ) from exc
+                raise object_gone(self.url, key) from exc
 
     def keys(self, prefix: str) -> Iterator[tuple[str, float]]:
         with self._errors("list", prefix):
