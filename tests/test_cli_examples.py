@@ -1,8 +1,7 @@
-"""The yogadl-plus command, the examples as a user runs them, and import hygiene."""
+"""The examples and the demo as a user runs them, the documentation snippets, import hygiene."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -11,7 +10,6 @@ from pathlib import Path
 import pytest
 
 import yogadl_plus as ydl
-from yogadl_plus.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -43,41 +41,6 @@ def test_bundled_parquet_is_what_the_generator_makes():
     from yogadl_plus.demo import DEMO_PARQUET, make_demo_table
 
     assert pq.read_table(DEMO_PARQUET).equals(make_demo_table())
-
-
-def test_build_ls_info_head_verify_rm(tmp_path, capsys):
-    from yogadl_plus.demo import DEMO_PARQUET
-
-    store = ["--storage", str(tmp_path)]
-    assert main(["build", DEMO_PARQUET, "sensors", "v2", "--columns", "id,label", *store]) == 0
-    assert "5000 records" in capsys.readouterr().out
-    assert main(["ls", *store]) == 0 and capsys.readouterr().out == "sensors\tv2\n"
-    assert main(["info", "sensors", "v2", *store]) == 0
-    info = capsys.readouterr().out
-    assert "records   5000" in info and "label" in info and "features" not in info
-    assert main(["info", "sensors", "v2", "--json", *store]) == 0
-    assert json.loads(capsys.readouterr().out)["num_records"] == 5000
-    assert main(["head", "sensors", "v2", "-n", "2", "--json", *store]) == 0
-    lines = capsys.readouterr().out.splitlines()
-    assert [json.loads(line)["id"] for line in lines] == ["0", "1"]
-    assert main(["verify", "sensors", "v2", *store]) == 0
-    assert main(["rm", "sensors", "v2", *store]) == 0
-    assert ydl.LocalStorage(tmp_path).list() == []
-
-
-def test_errors_are_one_clear_line_and_exit_2(tmp_path, capsys):
-    assert main(["info", "nope", "v1", "--storage", str(tmp_path)]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("yogadl-plus info: error: no version 'v1' of dataset 'nope'")
-    assert main(["info", "bad/name", "v1", "--storage", str(tmp_path)]) == 2
-    assert "not allowed" in capsys.readouterr().err
-
-
-@pytest.mark.parametrize("command", ["demo", "build", "ls", "info", "head", "verify", "rm"])
-def test_every_command_has_help(command, capsys):
-    with pytest.raises(SystemExit) as exit_info:
-        main([command, "--help"])
-    assert exit_info.value.code == 0 and "usage: yogadl-plus" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("script", sorted(p.name for p in (ROOT / "examples").glob("*.py")))

@@ -1,31 +1,382 @@
-"""The ``yogadl-plus`` command: build, inspect, verify and remove cached versions; run the demo."""
+"""The ``yogadl-plus`` command: build, inspect, verify, copy, benchmark and remove cached versions.
+
+Every command that prints takes ``--json`` (one JSON document; ``head``: one object per line);
+long work shows a progress bar on stderr when it is a terminal. Exit codes are in EXIT_CODES.
+"""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
+import importlib
 import json
 import os
+import re
 import sys
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
 import yogadl_plus as ydl
+from yogadl_plus.storage import copy_version
+from yogadl_plus.storage.transfer import check_chunk
 
-__all__ = ["main"]
+__all__ = ["EXIT_CODES", "main"]
+
+# The first matching row gives the exit status (DatasetNotFound and StorageError are YogaErrors
+# too; StorageError is an OSError). 0: success; argparse's own usage errors exit 2.
+EXIT_CODES: tuple[tuple[tuple[type[BaseException], ...], int], ...] = (
+    ((ydl.CacheCorrupted,), 1),
+    ((ydl.DatasetNotFound,), 3),
+    ((ydl.StorageError, OSError), 4),
+    ((ydl.YogaError, ValueError, NotImplementedError), 2),
+    ((KeyboardInterrupt,), 130),
+)
+
+# "package.module:function" (a Parquet path or URL has a '/' or no ':').
+_FACTORY = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")
+
+
+# --- shared by the commands ---
 
 
 def _storage(args: argparse.Namespace) -> ydl.Storage:
     return ydl.open_storage(args.storage) if args.storage else ydl.default_storage()
 
 
+def _where(storage: ydl.Storage, ref: ydl.DataRef) -> str:
+    """The folder of a local version, the URL of a remote one."""
+    if isinstance(storage, ydl.LocalStorage):
+        return ref.directory
+    return f"{getattr(storage, 'url', storage)}/{ref.dataset_id}/{ref.version}"
+
+
+def _summary(storage: ydl.Storage, ref: ydl.DataRef) -> dict[str, Any]:
+    """What build, push and pull report about the version they leave behind."""
+    return {
+        "dataset_id": ref.dataset_id,
+        "version": ref.version,
+        "records": len(ref),
+        "chunks": len(ref.manifest.chunks),
+        "bytes": sum(c.bytes for c in ref.manifest.chunks),
+        "where": _where(storage, ref),
+    }
+
+
+def _describe(summary: dict[str, Any]) -> str:
+    return (
+        f"{summary['dataset_id']}:{summary['version']}: {summary['records']} records in "
+        f"{summary['chunks']} chunk(s), {summary['bytes'] / 2**20:.1f} MiB, at {summary['where']}"
+    )
+
+
+def _emit(args: argparse.Namespace, data: Any, text: str) -> None:
+    """Print ``data`` as JSON with --json, else the text meant for people (if any)."""
+    if args.json:
+        print(json.dumps(data))
+    elif text:
+        print(text)
+
+
+@contextlib.contextmanager
+def _progress(
+    args: argparse.Namespace, desc: str, total: int | None, unit: str
+) -> Iterator[Callable[[int], object]]:
+    """An ``advance(n)`` for a tqdm bar on stderr, or a no-op when stderr is no terminal or
+    --no-progress was given (bars would litter logs and pipes)."""
+    if args.no_progress or not sys.stderr.isatty():
+        yield lambda n: None
+        return
+    from tqdm.auto import tqdm
+
+    with tqdm(total=total, desc=desc, unit=unit, unit_scale=True, file=sys.stderr) as bar:
+        yield bar.update
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """Columns padded to their widest cell, two spaces apart."""
+    widths = [max(len(cell) for cell in column) for column in zip(header, *rows)]
+    lines = [header, *rows]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in lines)
+
+
 def _show(value: Any, width: int = 60) -> str:
+    """A short text for one field value: arrays as dtype[shape] and their first numbers."""
     if isinstance(value, np.ndarray):
-        body = np.array2string(value.ravel()[:8], precision=4, separator=", ")
-        more = ", ..." if value.size > 8 else ""
+        body = np.array2string(value.ravel()[:4], precision=4, separator=", ")
+        more = ", ..." if value.size > 4 else ""
         return f"{value.dtype}{list(value.shape)} {body[:-1]}{more}]"[:width]
-    return repr(value.item() if isinstance(value, np.generic) else value)[:width]
+    if isinstance(value, np.datetime64):
+        return str(value)
+    if isinstance(value, np.generic):
+        value = value.item()
+    return (value if isinstance(value, str) else repr(value))[:width]
+
+
+def _plain(value: Any) -> Any:
+    """A JSON value for one field value: numbers and strings as themselves, the rest as _show."""
+    if isinstance(value, np.generic) and not isinstance(value, np.datetime64):
+        value = value.item()
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return _show(value, width=1000)
+
+
+def _fields(text: str | None) -> list[str] | None:
+    return text.split(",") if text else None
+
+
+# --- build ---
+
+
+def _source(texts: list[str], columns: list[str] | None) -> Any:
+    """Parquet paths/URLs, or what a ``module:function`` returns when called."""
+    if len(texts) == 1 and _FACTORY.fullmatch(texts[0]) and not os.path.exists(texts[0]):
+        if columns:
+            raise ValueError("--columns selects Parquet columns: a module:function has none")
+        return _call_factory(texts[0])
+    return ydl.sources.ParquetSource(texts if len(texts) > 1 else texts[0], columns=columns)
+
+
+def _call_factory(spec: str) -> ydl.sources.Source:
+    """Import the module (from the current directory first, as ``python -m`` would), call the
+    function with no arguments, and make sure what it returns can be cached."""
+    module_name, _, attribute = spec.partition(":")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ValueError(f"{spec}: cannot import module {module_name!r} ({exc})") from None
+    try:
+        function = functools.reduce(getattr, attribute.split("."), module)
+    except AttributeError:
+        raise ValueError(f"{spec}: module {module_name!r} has no {attribute!r}") from None
+    if not callable(function):
+        raise ValueError(f"{spec}: {attribute!r} is a {type(function).__name__}, not a function")
+    made = function()
+    try:
+        return ydl.sources.as_source(made)
+    except TypeError as exc:
+        raise ValueError(
+            f"{spec}() returned a {type(made).__name__}, not a source: {exc}"
+        ) from None
+
+
+def cmd_build(args: argparse.Namespace) -> int:
+    storage = _storage(args)
+    ref = ydl.cache_dataset(
+        _source(args.source, _fields(args.columns)),
+        args.dataset_id,
+        args.version,
+        storage,
+        overwrite=args.overwrite,
+        progress=not args.no_progress,
+        chunk_bytes=args.chunk_mb << 20,
+    )
+    summary = _summary(storage, ref)
+    _emit(args, summary, _describe(summary))
+    return 0
+
+
+# --- looking at versions ---
+
+
+def cmd_ls(args: argparse.Namespace) -> int:
+    pairs = _storage(args).list()
+    _emit(
+        args,
+        [{"dataset_id": d, "version": v} for d, v in pairs],
+        "\n".join(f"{d}\t{v}" for d, v in pairs),
+    )
+    return 0
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    storage = _storage(args)
+    ref = storage.fetch(args.dataset_id, args.version)
+    m = ref.manifest
+    summary = _summary(storage, ref)
+    lines = [
+        f"dataset {m.dataset_id}  version {m.version}",
+        f"  where     {summary['where']}",
+        f"  records   {m.num_records}",
+        f"  chunks    {len(m.chunks)} ({summary['bytes']:,} bytes)",
+        f"  source    {m.source_kind} {m.source_fingerprint or ''}".rstrip(),
+        f"  created   {m.created} by yogadl_plus {m.library_version}",
+        "  fields",
+        *(
+            f"    {f.name:<20} {f.describe():<20} {f.codec!r}{', nullable' if f.nullable else ''}"
+            for f in m.schema
+        ),
+    ]
+    data = {**json.loads(m.to_json()), "bytes": summary["bytes"], "where": summary["where"]}
+    _emit(args, data, "\n".join(lines))
+    return 0
+
+
+def cmd_head(args: argparse.Namespace) -> int:
+    ref = _storage(args).fetch(args.dataset_id, args.version)
+    count = min(args.n, len(ref))
+    batch = ref.get_batch(np.arange(count), fields=_fields(args.fields))
+    names = list(batch)
+    if args.json:
+        for i in range(count):
+            print(json.dumps({"index": i, **{k: _plain(batch[k][i]) for k in names}}))
+        return 0
+    rows = [[str(i), *(_show(batch[k][i]) for k in names)] for i in range(count)]
+    print(_table(["index", *names], rows))
+    return 0
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    storage = _storage(args)
+    ref = storage.fetch(args.dataset_id, args.version)
+    chunks = ref.manifest.chunks
+    try:
+        with _progress(
+            args, f"verifying {ref.dataset_id}:{ref.version}", len(chunks), " chunk"
+        ) as advance:
+            for info in chunks:
+                check_chunk(os.path.join(ref.directory, info.file), info)
+                advance(1)
+    except ydl.CacheCorrupted:
+        if isinstance(storage, ydl.LocalStorage):
+            raise
+        # A remote storage pulls a damaged local copy again: only a damaged remote one fails.
+        ref.close()
+        storage.verify(args.dataset_id, args.version)
+    summary = {**_summary(storage, ref), "verified": True}
+    _emit(args, summary, f"{_describe(summary)}: every chunk matches its checksum")
+    return 0
+
+
+# --- changing versions ---
+
+
+def _copy(args: argparse.Namespace, source: ydl.Storage, target: ydl.Storage) -> int:
+    """push and pull: the same copy, in opposite directions."""
+    name = f"{args.dataset_id}:{args.version}"
+    with _progress(args, f"{args.command}ing {name}", None, "B") as advance:
+        ref = copy_version(
+            source,
+            target,
+            args.dataset_id,
+            args.version,
+            overwrite=args.overwrite,
+            progress=advance,
+        )
+    summary = _summary(target, ref)
+    _emit(args, summary, _describe(summary))
+    return 0
+
+
+def cmd_push(args: argparse.Namespace) -> int:
+    return _copy(args, _storage(args), ydl.open_storage(args.url))
+
+
+def cmd_pull(args: argparse.Namespace) -> int:
+    return _copy(args, ydl.open_storage(args.url), _storage(args))
+
+
+def cmd_rm(args: argparse.Namespace) -> int:
+    storage = _storage(args)
+    storage.delete(args.dataset_id, args.version)
+    _emit(
+        args,
+        {"dataset_id": args.dataset_id, "version": args.version, "removed": True},
+        f"removed {args.dataset_id}:{args.version} from {storage}",
+    )
+    return 0
+
+
+# --- bench ---
+
+
+def _nbytes(value: Any) -> int:
+    """Decoded bytes of a batch: array buffers, and the str/bytes of list fields."""
+    if isinstance(value, (np.ndarray, np.generic)):
+        return int(value.nbytes)
+    if isinstance(value, (bytes, str)):
+        return len(value)
+    if isinstance(value, dict):
+        return sum(_nbytes(v) for v in value.values())
+    if isinstance(value, list):
+        return sum(_nbytes(v) for v in value)
+    return 0
+
+
+def _time_epoch(epoch: int, stream: ydl.Stream, advance: Callable[[int], object]) -> dict[str, Any]:
+    """Run one epoch of ``stream`` and measure it. Bytes are counted for batches only: counting
+    every record would slow down what is measured."""
+    batched = stream.batch_size is not None
+    started = time.perf_counter()
+    first = None
+    items = records = size = 0
+    for item in stream:
+        if first is None:
+            first = time.perf_counter() - started
+        items += 1
+        if batched:
+            records += len(next(iter(item.values())))
+            size += _nbytes(item)
+        advance(1)
+    seconds = time.perf_counter() - started
+    records = records if batched else items
+    return {
+        "epoch": epoch,
+        "records": records,
+        "batches": items if batched else None,
+        "seconds": seconds,
+        "records_per_s": records / seconds,
+        "batches_per_s": items / seconds if batched else None,
+        "mb_per_s": size / 1e6 / seconds if batched else None,
+        "first_item_s": first,
+    }
+
+
+def _bench_row(row: dict[str, Any]) -> list[str]:
+    def number(value: float | None, spec: str) -> str:
+        return "-" if value is None else format(value, spec)
+
+    return [
+        str(row["epoch"]),
+        str(row["records"]),
+        number(row["seconds"], ".3f"),
+        number(row["records_per_s"], ",.0f"),
+        number(row["batches_per_s"], ",.1f"),
+        number(row["mb_per_s"], ",.1f"),
+        number(None if row["first_item_s"] is None else row["first_item_s"] * 1e3, ".2f"),
+    ]
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    ref = _storage(args).fetch(args.dataset_id, args.version)
+    stream = ref.stream(
+        shuffle=args.shuffle,
+        shuffle_seed=args.seed,
+        batch_size=args.batch_size,
+        fields=_fields(args.fields),
+        num_workers=args.num_workers,
+        num_shards=args.num_shards,
+        shard_rank=args.shard_rank,
+        shard_by=args.shard_by,
+    )
+    total = len(stream) * args.epochs
+    try:
+        with _progress(args, f"bench {ref.dataset_id}:{ref.version}", total, " item") as advance:
+            rows = [_time_epoch(epoch, stream, advance) for epoch in range(args.epochs)]
+    finally:
+        stream.close()
+    header = ["epoch", "records", "seconds", "records/s", "batches/s", "MB/s", "first item ms"]
+    _emit(args, rows, _table(header, [_bench_row(row) for row in rows]))
+    return 0
+
+
+# --- demo ---
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -34,133 +385,124 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(_storage(args))
 
 
-def cmd_build(args: argparse.Namespace) -> int:
-    columns = args.columns.split(",") if args.columns else None
-    source = ydl.sources.ParquetSource(args.source, columns=columns)
-    ref = ydl.cache_dataset(
-        source,
-        args.dataset_id,
-        args.version,
-        _storage(args),
-        overwrite=args.overwrite,
-        chunk_bytes=args.chunk_mb << 20,
-    )
-    print(
-        f"{ref.dataset_id}:{ref.version}: {len(ref)} records in {len(ref.manifest.chunks)} chunk(s)"
-    )
-    return 0
-
-
-def cmd_ls(args: argparse.Namespace) -> int:
-    for dataset_id, version in _storage(args).list():
-        print(f"{dataset_id}\t{version}")
-    return 0
-
-
-def cmd_info(args: argparse.Namespace) -> int:
-    ref = _storage(args).fetch(args.dataset_id, args.version)
-    m = ref.manifest
-    if args.json:
-        print(m.to_json())
-        return 0
-    size = sum(c.bytes for c in m.chunks)
-    print(f"dataset {m.dataset_id}  version {m.version}")
-    print(f"  records   {m.num_records}")
-    print(f"  chunks    {len(m.chunks)} ({size / 2**20:.1f} MiB)")
-    print(f"  source    {m.source_kind} {m.source_fingerprint or ''}".rstrip())
-    print(f"  created   {m.created} by yogadl_plus {m.library_version}")
-    print("  fields")
-    for f in m.schema:
-        null = ", nullable" if f.nullable else ""
-        print(f"    {f.name:<20} {f.describe():<20} {f.codec!r}{null}")
-    return 0
-
-
-def cmd_head(args: argparse.Namespace) -> int:
-    ref = _storage(args).fetch(args.dataset_id, args.version)
-    fields = args.fields.split(",") if args.fields else None
-    for i in range(min(args.n, len(ref))):
-        record = ref.get_batch([i], fields=fields)
-        shown = {k: _show(v[0]) for k, v in record.items()}
-        print(json.dumps({"index": i, **shown}) if args.json else f"{i}: {shown}")
-    return 0
-
-
-def cmd_verify(args: argparse.Namespace) -> int:
-    storage = _storage(args)
-    storage.verify(args.dataset_id, args.version)
-    print(f"{args.dataset_id}:{args.version}: every chunk matches its checksum")
-    return 0
-
-
-def cmd_rm(args: argparse.Namespace) -> int:
-    _storage(args).delete(args.dataset_id, args.version)
-    print(f"removed {args.dataset_id}:{args.version}")
-    return 0
+# --- the parser ---
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="yogadl-plus",
         description="Versioned, random-access caches of deep-learning datasets.",
+        epilog="exit codes: 0 ok, 1 verification failed, 2 bad usage or input, "
+        "3 dataset/version not found, 4 storage unreachable or denied, 130 interrupted",
     )
     parser.add_argument("--version", action="version", version=f"yogadl_plus {ydl.__version__}")
     storage = argparse.ArgumentParser(add_help=False)
     storage.add_argument(
         "--storage",
         metavar="URL",
-        help="where caches live: a path or file:// URL (default: $YOGADL_PLUS_HOME or "
-        "~/.cache/yogadl_plus)",
+        help="where caches live: a path, file://, s3://bucket/prefix or gs://bucket/prefix "
+        "(default: $YOGADL_PLUS_HOME or ~/.cache/yogadl_plus)",
     )
-    version = argparse.ArgumentParser(add_help=False, parents=[storage])
+    output = argparse.ArgumentParser(add_help=False)
+    output.add_argument("--json", action="store_true", help="print JSON for scripts")
+    progress = argparse.ArgumentParser(add_help=False)
+    progress.add_argument(
+        "--no-progress", action="store_true", help="no progress bar (shown only on a terminal)"
+    )
+    version = argparse.ArgumentParser(add_help=False, parents=[storage, output])
     version.add_argument("dataset_id")
     version.add_argument("version")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p = sub.add_parser(
-        "demo", parents=[storage], help="cache the bundled example dataset and tour it"
-    )
-    p.set_defaults(run=cmd_demo)
+    def command(
+        name: str, run: Callable[[argparse.Namespace], int], about: str, *parents: Any
+    ) -> Any:
+        p = sub.add_parser(name, parents=list(parents), help=about, description=about)
+        p.set_defaults(run=run)
+        return p
 
-    p = sub.add_parser("build", parents=[storage], help="cache Parquet data as a new version")
-    p.add_argument("source", nargs="+", help="Parquet file(s), directory or glob")
+    command("demo", cmd_demo, "cache the bundled example dataset and tour it", storage)
+
+    p = command(
+        "build",
+        cmd_build,
+        "cache Parquet data, or what a Python function returns, as a version",
+        storage,
+        output,
+        progress,
+    )
+    p.add_argument(
+        "source",
+        nargs="+",
+        help="Parquet file(s), directory, glob or URL; or module:function, called with no "
+        "arguments, returning something cache_dataset takes",
+    )
     p.add_argument("dataset_id")
     p.add_argument("version")
-    p.add_argument("--columns", help="comma-separated columns to cache (default: all)")
+    p.add_argument("--columns", help="comma-separated Parquet columns to cache (default: all)")
     p.add_argument("--overwrite", action="store_true", help="rebuild if the version exists")
     p.add_argument("--chunk-mb", type=int, default=256, help="chunk file size (MiB, default 256)")
-    p.set_defaults(run=cmd_build)
 
-    p = sub.add_parser("ls", parents=[storage], help="list cached (dataset_id, version) pairs")
-    p.set_defaults(run=cmd_ls)
+    command("ls", cmd_ls, "list cached (dataset_id, version) pairs", storage, output)
+    command("info", cmd_info, "show a version's schema, size, source and location", version)
 
-    p = sub.add_parser("info", parents=[version], help="show a version's schema, size, source")
-    p.add_argument("--json", action="store_true", help="print the manifest as JSON")
-    p.set_defaults(run=cmd_info)
-
-    p = sub.add_parser("head", parents=[version], help="print the first records")
+    p = command("head", cmd_head, "print the first records as a table", version)
     p.add_argument("-n", type=int, default=5, help="how many records (default 5)")
     p.add_argument("--fields", help="comma-separated fields to show")
-    p.add_argument("--json", action="store_true", help="one JSON object per line")
-    p.set_defaults(run=cmd_head)
 
-    p = sub.add_parser("verify", parents=[version], help="re-check every chunk's checksum")
-    p.set_defaults(run=cmd_verify)
+    command("verify", cmd_verify, "re-check every chunk's checksum", version, progress)
 
-    p = sub.add_parser("rm", parents=[version], help="delete a version")
-    p.set_defaults(run=cmd_rm)
+    for name, run, about in (
+        ("push", cmd_push, "copy a version from --storage to URL"),
+        ("pull", cmd_pull, "copy a version from URL into --storage"),
+    ):
+        p = command(name, run, about, version, progress)
+        p.add_argument(
+            "url", metavar="URL", help="s3://bucket/prefix, gs://bucket/prefix or a path"
+        )
+        p.add_argument("--overwrite", action="store_true", help="replace the version if it exists")
+
+    command("rm", cmd_rm, "delete a version", version)
+
+    p = command("bench", cmd_bench, "measure how fast a version streams", version, progress)
+    p.add_argument("--shuffle", action="store_true", help="shuffle every epoch")
+    p.add_argument("--seed", type=int, help="shuffle seed (needed with --num-shards > 1)")
+    p.add_argument("--batch-size", type=int, help="stream batches of this size (default: records)")
+    p.add_argument("--fields", help="comma-separated fields to read (default: all)")
+    p.add_argument("--num-workers", type=int, default=0, help="reader threads (default 0)")
+    p.add_argument("--num-shards", type=int, default=1, help="shards (default 1)")
+    p.add_argument("--shard-rank", type=int, default=0, help="this shard (default 0)")
+    p.add_argument("--shard-by", choices=["records", "chunks"], default="records")
+    p.add_argument("--epochs", type=int, default=1, help="epochs to time (default 1)")
     return parser
 
 
+def _exit_code(exc: BaseException) -> int | None:
+    for kinds, code in EXIT_CODES:
+        if isinstance(exc, kinds):
+            return code
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; return its exit status (errors: one line on stderr, see EXIT_CODES)."""
     args = build_parser().parse_args(argv)
-    if args.command == "build" and len(args.source) == 1:
-        args.source = args.source[0]
     try:
         return int(args.run(args))
-    except (ydl.YogaError, ValueError, NotImplementedError) as exc:
-        print(f"yogadl-plus {args.command}: error: {exc}", file=sys.stderr)
-        return 2
     except BrokenPipeError:
+        # The reader of our output left (`yogadl-plus head ... | head -1`): nothing more to say.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except (Exception, KeyboardInterrupt) as exc:
+        code = _exit_code(exc)
+        if code is None:
+            raise
+        print(f"yogadl-plus {args.command}: error: {_message(exc)}", file=sys.stderr)
+        return code
+
+
+def _message(exc: BaseException) -> str:
+    """The error on one line (Ctrl-C has no text of its own)."""
+    if isinstance(exc, KeyboardInterrupt):
+        return "interrupted"
+    return " ".join(str(exc).split()) or type(exc).__name__

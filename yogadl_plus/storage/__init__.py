@@ -10,6 +10,7 @@ from yogadl_plus.storage.base import Storage, check_name
 from yogadl_plus.storage.gcs import GCSStorage
 from yogadl_plus.storage.local import LocalStorage
 from yogadl_plus.storage.s3 import S3Storage
+from yogadl_plus.storage.transfer import copy_version
 
 __all__ = [
     "GCSStorage",
@@ -17,6 +18,7 @@ __all__ = [
     "S3Storage",
     "Storage",
     "check_name",
+    "copy_version",
     "default_storage",
     "open_storage",
 ]

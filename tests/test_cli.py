@@ -1,0 +1,385 @@
+"""The yogadl-plus command: every command, --json, progress bars, exit codes, push and pull.
+
+Most tests call ``main([...])`` in this process; a few run ``python -m yogadl_plus`` to see the
+real exit status and output of a process. Push and pull run against the real S3 and GCS servers
+of tests/servers.py, reached through the standard credential chains (environment variables).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from remote_helpers import records
+
+import yogadl_plus as ydl
+from yogadl_plus.cli import main
+from yogadl_plus.demo import DEMO_PARQUET
+from yogadl_plus.storage import copy_version
+
+COMMANDS = ["demo", "build", "ls", "info", "head", "verify", "push", "pull", "rm", "bench"]
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    """``python -m yogadl_plus ARGS`` with this test's environment (YOGADL_PLUS_HOME, servers)."""
+    return subprocess.run(
+        [sys.executable, "-m", "yogadl_plus", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def error_line(capsys: pytest.CaptureFixture[str]) -> str:
+    """The one line a failed command wrote to stderr."""
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    return err.strip()
+
+
+@pytest.fixture
+def local(tmp_path: Path) -> ydl.LocalStorage:
+    """A local storage holding sensors:v1, 3000 records in several chunks."""
+    storage = ydl.LocalStorage(tmp_path / "local")
+    built = ydl.cache_dataset(
+        records(3000), "sensors", "v1", storage, chunk_bytes=200_000, progress=False
+    )
+    assert len(built.manifest.chunks) > 2
+    return storage
+
+
+def remote_url(kind: str, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A fresh bucket on the test server of ``kind``, its URL, and the environment that makes
+    the default clients (of this process and of child processes) reach it."""
+    server = request.getfixturevalue(f"{kind}_server")
+    for name, value in server.env().items():
+        monkeypatch.setenv(name, value)
+    if kind == "s3":
+        import boto3
+
+        # boto3's default session keeps the credentials it first read: read these.
+        monkeypatch.setattr(boto3, "DEFAULT_SESSION", None)
+    else:
+        monkeypatch.setenv("GOOGLE_CLOUD_PROJECT", server.project)
+    scheme = "s3" if kind == "s3" else "gs"
+    return f"{scheme}://{server.make_bucket()}/team/caches"
+
+
+@pytest.fixture(params=["s3", "gcs"])
+def remote(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    return remote_url(request.param, request, monkeypatch)
+
+
+@pytest.fixture
+def s3_url(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    return remote_url("s3", request, monkeypatch)
+
+
+def all_columns(ref: ydl.DataRef) -> dict[str, Any]:
+    return ref.get_batch(np.arange(len(ref)))
+
+
+# --------------------------------------------------------------------------- the commands
+
+
+def test_build_ls_info_head_verify_rm(tmp_path, capsys):
+    store = ["--storage", str(tmp_path)]
+    assert main(["build", DEMO_PARQUET, "sensors", "v2", "--columns", "id,label", *store]) == 0
+    assert "5000 records" in capsys.readouterr().out
+    assert main(["ls", *store]) == 0 and capsys.readouterr().out == "sensors\tv2\n"
+    assert main(["info", "sensors", "v2", *store]) == 0
+    info = capsys.readouterr().out
+    assert "records   5000" in info and "label" in info and "features" not in info
+    assert f"where     {tmp_path / 'sensors' / 'v2'}\n" in info
+    assert main(["info", "sensors", "v2", "--json", *store]) == 0
+    assert json.loads(capsys.readouterr().out)["num_records"] == 5000
+    assert main(["head", "sensors", "v2", "-n", "3", *store]) == 0
+    header, *rows = capsys.readouterr().out.splitlines()
+    assert header.split() == ["index", "id", "label"] and len(rows) == 3
+    # Aligned: every value starts where its column's header does.
+    at = header.index("id"), header.index("label")
+    assert [row[at[0] : at[1]].rstrip() for row in rows] == ["0", "1", "2"]
+    assert [row[at[1] :] for row in rows] == ["0", "0", "1"]
+    assert main(["head", "sensors", "v2", "-n", "2", "--json", *store]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [json.loads(line) for line in lines] == [
+        {"index": 0, "id": 0, "label": 0},
+        {"index": 1, "id": 1, "label": 0},
+    ]
+    assert main(["verify", "sensors", "v2", *store]) == 0
+    assert "every chunk matches its checksum" in capsys.readouterr().out
+    assert main(["rm", "sensors", "v2", *store]) == 0
+    assert ydl.LocalStorage(tmp_path).list() == []
+
+
+def test_every_printing_command_speaks_json(local, tmp_path, capsys):
+    store = ["--storage", local.root]
+    version = ["sensors", "v1", *store, "--json"]
+    other = str(tmp_path / "other")
+    runs = {
+        "build": ["build", DEMO_PARQUET, "demo", "v1", *store, "--json"],
+        "ls": ["ls", *store, "--json"],
+        "info": ["info", *version],
+        "head": ["head", *version, "-n", "2"],
+        "verify": ["verify", *version],
+        "bench": ["bench", *version, "--batch-size", "500"],
+        "push": ["push", *version, other],
+        "pull": ["pull", *version, other, "--overwrite"],
+        "rm": ["rm", "demo", "v1", *store, "--json"],
+    }
+    out = {}
+    for name, argv in runs.items():
+        assert main(argv) == 0, name
+        out[name] = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert out["build"][0].pop("bytes") > 0
+    assert out["build"] == [
+        {
+            "dataset_id": "demo",
+            "version": "v1",
+            "records": 5000,
+            "chunks": 1,
+            "where": local.path("demo", "v1"),
+        }
+    ]
+    assert out["ls"] == [[{"dataset_id": "demo", "version": "v1"}, *out["ls"][0][1:]]]
+    assert out["info"][0]["where"] == local.path("sensors", "v1")
+    assert [row["index"] for row in out["head"]] == [0, 1]
+    assert out["verify"][0]["verified"] is True
+    assert [row["records"] for row in out["bench"][0]] == [3000]
+    assert out["push"][0]["where"] == os.path.join(other, "sensors", "v1")
+    assert out["pull"][0]["where"] == local.path("sensors", "v1")
+    assert out["rm"] == [{"dataset_id": "demo", "version": "v1", "removed": True}]
+
+
+def test_build_caches_what_a_module_function_returns(tmp_path, monkeypatch, capsys):
+    (tmp_path / "cli_made_records.py").write_text(
+        "def make():\n"
+        "    return ({'label': i, 'name': str(i)} for i in range(123))\n"
+        "def not_a_source():\n"
+        "    return 42\n"
+        "NOT_A_FUNCTION = 'x'\n"
+    )
+    monkeypatch.chdir(tmp_path)  # imported from the current directory, as python -m would
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    store = ["--storage", str(tmp_path / "store")]
+    assert main(["build", "cli_made_records:make", "made", "v1", *store]) == 0
+    assert "123 records" in capsys.readouterr().out
+    ref = ydl.LocalStorage(tmp_path / "store").fetch("made", "v1")
+    assert ref[122] == {"label": 122, "name": "122"}
+    for spec, message in [
+        ("no_such_module_here:make", "cannot import module 'no_such_module_here'"),
+        ("cli_made_records:missing", "module 'cli_made_records' has no 'missing'"),
+        ("cli_made_records:NOT_A_FUNCTION", "'NOT_A_FUNCTION' is a str, not a function"),
+        ("cli_made_records:not_a_source", "returned a int, not a source"),
+    ]:
+        assert main(["build", spec, "made", "v2", *store]) == 2, spec
+        line = error_line(capsys)
+        assert line.startswith(f"yogadl-plus build: error: {spec}") and message in line
+
+
+def test_bench_times_each_epoch(tmp_path, capsys):
+    store = ["--storage", str(tmp_path)]
+    assert main(["build", DEMO_PARQUET, "sensors", "v1", *store]) == 0
+    capsys.readouterr()
+    options = ["--shuffle", "--seed", "3", "--num-shards", "2", "--shard-rank", "1"]
+    options += ["--batch-size", "100", "--fields", "id", "--num-workers", "2", "--epochs", "3"]
+    assert main(["bench", "sensors", "v1", *store, *options, "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [row["epoch"] for row in rows] == [0, 1, 2]
+    for row in rows:
+        assert (row["records"], row["batches"]) == (2500, 25)
+        assert row["records_per_s"] == pytest.approx(2500 / row["seconds"])
+        # MB/s counts the decoded bytes: 2500 int64 ids.
+        assert row["mb_per_s"] * 1e6 * row["seconds"] == pytest.approx(2500 * 8)
+        assert 0 < row["first_item_s"] < row["seconds"]
+    assert main(["bench", "sensors", "v1", *store, "--shard-by", "chunks"]) == 0
+    header, row = capsys.readouterr().out.splitlines()
+    assert header.split("  ")[:4] == ["epoch", "records", "seconds", "records/s"]
+    assert row.split()[:2] == ["0", "5000"] and row.split()[4:6] == ["-", "-"]
+
+
+@pytest.mark.parametrize("command", [[], *([c] for c in COMMANDS)], ids=lambda c: c[0] if c else "")
+def test_every_command_has_help(command, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main([*command, "--help"])
+    out = capsys.readouterr().out
+    prog = " ".join(["yogadl-plus", *command])
+    assert exit_info.value.code == 0 and out.startswith(f"usage: {prog} [-h]")
+    if not command:
+        assert "4 storage unreachable or denied" in " ".join(out.split())
+
+
+# --------------------------------------------------------------------------- errors
+
+
+def test_errors_are_one_clear_line_and_exit_2(tmp_path, capsys):
+    store = ["--storage", str(tmp_path)]
+    assert main(["info", "bad/name", "v1", *store]) == 2
+    assert "not allowed" in error_line(capsys)
+    assert main(["build", str(tmp_path / "none.parquet"), "x", "v1", *store]) == 2
+    assert error_line(capsys).startswith("yogadl-plus build: error: Parquet path")
+    assert main(["build", DEMO_PARQUET, "sensors", "v1", *store]) == 0
+    capsys.readouterr()
+    shards = ["--shuffle", "--num-shards", "2"]  # a shuffle across shards needs a shared seed
+    assert main(["bench", "sensors", "v1", *store, *shards]) == 2
+    assert error_line(capsys).startswith("yogadl-plus bench: error: shuffle=True with num_shards")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["head", "sensors"])
+    assert exit_info.value.code == 2
+    assert (
+        "yogadl-plus head: error: the following arguments are required" in capsys.readouterr().err
+    )
+
+
+def test_a_missing_version_exits_3_from_the_process(tmp_path):
+    result = run_cli("info", "nope", "v1", "--storage", str(tmp_path))
+    assert result.returncode == 3 and result.stdout == ""
+    assert result.stderr.startswith("yogadl-plus info: error: no version 'v1' of dataset 'nope'")
+    assert result.stderr.count("\n") == 1
+
+
+def test_a_damaged_chunk_fails_verify_with_exit_1(local, capsys):
+    chunk = Path(local.path("sensors", "v1"), "chunk-00001.mdb")
+    data = bytearray(chunk.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    chunk.write_bytes(data)
+    assert main(["verify", "sensors", "v1", "--storage", local.root]) == 1
+    line = error_line(capsys)
+    assert line.startswith(f"yogadl-plus verify: error: chunk {chunk} has sha256")
+
+
+def test_a_denied_storage_exits_4(s3_url, monkeypatch, capsys):
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-the-secret")
+    assert main(["ls", "--storage", s3_url]) == 4
+    assert error_line(capsys).startswith(f"yogadl-plus ls: error: {s3_url}: access denied")
+
+
+def test_ctrl_c_exits_130_and_other_failures_keep_their_traceback(tmp_path, monkeypatch, capsys):
+    def interrupted(self: Any) -> list[tuple[str, str]]:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ydl.LocalStorage, "list", interrupted)
+    assert main(["ls", "--storage", str(tmp_path)]) == 130
+    assert error_line(capsys) == "yogadl-plus ls: error: interrupted"
+
+    def broken(self: Any) -> list[tuple[str, str]]:
+        raise RuntimeError("a bug of ours")
+
+    monkeypatch.setattr(ydl.LocalStorage, "list", broken)
+    with pytest.raises(RuntimeError, match="a bug of ours"):
+        main(["ls", "--storage", str(tmp_path)])
+
+
+# --------------------------------------------------------------------------- progress bars
+
+
+@pytest.mark.parametrize("command", ["verify", "push", "bench"])
+@pytest.mark.parametrize(
+    "tty, flags, shown", [(True, [], True), (True, ["--no-progress"], False), (False, [], False)]
+)
+def test_progress_bars_only_on_a_terminal_and_when_asked(
+    local, tmp_path, monkeypatch, capsys, command, tty, flags, shown
+):
+    stderr = io.StringIO()
+    stderr.isatty = lambda: tty  # type: ignore[method-assign]
+    monkeypatch.setattr(sys, "stderr", stderr)
+    target = [str(tmp_path / "other")] if command == "push" else []
+    assert main([command, "sensors", "v1", *target, "--storage", local.root, *flags]) == 0
+    doing = {"verify": "verifying", "push": "pushing", "bench": "bench"}[command]
+    assert (f"{doing} sensors:v1" in stderr.getvalue()) is shown
+
+
+# --------------------------------------------------------------------------- push and pull
+
+
+def test_push_then_pull_copies_a_version_whole(local, remote, tmp_path, monkeypatch, capsys):
+    built = local.fetch("sensors", "v1")
+    pushed = run_cli("push", "sensors", "v1", remote, "--storage", local.root, "--json")
+    assert pushed.returncode == 0, pushed.stderr
+    assert json.loads(pushed.stdout)["where"] == f"{remote}/sensors/v1"
+    # Another machine: its own local cache of the bucket, so every chunk comes through it.
+    monkeypatch.setenv("YOGADL_PLUS_HOME", str(tmp_path / "machine-b"))
+    second = ydl.LocalStorage(tmp_path / "second")
+    assert main(["pull", "sensors", "v1", remote, "--storage", second.root]) == 0
+    assert f"3000 records in {len(built.manifest.chunks)} chunk(s)" in capsys.readouterr().out
+    assert list((tmp_path / "machine-b").rglob("*.mdb"))
+    pulled = second.fetch("sensors", "v1")
+    assert json.loads(pulled.manifest.to_json()) == json.loads(built.manifest.to_json())
+    for name, column in all_columns(built).items():
+        np.testing.assert_array_equal(all_columns(pulled)[name], column)
+    assert main(["verify", "sensors", "v1", "--storage", second.root]) == 0
+
+
+def test_push_refuses_a_damaged_chunk_and_publishes_nothing(local, s3_url, tmp_path, capsys):
+    chunk = Path(local.path("sensors", "v1"), "chunk-00002.mdb")
+    data = bytearray(chunk.read_bytes())
+    data[100] ^= 0x01
+    chunk.write_bytes(data)
+    assert main(["push", "sensors", "v1", s3_url, "--storage", local.root]) == 1
+    assert error_line(capsys).startswith(f"yogadl-plus push: error: chunk {chunk} has sha256")
+    bucket = ydl.open_storage(s3_url, local_cache=tmp_path / "look")
+    assert bucket.list() == []
+    assert not [key for key, _ in bucket.objects.keys("") if key.endswith(".mdb")]
+
+
+def test_verify_pulls_a_damaged_local_copy_of_a_bucket_again(local, s3_url, capsys):
+    copy_version(local, ydl.open_storage(s3_url), "sensors", "v1")
+    home = Path(os.environ["YOGADL_PLUS_HOME"])
+    chunk = next(home.joinpath("+remote").rglob("chunk-00001.mdb"))
+    data = bytearray(chunk.read_bytes())
+    data[100] ^= 0x01  # same size: a fetch does not notice, verify does
+    os.remove(chunk)  # the pushed copy is a link to the local one: damage only this one
+    chunk.write_bytes(data)
+    assert main(["verify", "sensors", "v1", "--storage", s3_url]) == 0
+    assert "every chunk matches its checksum" in capsys.readouterr().out
+    assert chunk.read_bytes() == Path(local.path("sensors", "v1"), chunk.name).read_bytes()
+
+
+# --------------------------------------------------------------------------- copy_version
+
+
+def test_copy_version_links_checks_and_keeps_the_manifest(local, tmp_path):
+    target = ydl.LocalStorage(tmp_path / "target")
+    copied: list[int] = []
+    ref = copy_version(local, target, "sensors", "v1", progress=copied.append)
+    source = local.fetch("sensors", "v1")
+    assert ref.manifest.to_json() == source.manifest.to_json()
+    assert copied == [c.bytes for c in source.manifest.chunks]
+    for info in source.manifest.chunks:
+        a, b = (os.stat(os.path.join(r.directory, info.file)) for r in (source, ref))
+        assert a.st_ino == b.st_ino  # hard links: no bytes copied
+
+
+def test_copy_version_copies_where_it_cannot_link(local, tmp_path, monkeypatch):
+    def no_links(source: str, target: str) -> None:
+        raise OSError(18, "Invalid cross-device link")
+
+    monkeypatch.setattr(os, "link", no_links)
+    ref = copy_version(local, ydl.LocalStorage(tmp_path / "target"), "sensors", "v1")
+    source = local.fetch("sensors", "v1")
+    for info in source.manifest.chunks:
+        a, b = (os.path.join(r.directory, info.file) for r in (source, ref))
+        assert os.stat(a).st_ino != os.stat(b).st_ino
+        assert Path(a).read_bytes() == Path(b).read_bytes()
+
+
+def test_copy_version_keeps_an_existing_version_unless_overwrite(local, tmp_path):
+    target = ydl.LocalStorage(tmp_path / "target")
+    ydl.cache_dataset(records(10), "sensors", "v1", target, progress=False)
+    assert len(copy_version(local, target, "sensors", "v1")) == 10
+    assert len(copy_version(local, target, "sensors", "v1", overwrite=True)) == 3000
+
+
+def test_copy_version_names_a_missing_chunk(local, tmp_path):
+    os.remove(os.path.join(local.path("sensors", "v1"), "chunk-00001.mdb"))
+    target = ydl.LocalStorage(tmp_path / "target")
+    with pytest.raises(ydl.CacheCorrupted, match=r"chunk .*chunk-00001\.mdb is missing"):
+        copy_version(local, target, "sensors", "v1")
+    assert target.list() == []

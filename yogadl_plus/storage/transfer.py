@@ -1,0 +1,101 @@
+"""Copying a published version from one storage to another (``yogadl-plus push`` and ``pull``).
+
+The copy is an ordinary build of the target: its chunk files are placed in the target's staging
+folder and published whole by ``get_or_build``, so readers of the target see either no version or
+the whole one, and two copies of one version never race.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+from collections.abc import Callable
+
+from yogadl_plus.cache.manifest import ChunkInfo, Manifest, file_sha256
+from yogadl_plus.dataref import DataRef
+from yogadl_plus.errors import CacheCorrupted
+from yogadl_plus.storage.base import Storage
+
+__all__ = ["check_chunk", "copy_version"]
+
+
+def copy_version(
+    source: Storage,
+    target: Storage,
+    dataset_id: str,
+    version: str,
+    *,
+    overwrite: bool = False,
+    progress: Callable[[int], object] | None = None,
+) -> DataRef:
+    """The target's DataRef of (dataset_id, version), copied from ``source`` if it is missing
+    there (or ``overwrite``); if it exists, it is returned as it is and the source is not read.
+
+    Every chunk is checked against the source manifest's sha256 on the way, so a damaged copy
+    is never spread: CacheCorrupted names the chunk and nothing is published. The new manifest
+    equals the source's (fingerprint, creation time, library version) but for the chunk file
+    names, which are flat in the target. A remote source is pulled into its local cache first.
+    ``progress(n)`` is called with each chunk's size in bytes once it is placed and checked.
+    """
+
+    def build(folder: str) -> Manifest:
+        origin = source.fetch(dataset_id, version)
+        try:
+            return _place_chunks(origin, folder, progress)
+        finally:
+            origin.close()
+
+    return target.get_or_build(dataset_id, version, build, overwrite=overwrite)
+
+
+def _place_chunks(
+    origin: DataRef, folder: str, progress: Callable[[int], object] | None
+) -> Manifest:
+    """Link or copy ``origin``'s chunks into ``folder``, check them, write their manifest."""
+    chunks = []
+    for info in origin.manifest.chunks:
+        # A remote manifest names "b-<build>/chunk-00000.mdb"; the target decides its own layout.
+        name = os.path.basename(info.file)
+        original = os.path.join(origin.directory, info.file)
+        placed = os.path.join(folder, name)
+        try:
+            _link_or_copy(original, placed)
+        except FileNotFoundError:
+            raise CacheCorrupted(f"chunk {original} is missing") from None
+        check_chunk(placed, info, name=original)
+        chunks.append(dataclasses.replace(info, file=name))
+        if progress is not None:
+            progress(info.bytes)
+    manifest = dataclasses.replace(origin.manifest, chunks=chunks)
+    manifest.write(folder)
+    return manifest
+
+
+def _link_or_copy(source: str, target: str) -> None:
+    """A hard link costs no bytes and no time (chunks are never written once published); a
+    copy where the two folders are on different filesystems or links are not supported."""
+    try:
+        os.link(source, target)
+    except (FileExistsError, FileNotFoundError):
+        raise
+    except OSError:
+        shutil.copyfile(source, target)
+
+
+def check_chunk(path: str, info: ChunkInfo, name: str | None = None) -> None:
+    """Raise CacheCorrupted unless the file at ``path`` has the size and sha256 of ``info``;
+    the message names the chunk as ``name`` (default: ``path``), the file a user can act on."""
+    name = name or path
+    try:
+        size = os.path.getsize(path)
+    except FileNotFoundError:
+        raise CacheCorrupted(f"chunk {name} is missing") from None
+    if size != info.bytes:
+        raise CacheCorrupted(f"chunk {name} has {size} bytes, the manifest says {info.bytes}")
+    digest = file_sha256(path)
+    if digest != info.sha256:
+        raise CacheCorrupted(
+            f"chunk {name} has sha256 {digest}, the manifest says {info.sha256}; the version "
+            "is damaged: delete it and build it again"
+        )
