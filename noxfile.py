@@ -1,6 +1,8 @@
-"""Sessions: tests (the CI job), lint (ruff + mypy), bench (foundation benchmarks)."""
+"""Sessions: tests (the CI job), lint (ruff + mypy), bench (foundation benchmarks), docs."""
 
 from __future__ import annotations
+
+import tempfile
 
 import nox
 
@@ -23,7 +25,7 @@ def tests(session: nox.Session) -> None:
 def lint(session: nox.Session) -> None:
     # mypy checks the adapters against the real frameworks (torch first: the CPU wheel).
     session.install(*CONSTRAINTS, "torch")
-    session.install(*CONSTRAINTS, "-e", ".[lint,tf,torch,s3,gcs]")
+    session.install(*CONSTRAINTS, "-e", ".[lint,tf,torch,s3,gcs,ray]")
     session.run("ruff", "check", "yogadl_plus", "tests", "bench", "examples")
     session.run("ruff", "format", "--check", "yogadl_plus")
     session.run("mypy")
@@ -34,3 +36,11 @@ def bench(session: nox.Session) -> None:
     """The foundation benchmarks; pass --quick after -- for the small sizes only."""
     session.install(*CONSTRAINTS, "-e", ".")
     session.run("python", "bench/bench_foundation.py", *session.posargs)
+
+
+@nox.session
+def docs(session: nox.Session) -> None:
+    """Build the documentation site with mkdocs --strict: a broken link or anchor fails it."""
+    session.install(*CONSTRAINTS, "-e", ".[docs]")
+    with tempfile.TemporaryDirectory(prefix="yogadl_plus_site_") as site:
+        session.run("mkdocs", "build", "--strict", "-d", site, *session.posargs)

@@ -5,24 +5,27 @@ from __future__ import annotations
 import itertools
 import sys
 import warnings
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from yogadl_plus.cache.layout import RecordLayout
-from yogadl_plus.cache.manifest import Manifest
+from yogadl_plus.cache.manifest import ChunkInfo, Manifest
 from yogadl_plus.cache.reader import ChunkSet
 from yogadl_plus.cache.writer import DEFAULT_CHUNK_BYTES, ChunkWriter
+from yogadl_plus.checks import check_int
 from yogadl_plus.errors import SourceChangedWarning
 from yogadl_plus.schema import Schema, infer_schema
-from yogadl_plus.sources import as_source
+from yogadl_plus.sources import Source, as_source
 
 if TYPE_CHECKING:
     from yogadl_plus.dataref import DataRef
     from yogadl_plus.storage.base import Storage
 
-__all__ = ["build_version", "cache_dataset"]
+__all__ = ["ENGINES", "build_version", "cache_dataset", "finish_version", "write_records"]
 
 _INFER_RECORDS = 64
 _BLOCK_RECORDS = 4096
+ENGINES = ("local", "ray")
 
 
 def cache_dataset(
@@ -35,20 +38,48 @@ def cache_dataset(
     overwrite: bool = False,
     progress: bool = True,
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    workers: int | None = None,
+    engine: str = "local",
 ) -> DataRef:
     """Cache ``source`` as (dataset_id, version) in ``storage`` and return its DataRef.
 
     If the version exists, the source is not read (unless ``overwrite``). Only one builder of a
     version runs at a time; concurrent callers wait and read what it published.
+
+    ``workers=k`` builds with a pool of k processes, and ``engine="ray"`` with Ray tasks on the
+    cluster that ``ray.init()`` joins (``workers`` then caps the tasks in flight): the source is
+    cut into parts (Parquet row groups, index ranges of a map-style dataset, blocks of a
+    ``ray.data.Dataset``), each task writes its part's chunks, and the result equals a serial
+    build record for record.
     """
     from yogadl_plus.storage import check_name, default_storage
 
     check_name("dataset_id", dataset_id)
     check_name("version", version)
+    if engine not in ENGINES:
+        raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
+    if workers is not None:
+        workers = check_int("workers", workers, 1)
     store = storage if storage is not None else default_storage()
     src = as_source(source)
+    parallel = engine == "ray" or (workers or 1) > 1
 
     def build(folder: str) -> Manifest:
+        if parallel:
+            from yogadl_plus.parallel import build_in_parallel
+
+            return build_in_parallel(
+                folder,
+                src,
+                dataset_id,
+                version,
+                store,
+                schema=schema,
+                progress=progress,
+                chunk_bytes=chunk_bytes,
+                workers=workers,
+                engine=engine,
+            )
         return build_version(
             folder,
             src,
@@ -85,31 +116,77 @@ def build_version(
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
 ) -> Manifest:
     """Write all records of ``source`` as chunks in ``folder``, check them, write the manifest."""
-    from yogadl_plus import __version__
-
     src = as_source(source)
+    schema, records = resolve_schema(src, schema)
+    bar = progress_bar(progress, src.length, f"{dataset_id}:{version}")
+    try:
+        chunks = write_records(
+            folder,
+            records,
+            schema,
+            chunk_bytes,
+            on_block=bar.update if bar is not None else None,
+        )
+    finally:
+        if bar is not None:
+            bar.close()
+    return finish_version(folder, src, schema, chunks, dataset_id, version)
+
+
+def resolve_schema(
+    src: Source, schema: Schema | None
+) -> tuple[Schema, Iterator[Mapping[str, Any]]]:
+    """The schema to write with (given, known by the source, or inferred from its first
+    records) and the source's records, none of them lost to the inference."""
     records = iter(src.records())
-    if schema is None:
-        schema = src.schema
+    schema = schema if schema is not None else src.schema
     if schema is None:
         head = list(itertools.islice(records, _INFER_RECORDS))
         schema = infer_schema(head)
         records = itertools.chain(head, records)
+    return schema, records
+
+
+def write_records(
+    folder: str,
+    records: Iterable[Mapping[str, Any]],
+    schema: Schema,
+    chunk_bytes: int,
+    *,
+    first: int = 0,
+    prefix: str = "",
+    on_block: Callable[[int], Any] | None = None,
+) -> list[ChunkInfo]:
+    """Encode ``records`` into chunk files ``<prefix>chunk-NNNNN.mdb`` in ``folder`` and check
+    that each reads back. ``first`` is the index of the first record, for error messages."""
     layout = RecordLayout(schema)
-    bar = _progress_bar(progress, src.length, f"{dataset_id}:{version}")
     encode = layout.encode
-    written = 0
-    with ChunkWriter(folder, chunk_bytes) as writer:
+    records = iter(records)
+    written = first
+    with ChunkWriter(folder, chunk_bytes, prefix) as writer:
         while block := list(itertools.islice(records, _BLOCK_RECORDS)):
             encoded = [encode(r, written + j) for j, r in enumerate(block)]
             columns = layout.decode_columns(encoded, layout.column_fields)
             writer.add_many(encoded, columns)
             written += len(block)
-            if bar is not None:
-                bar.update(len(block))
+            if on_block is not None:
+                on_block(len(block))
         chunks = writer.close()
-    if bar is not None:
-        bar.close()
+    _check_readable(folder, schema, chunks, layout)
+    return chunks
+
+
+def finish_version(
+    folder: str,
+    src: Source,
+    schema: Schema,
+    chunks: list[ChunkInfo],
+    dataset_id: str,
+    version: str,
+) -> Manifest:
+    """Write the manifest of ``chunks`` into ``folder``: the last step of every build."""
+    from yogadl_plus import __version__
+
     manifest = Manifest(
         dataset_id=dataset_id,
         version=version,
@@ -119,23 +196,25 @@ def build_version(
         source_kind=src.kind,
         library_version=__version__,
     )
-    _check_readable(folder, manifest, layout)
     manifest.write(folder)
     return manifest
 
 
-def _check_readable(folder: str, manifest: Manifest, layout: RecordLayout) -> None:
+def _check_readable(
+    folder: str, schema: Schema, chunks: list[ChunkInfo], layout: RecordLayout
+) -> None:
     """Reopen what was written and decode the first and last record of every chunk."""
-    chunk_set = ChunkSet(folder, manifest)
+    chunk_set = ChunkSet(folder, Manifest("check", "check", schema, chunks))
     try:
-        for start, info in zip(chunk_set.starts, manifest.chunks):
+        for start, info in zip(chunk_set.starts, chunks):
             for index in {int(start), int(start) + info.records - 1}:
-                layout.decode_record(chunk_set.get(index), manifest.schema.fields)
+                layout.decode_record(chunk_set.get(index), schema.fields)
     finally:
         chunk_set.close()
 
 
-def _progress_bar(enabled: bool, total: int | None, name: str) -> Any:
+def progress_bar(enabled: bool, total: int | None, name: str) -> Any:
+    """A tqdm bar on stderr when asked for and stderr is a terminal, else None."""
     if not enabled or not sys.stderr.isatty():
         return None
     from tqdm.auto import tqdm

@@ -20,8 +20,8 @@ _COMMIT_RECORDS = 50_000
 _MAX_CHUNK_RECORDS = 2**32 - 1
 
 
-def chunk_file_name(number: int) -> str:
-    return f"chunk-{number:05d}.mdb"
+def chunk_file_name(number: int, prefix: str = "") -> str:
+    return f"{prefix}chunk-{number:05d}.mdb"
 
 
 def record_key(local_index: int) -> bytes:
@@ -40,14 +40,18 @@ class ChunkWriter:
 
     Puts are buffered and written in large transactions with MDB_APPEND. If the memory map is
     too small, the transaction is aborted, the map grown, and the same buffered puts written
-    again, so nothing is lost.
+    again, so nothing is lost. ``prefix`` starts every file name: tasks of a parallel build
+    write into one folder without clashing.
     """
 
-    def __init__(self, directory: str, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> None:
+    def __init__(
+        self, directory: str, chunk_bytes: int = DEFAULT_CHUNK_BYTES, prefix: str = ""
+    ) -> None:
         if chunk_bytes <= 0:
             raise ValueError(f"chunk_bytes must be > 0, got {chunk_bytes}")
         self.directory = directory
         self.chunk_bytes = chunk_bytes
+        self.prefix = prefix
         self.chunks: list[ChunkInfo] = []
         self._env: lmdb.Environment | None = None
         self._pending: list[tuple[bytes, bytes]] = []
@@ -115,7 +119,7 @@ class ChunkWriter:
         self._pending.clear()
 
     def _path(self, number: int) -> str:
-        return os.path.join(self.directory, chunk_file_name(number))
+        return os.path.join(self.directory, chunk_file_name(number, self.prefix))
 
     def _open_chunk(self) -> None:
         self._map_size = max(2 * self.chunk_bytes, 64 << 20)

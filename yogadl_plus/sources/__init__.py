@@ -21,11 +21,11 @@ def _is_path_list(obj: Any) -> bool:
 
 
 def _framework_of(obj: Any) -> str:
-    """'tensorflow', 'torch', 'keras' or '' for the framework an object's class comes from,
+    """'tensorflow', 'torch', 'keras', 'ray' or '' for the framework an object's class comes from,
     found without importing any framework."""
     for cls in type(obj).__mro__:
         root = cls.__module__.split(".")[0]
-        if root in ("tensorflow", "torch", "keras"):
+        if root in ("tensorflow", "torch", "keras", "ray"):
             return root
     return ""
 
@@ -49,6 +49,10 @@ def as_source(obj: Any) -> Source:
         from yogadl_plus.sources.keras import KerasSequenceSource
 
         return KerasSequenceSource(obj)
+    if framework == "ray" and hasattr(obj, "to_arrow_refs"):
+        from yogadl_plus.sources.ray import RayDatasetSource
+
+        return RayDatasetSource(obj)
     if callable(obj) or hasattr(obj, "__iter__"):
         return IterableSource(obj)
     raise TypeError(

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import itertools
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
+
+import numpy as np
 
 from yogadl_plus.schema import Schema
 
-__all__ = ["Source"]
+__all__ = ["Source", "even_cuts", "even_ranges"]
 
 
 class Source(ABC):
@@ -16,6 +19,8 @@ class Source(ABC):
 
     #: A short name stored in the manifest ("iterable", "parquet", ...).
     kind: str = ""
+    #: For a part of a split source: the index of its first record in the whole source.
+    offset: int | None = None
 
     @abstractmethod
     def records(self) -> Iterator[Mapping[str, Any]]:
@@ -34,3 +39,28 @@ class Source(ABC):
     def fingerprint(self) -> str | None:
         """A cheap identity of the data (file paths, sizes, mtimes), or None when there is none."""
         return None
+
+    def split(self, parts: int) -> list[Source] | None:
+        """At most ``parts`` pieces for a parallel build: picklable, readable in another
+        process, and in order (their records, one piece after the other, are this source's
+        records). None when the source can only be read once, in order (a generator)."""
+        return None
+
+
+def even_cuts(sizes: Sequence[int], parts: int) -> list[range]:
+    """Split units of the given sizes into at most ``parts`` consecutive, non-empty runs of
+    nearly equal total size (ranges of unit indices, covering every unit in order)."""
+    if not sizes:
+        return []
+    ends = np.cumsum(sizes, dtype=np.float64)
+    targets = ends[-1] * np.arange(1, parts) / parts
+    cuts = np.unique(np.searchsorted(ends, targets, side="left") + 1)
+    bounds = [0, *(int(c) for c in cuts if 0 < c < len(sizes)), len(sizes)]
+    return [range(a, b) for a, b in itertools.pairwise(bounds)]
+
+
+def even_ranges(total: int, parts: int) -> list[range]:
+    """``range(total)`` cut into at most ``parts`` consecutive, non-empty ranges of nearly
+    equal length."""
+    bounds = sorted({total * k // parts for k in range(parts + 1)})
+    return [range(a, b) for a, b in itertools.pairwise(bounds)]

@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
-from yogadl_plus.sources.base import Source
+from yogadl_plus.sources.base import Source, even_ranges
 
 __all__ = ["IterableSource"]
 
 
 class IterableSource(Source):
-    """Records from an iterable of dicts (read once) or a callable returning one."""
+    """Records from an iterable of dicts (read once) or a callable returning one; a sequence
+    (a list of dicts) can also be split for a parallel build."""
 
     kind = "iterable"
 
@@ -30,3 +31,14 @@ class IterableSource(Source):
             return len(self._records)  # type: ignore[arg-type]
         except TypeError:
             return None
+
+    def split(self, parts: int) -> list[Source] | None:
+        records = self._records
+        if not isinstance(records, Sequence) or isinstance(records, (str, bytes)):
+            return None
+        pieces: list[Source] = []
+        for run in even_ranges(len(records), parts):
+            piece = IterableSource(records[run.start : run.stop])
+            piece.offset = run.start
+            pieces.append(piece)
+        return pieces

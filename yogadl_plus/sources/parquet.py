@@ -8,16 +8,16 @@ import functools
 import glob as globlib
 import hashlib
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from yogadl_plus.errors import SchemaError, YogaError
 from yogadl_plus.schema import Field, Schema
-from yogadl_plus.sources.base import Source
+from yogadl_plus.sources.base import Source, even_cuts
 
-__all__ = ["ParquetSource", "arrow_to_schema"]
+__all__ = ["ParquetSource", "arrow_to_schema", "batch_records", "column_values"]
 
 _BATCH_ROWS = 4096
 
@@ -78,7 +78,7 @@ def arrow_to_schema(arrow_schema: Any, nullable_columns: set[str] | None = None)
     return Schema(fields)
 
 
-def _column_values(column: Any, field: Field) -> Sequence[Any]:
+def column_values(column: Any, field: Field) -> Sequence[Any]:
     """One Arrow column of a batch as a sequence of record values for ``field``."""
     import pyarrow as pa
 
@@ -195,13 +195,88 @@ class ParquetSource(Source):
         return "parquet-sha256:" + digest.hexdigest()[:32]
 
     def records(self) -> Iterator[Mapping[str, Any]]:
-        schema = self.schema
-        names = list(schema.names)
-        scanner = self._dataset.scanner(columns=names, batch_size=_BATCH_ROWS)
+        scanner = self._dataset.scanner(columns=list(self.schema.names), batch_size=_BATCH_ROWS)
         for batch in scanner.to_batches():
-            columns = [_column_values(batch.column(i), schema[n]) for i, n in enumerate(names)]
-            for row in zip(*columns):
-                yield dict(zip(names, row))
+            yield from batch_records(batch, self.schema)
+
+    def split(self, parts: int) -> list[Source]:
+        """Runs of whole row groups, balanced by rows (a row group is never cut)."""
+        import pyarrow.parquet as pq
+
+        groups: list[tuple[str, int, int]] = []  # (file, row group, rows), in reading order
+        for path in self.paths:
+            with self.filesystem.open_input_file(path) as f:
+                meta = pq.ParquetFile(f).metadata
+            groups += [(path, g, meta.row_group(g).num_rows) for g in range(meta.num_row_groups)]
+        groups = [g for g in groups if g[2]]
+        pieces: list[Source] = []
+        offset = 0
+        for run in even_cuts([rows for _, _, rows in groups], parts):
+            selection: dict[str, list[int]] = {}
+            for path, group, _ in (groups[i] for i in run):
+                selection.setdefault(path, []).append(group)
+            rows = sum(groups[i][2] for i in run)
+            pieces.append(_ParquetPiece(self.filesystem, selection, self.schema, offset, rows))
+            offset += rows
+        return pieces
+
+
+class _ParquetPiece(Source):
+    """Some row groups of some files of a ParquetSource, read with its schema."""
+
+    kind = "parquet"
+
+    def __init__(
+        self,
+        filesystem: Any,
+        selection: dict[str, list[int]],
+        schema: Schema,
+        offset: int,
+        rows: int,
+    ) -> None:
+        self.filesystem = filesystem
+        self.selection = selection
+        self._schema = schema
+        self.offset = offset
+        self.rows = rows
+
+    def __repr__(self) -> str:
+        start = self.offset or 0
+        return f"<Parquet rows {start}..{start + self.rows} of {list(self.selection)}>"
+
+    @property
+    def schema(self) -> Schema:
+        return self._schema
+
+    @property
+    def length(self) -> int:
+        return self.rows
+
+    def records(self) -> Iterator[Mapping[str, Any]]:
+        import pyarrow.parquet as pq
+
+        names = list(self._schema.names)
+        for path, groups in self.selection.items():
+            with self.filesystem.open_input_file(path) as f:
+                batches = pq.ParquetFile(f).iter_batches(
+                    batch_size=_BATCH_ROWS, row_groups=groups, columns=names
+                )
+                for batch in batches:
+                    yield from batch_records(batch, self._schema)
+
+
+def batch_records(
+    batch: Any,
+    schema: Schema,
+    values: Callable[[Any, Field], Sequence[Any]] | None = None,
+) -> Iterator[dict[str, Any]]:
+    """The rows of an Arrow record batch or table as records of ``schema`` (columns named as
+    fields); ``values(column, field)`` turns a column into record values (default: ours)."""
+    names = list(schema.names)
+    convert = values or column_values
+    columns = [convert(batch.column(n), schema[n]) for n in names]
+    for row in zip(*columns):
+        yield dict(zip(names, row))
 
 
 def _expand(paths: Any, filesystem: Any) -> tuple[Any, list[str]]:

@@ -9,7 +9,7 @@ import numpy as np
 
 from yogadl_plus.checks import check_int
 from yogadl_plus.errors import SchemaError
-from yogadl_plus.sources.base import Source
+from yogadl_plus.sources.base import Source, even_ranges
 
 __all__ = ["TorchDatasetSource", "item_to_record"]
 
@@ -132,6 +132,22 @@ class TorchDatasetSource(Source):
             return len(self.dataset)
         except TypeError:  # an IterableDataset without __len__
             return None
+
+    def split(self, parts: int) -> list[Source] | None:
+        """Index ranges of a map-style dataset (each read without DataLoader workers: the
+        parallel build is the parallelism); None for an IterableDataset."""
+        if self._iterable:
+            return None
+        from torch.utils.data import Subset
+
+        pieces: list[Source] = []
+        for run in even_ranges(len(self.dataset), parts):
+            piece = TorchDatasetSource(
+                Subset(self.dataset, run), batch_size=self.batch_size, **self.loader_kwargs
+            )
+            piece.offset = run.start
+            pieces.append(piece)
+        return pieces
 
     def records(self) -> Iterator[dict[str, Any]]:
         if self._iterable:

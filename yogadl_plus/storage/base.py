@@ -14,6 +14,7 @@ from yogadl_plus.cache.manifest import Manifest
 
 if TYPE_CHECKING:
     from yogadl_plus.dataref import DataRef
+    from yogadl_plus.storage.sink import ChunkSink
 
 __all__ = ["Storage", "check_name"]
 
@@ -107,6 +108,14 @@ class Storage(ABC):
         return decorate
 
     # --- the build protocol used by cache_dataset ---
+
+    def chunk_sink(self, folder: str, distributed: bool) -> ChunkSink:
+        """Where the tasks of a parallel build building into staging ``folder`` put their
+        chunks. ``distributed``: the tasks may run on other machines (Ray), which then need to
+        see ``folder`` (a local storage's root on a shared filesystem)."""
+        from yogadl_plus.storage.sink import FolderSink
+
+        return FolderSink(folder)
 
     def get_or_build(
         self,

@@ -209,9 +209,12 @@ class GCSStorage(RemoteStorage):
                     f"gs://{bucket}/{prefix}: cannot make a Google Cloud Storage client ({exc}): "
                     "set GOOGLE_APPLICATION_CREDENTIALS or pass client="
                 ) from exc
+            make_client = storage.Client
+        else:
+            make_client = None
         self.bucket = bucket
         self.prefix = prefix
-        super().__init__(
-            _GCSObjects(client, bucket, prefix, timeout), local_cache, local_cache_limit, lease_ttl,
-            max_transfers,
-        )  # fmt: skip
+        objects = _GCSObjects(client, bucket, prefix, timeout)
+        if make_client is not None:
+            objects.remake = (make_client, (bucket, prefix, timeout))
+        super().__init__(objects, local_cache, local_cache_limit, lease_ttl, max_transfers)

@@ -11,9 +11,9 @@ import random
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
-from typing import TypeVar
+from typing import Any, TypeVar
 
-from yogadl_plus.errors import StorageError
+from yogadl_plus.errors import StorageError, YogaError
 
 __all__ = ["ObjectStore", "TransientStorageError", "object_gone", "with_retries"]
 
@@ -33,9 +33,24 @@ def object_gone(url: str, key: str) -> StorageError:
 
 
 class ObjectStore(ABC):
-    """One bucket and prefix of a remote object store."""
+    """One bucket and prefix of a remote object store.
+
+    It travels to other processes (the tasks of a parallel build) by making its client again
+    there: ``remake`` is (a picklable function returning a new client, the constructor's other
+    arguments); it is None for a ready client the user passed, which cannot travel.
+    """
 
     url: str  # "s3://bucket/prefix", for messages
+    remake: tuple[Callable[[], Any], tuple[Any, ...]] | None = None
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        if self.remake is None:
+            raise YogaError(
+                f"{self.url}: this storage was made with a ready client (client=), which cannot "
+                "be sent to build tasks in other processes; make it without client= (endpoint "
+                "and credentials as keywords, or from the environment) to build on workers"
+            )
+        return (_remade, (type(self), *self.remake))
 
     @abstractmethod
     def read(self, key: str) -> tuple[bytes, str] | None:
@@ -78,6 +93,14 @@ class ObjectStore(ABC):
     @abstractmethod
     def check(self) -> None:
         """Raise StorageError naming the URL and what to check if the bucket cannot be used."""
+
+
+def _remade(
+    cls: type[ObjectStore], make_client: Callable[[], Any], args: tuple[Any, ...]
+) -> ObjectStore:
+    store = cls(make_client(), *args)  # type: ignore[call-arg]
+    store.remake = (make_client, args)
+    return store
 
 
 def with_retries(call: Callable[[], T], attempts: int = 5, base_delay: float = 0.2) -> T:

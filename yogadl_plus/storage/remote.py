@@ -35,6 +35,7 @@ from yogadl_plus.storage.lease import BuildLease
 from yogadl_plus.storage.local import is_leftover
 from yogadl_plus.storage.localcache import LocalCache
 from yogadl_plus.storage.objects import ObjectStore, with_retries
+from yogadl_plus.storage.sink import ChunkSink, UploadSink
 
 __all__ = ["RemoteStorage", "check_location"]
 
@@ -236,11 +237,24 @@ class RemoteStorage(Storage):
                 shutil.rmtree(os.path.join(cache_parent, entry), ignore_errors=True)
         folder = os.path.join(cache_parent, f"{_BUILD}{version}.{uuid.uuid4().hex[:12]}")
         os.makedirs(folder)
+        # The remote folder of this build, known before it starts (tasks may upload into it).
+        self._leases.build = (folder, self._key(dataset_id, version), f"b-{uuid.uuid4().hex[:16]}")
         try:
             yield folder
             self._publish(dataset_id, version, folder, replace)
         finally:
+            self._leases.build = None
             shutil.rmtree(folder, ignore_errors=True)
+
+    def chunk_sink(self, folder: str, distributed: bool) -> ChunkSink:
+        """Pool tasks on this machine write into the staging folder (then uploaded and adopted
+        as the local copy); distributed tasks upload their chunks into the build themselves."""
+        if not distributed:
+            return super().chunk_sink(folder, distributed)
+        building = getattr(self._leases, "build", None)
+        if building is None or building[0] != folder:
+            raise ValueError(f"{folder} is not the staging folder of a build of {self.url}")
+        return UploadSink(self.objects, building[1], building[2])
 
     def _publish(self, dataset_id: str, version: str, folder: str, replace: bool) -> None:
         built = Manifest.read(folder)
@@ -254,17 +268,21 @@ class RemoteStorage(Storage):
                 "build lease (it could not renew it for lease_ttl seconds) and another took over: "
                 "nothing was published; fetch the version, or build again"
             )
-        build = f"b-{uuid.uuid4().hex[:16]}"
+        build = self._leases.build[2]
         prefix = self._key(dataset_id, version, build + "/")
+        here = [c for c in built.chunks if "/" not in c.file]  # the rest: uploaded by tasks
         try:
-            self.upload_chunks(folder, built.chunks, prefix)
+            self.upload_chunks(folder, here, prefix)
         except BaseException:
             with contextlib.suppress(Exception):  # best effort; the next builder collects it
                 self._delete_keys([k for k, _ in self.objects.keys(prefix)])
             raise
         manifest = dataclasses.replace(
             built,
-            chunks=[dataclasses.replace(c, file=f"{build}/{c.file}") for c in built.chunks],
+            chunks=[
+                c if "/" in c.file else dataclasses.replace(c, file=f"{build}/{c.file}")
+                for c in built.chunks
+            ],
         )
         body = manifest.to_json().encode()
         if old is None:
@@ -279,7 +297,8 @@ class RemoteStorage(Storage):
             return
         if not self._lease_lost():
             self._collect_garbage(dataset_id, version)
-        self.local_cache.adopt(dataset_id, version, body, manifest, folder)
+        if len(here) == len(built.chunks):
+            self.local_cache.adopt(dataset_id, version, body, manifest, folder)
 
     def upload_chunks(self, folder: str, chunks: Sequence[ChunkInfo], prefix: str) -> None:
         """Upload the chunk files of ``folder`` under ``prefix`` in parallel."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -235,15 +236,17 @@ class S3Storage(RemoteStorage):
                     max_pool_connections=_THREADS_PER_OBJECT * max_transfers + 8,
                 ),
             )
-            client = boto3.client("s3", endpoint_url=endpoint_url, **client_kwargs)
+            make_client = functools.partial(
+                boto3.client, "s3", endpoint_url=endpoint_url, **client_kwargs
+            )
+            client = make_client()
         elif endpoint_url is not None or client_kwargs:
             raise ValueError("pass either client= or endpoint_url=/client keywords, not both")
+        else:
+            make_client = None
         self.bucket = bucket
         self.prefix = prefix
-        super().__init__(
-            _S3Objects(client, bucket, prefix, max_transfers),
-            local_cache,
-            local_cache_limit,
-            lease_ttl,
-            max_transfers,
-        )
+        objects = _S3Objects(client, bucket, prefix, max_transfers)
+        if make_client is not None:
+            objects.remake = (make_client, (bucket, prefix, max_transfers))
+        super().__init__(objects, local_cache, local_cache_limit, lease_ttl, max_transfers)

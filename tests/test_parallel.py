@@ -1,0 +1,308 @@
+"""Parallel builds: a process pool (workers=k) and Ray tasks (engine="ray") write the parts of a
+source as chunks; the published version equals a serial build record for record, and tasks that
+die or fail once are run again without losing or duplicating a record."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import yogadl_plus as ydl
+from yogadl_plus.cache.manifest import MANIFEST_NAME, ChunkInfo
+from yogadl_plus.storage.sink import UploadSink
+
+torch_data = pytest.importorskip("torch.utils.data")
+
+
+# ----------------------------------------------------------------- sources (importable: workers
+# are spawned processes that unpickle them by reference)
+
+
+class Squares(torch_data.Dataset):
+    """A map-style dataset; item ``crash_at`` kills its worker (SIGKILL) or raises an OSError
+    the first time it is read (a marker file remembers), and ``bad_at`` is not a record."""
+
+    def __init__(self, n, marker=None, crash_at=-1, how="kill", bad_at=-1):
+        self.n, self.marker, self.crash_at, self.how, self.bad_at = n, marker, crash_at, how, bad_at
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if i == self.crash_at and not os.path.exists(self.marker):
+            Path(self.marker).write_text(str(os.getpid()))
+            if self.how == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            raise ConnectionResetError("the network blinked")
+        if i == self.bad_at:
+            return {"x": "not a vector", "i": i}
+        return {"x": np.full(3, i, dtype=np.float32) ** 2, "i": np.int64(i)}
+
+
+def write_parquet(folder: Path, files: int = 3, rows: int = 900, group: int = 100) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(5)
+    for f in range(files):
+        ids = np.arange(f * rows, (f + 1) * rows)
+        table = pa.table(
+            {
+                "id": ids,
+                "vec": pa.FixedSizeListArray.from_arrays(
+                    pa.array(rng.normal(size=rows * 4).astype(np.float32)), 4
+                ),
+                "tags": pa.array([[int(i)] * int(i % 4) for i in ids], pa.list_(pa.int32())),
+                "name": pa.array([f"row-{i}" for i in ids]),
+            }
+        )
+        pq.write_table(table, folder / f"part-{f}.parquet", row_group_size=group)
+    return folder
+
+
+def assert_same_records(a: ydl.DataRef, b: ydl.DataRef) -> None:
+    assert len(a) == len(b)
+    assert a.schema == b.schema
+    every = list(range(len(a)))
+    x, y = a.get_batch(every), b.get_batch(every)
+    for name in x:
+        if isinstance(x[name], list):
+            assert len(x[name]) == len(y[name])
+            assert all(np.array_equal(u, v) for u, v in zip(x[name], y[name])), name
+        else:
+            assert np.array_equal(x[name], y[name]), name
+
+
+def version_files(storage: ydl.LocalStorage, dataset_id: str, version: str) -> set[str]:
+    return set(os.listdir(storage.path(dataset_id, version)))
+
+
+# ----------------------------------------------------------------- process pool
+
+
+def test_pool_build_of_parquet_equals_the_serial_build(tmp_path, local_storage):
+    data = write_parquet(tmp_path / "data")
+    serial = ydl.cache_dataset(str(data), "events", "serial", local_storage)
+    parallel = ydl.cache_dataset(str(data), "events", "pool", local_storage, workers=2)
+    assert_same_records(serial, parallel)
+    # One chunk per task: 27 row groups in 8 balanced parts, none of them cut.
+    sizes = [c.records for c in parallel.manifest.chunks]
+    assert len(sizes) == 8 and all(s % 100 == 0 for s in sizes) and max(sizes) - min(sizes) == 100
+    assert parallel.manifest.source_fingerprint == serial.manifest.source_fingerprint
+    assert version_files(local_storage, "events", "pool") == {
+        MANIFEST_NAME,
+        *(c.file for c in parallel.manifest.chunks),
+    }
+    shuffled = list(parallel.stream(shuffle=True, shuffle_seed=3, fields=["id"]))
+    assert sorted(int(r["id"]) for r in shuffled) == list(range(2700))
+
+
+def test_pool_build_of_a_map_style_dataset_and_a_list(local_storage):
+    serial = ydl.cache_dataset(Squares(1000), "squares", "serial", local_storage)
+    parallel = ydl.cache_dataset(Squares(1000), "squares", "pool", local_storage, workers=2)
+    assert_same_records(serial, parallel)
+    records = [{"x": np.arange(i % 7, dtype=np.int16), "i": i} for i in range(500)]
+    listed = ydl.cache_dataset(records, "listed", "pool", local_storage, workers=2)
+    assert [int(r["i"]) for r in listed.stream()] == list(range(500))
+    assert listed[123]["x"].tolist() == list(range(123 % 7))
+
+
+@pytest.mark.parametrize("how", ["kill", "oserror"])
+def test_a_part_that_dies_once_is_built_again_without_duplicates(tmp_path, local_storage, how):
+    marker = tmp_path / "crashed"
+    source = Squares(1000, marker=str(marker), crash_at=700, how=how)
+    ref = ydl.cache_dataset(source, "squares", "v1", local_storage, workers=2)
+    assert marker.exists()  # the first attempt really died
+    assert_same_records(ydl.cache_dataset(Squares(1000), "squares", "serial", local_storage), ref)
+    # The dead attempt's files are gone: the version holds exactly what its manifest names.
+    assert version_files(local_storage, "squares", "v1") == {
+        MANIFEST_NAME,
+        *(c.file for c in ref.manifest.chunks),
+    }
+    ref.verify()
+
+
+def test_a_bad_record_fails_the_build_naming_it_and_publishes_nothing(local_storage):
+    with pytest.raises(ydl.SchemaError, match="record 777"):
+        ydl.cache_dataset(Squares(1000, bad_at=777), "squares", "v1", local_storage, workers=2)
+    assert local_storage.list() == []
+    left = os.listdir(os.path.join(local_storage.root, "squares"))
+    assert [e for e in left if not e.startswith("+lock.")] == []  # no staging folder left
+
+
+def test_sources_read_only_in_order_are_refused_with_a_reason(local_storage):
+    def records():
+        yield {"x": 1}
+
+    with pytest.raises(ValueError, match="read once, in order"):
+        ydl.cache_dataset(records, "gen", "v1", local_storage, workers=2)
+    assert local_storage.list() == []
+
+
+def test_unpicklable_parts_get_a_clear_error(local_storage):
+    class Local(torch_data.Dataset):
+        def __len__(self):
+            return 4
+
+        def __getitem__(self, i):
+            return {"i": i}
+
+    with pytest.raises(ydl.YogaError, match="top level of an importable module"):
+        ydl.cache_dataset(Local(), "local", "v1", local_storage, workers=2)
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [({"workers": 0}, "workers"), ({"engine": "spark"}, "engine"), ({"workers": 1.5}, "workers")],
+)
+def test_bad_parallel_arguments(local_storage, options, message):
+    with pytest.raises((ValueError, TypeError), match=message):
+        ydl.cache_dataset([{"i": 1}], "x", "v1", local_storage, **options)
+
+
+def test_pool_build_into_a_bucket_uploads_what_the_tasks_wrote(tmp_path, s3_server, s3_bucket):
+    from remote_helpers import make_storage, spec_for
+
+    spec = spec_for("s3", s3_server, s3_bucket)
+    storage = make_storage(spec, tmp_path / "builder")
+    ref = ydl.cache_dataset(str(write_parquet(tmp_path / "data")), "ev", "v1", storage, workers=2)
+    reader = make_storage(spec, tmp_path / "reader")
+    assert_same_records(ref, reader.fetch("ev", "v1"))
+
+
+# ----------------------------------------------------------------- storage objects travel
+
+
+def test_a_storage_made_from_keywords_travels_to_other_processes(tmp_path, s3_server, s3_bucket):
+    storage = ydl.S3Storage(
+        s3_bucket, "p", local_cache=tmp_path / "c", endpoint_url=s3_server.endpoint_url,
+        aws_access_key_id=s3_server.access_key, aws_secret_access_key=s3_server.secret_key,
+        region_name=s3_server.region,
+    )  # fmt: skip
+    storage.objects.create("hello", b"from the parent")
+    code = (
+        "import pickle, sys; objects = pickle.load(sys.stdin.buffer); "
+        "print(objects.read('hello')[0].decode())"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        input=pickle.dumps(storage.objects),
+        capture_output=True,
+        check=True,
+    )
+    assert out.stdout.decode().strip() == "from the parent"
+
+
+def test_a_storage_with_a_ready_client_says_why_it_cannot_travel(tmp_path, s3_server, s3_bucket):
+    from remote_helpers import make_storage, spec_for
+
+    storage = make_storage(spec_for("s3", s3_server, s3_bucket), tmp_path)
+    with pytest.raises(ydl.YogaError, match="without client="):
+        pickle.dumps(storage.objects)
+
+
+def test_upload_sink_keeps_only_the_named_chunks(tmp_path, s3_server, s3_bucket):
+    from remote_helpers import make_storage, spec_for
+
+    storage = make_storage(spec_for("s3", s3_server, s3_bucket), tmp_path)
+    sink = UploadSink(storage.objects, "ds/v1/", "b-1234")
+    for name in ("p00000-aaaaaaaa-chunk-00000.mdb", "p00000-bbbbbbbb-chunk-00000.mdb"):
+        storage.objects.create(f"ds/v1/b-1234/{name}", b"chunk")
+    kept = ChunkInfo("b-1234/p00000-bbbbbbbb-chunk-00000.mdb", 1, 5, "0" * 64)
+    sink.settle([kept])
+    assert [k for k, _ in storage.objects.keys("ds/v1/")] == ["ds/v1/" + kept.file]
+    missing = ChunkInfo("b-1234/p00001-cccccccc-chunk-00000.mdb", 1, 5, "0" * 64)
+    with pytest.raises(ydl.CacheCorrupted, match="p00001-cccccccc"):
+        sink.settle([kept, missing])
+
+
+# ----------------------------------------------------------------- Ray
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """A local Ray cluster of 2 CPUs on 127.0.0.1 for the session, shut down at its end."""
+    ray = pytest.importorskip("ray")
+    # Workers unpickle this module's datasets by reference: they need tests/ on their path.
+    path = os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])
+    ray.init(
+        num_cpus=2,
+        runtime_env={"env_vars": {"PYTHONPATH": path}},
+        include_dashboard=False,
+        _node_ip_address="127.0.0.1",
+        log_to_driver=False,
+        logging_level="warning",
+    )
+    yield ray
+    ray.shutdown()
+
+
+def test_ray_build_equals_the_serial_build(tmp_path, local_storage, ray_cluster):
+    data = write_parquet(tmp_path / "data")
+    serial = ydl.cache_dataset(str(data), "events", "serial", local_storage)
+    on_ray = ydl.cache_dataset(str(data), "events", "ray", local_storage, engine="ray")
+    assert_same_records(serial, on_ray)
+    assert len(on_ray.manifest.chunks) == 8  # 4 parts per CPU of the cluster
+
+
+def test_ray_task_killed_once_is_retried_without_duplicates(tmp_path, local_storage, ray_cluster):
+    marker = tmp_path / "crashed"
+    source = Squares(1000, marker=str(marker), crash_at=450)
+    ref = ydl.cache_dataset(source, "squares", "ray", local_storage, engine="ray", workers=2)
+    assert marker.exists()
+    assert_same_records(ydl.cache_dataset(Squares(1000), "squares", "serial", local_storage), ref)
+    assert version_files(local_storage, "squares", "ray") == {
+        MANIFEST_NAME,
+        *(c.file for c in ref.manifest.chunks),
+    }
+
+
+def test_ray_task_errors_reach_the_caller_as_raised(local_storage, ray_cluster):
+    with pytest.raises(ydl.SchemaError, match="record 777"):
+        ydl.cache_dataset(Squares(1000, bad_at=777), "squares", "v1", local_storage, engine="ray")
+    assert local_storage.list() == []
+
+
+def test_ray_tasks_upload_their_chunks_into_the_bucket(tmp_path, s3_server, s3_bucket, ray_cluster):
+    storage = ydl.S3Storage(
+        s3_bucket, "team", local_cache=tmp_path / "builder", endpoint_url=s3_server.endpoint_url,
+        aws_access_key_id=s3_server.access_key, aws_secret_access_key=s3_server.secret_key,
+        region_name=s3_server.region,
+    )  # fmt: skip
+    data = write_parquet(tmp_path / "data")
+    ref = ydl.cache_dataset(str(data), "ev", "v1", storage, engine="ray")
+    builds = {c.file.split("/")[0] for c in ref.manifest.chunks}
+    assert len(builds) == 1 and all("/p0000" in c.file for c in ref.manifest.chunks)
+    listed = sorted(k for k, _ in storage.objects.keys("ev/v1/"))
+    chunks = ["ev/v1/" + c.file for c in ref.manifest.chunks]
+    assert listed == sorted(["ev/v1/manifest.json", *chunks])
+    serial = ydl.cache_dataset(str(data), "ev", "serial", ydl.LocalStorage(tmp_path / "serial"))
+    assert_same_records(serial, ref)
+
+
+def test_a_ray_dataset_is_a_source(tmp_path, local_storage, ray_cluster):
+    import ray.data
+
+    context = ray.data.DataContext.get_current()
+    context.execution_options.preserve_order = True
+    items = [
+        {"id": i, "vec": np.full(2, i, np.float32), "var": np.arange(i % 3), "name": f"n{i}"}
+        for i in range(1000)
+    ]
+    dataset = ray.data.from_items(items, override_num_blocks=5)
+    on_ray = ydl.cache_dataset(dataset, "items", "ray", local_storage, engine="ray")
+    serial = ydl.cache_dataset(dataset, "items", "serial", local_storage)
+    assert_same_records(serial, on_ray)
+    assert [int(r["id"]) for r in on_ray.stream()] == list(range(1000))
+    assert on_ray[999]["vec"].tolist() == [999.0, 999.0]
+    assert on_ray[998]["var"].tolist() == [0, 1] and on_ray[998]["name"] == "n998"
+    assert len(on_ray.manifest.chunks) == 5 and on_ray.manifest.source_kind == "ray"
+    with pytest.raises(ValueError, match="engine='ray'"):
+        ydl.cache_dataset(dataset, "items", "pool", local_storage, workers=2)

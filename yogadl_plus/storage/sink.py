@@ -1,0 +1,114 @@
+"""Where the tasks of a parallel build put their chunk files.
+
+A task writes its part's chunks into a folder on its own machine and hands them to the sink,
+which makes them part of the build: a folder sink's folder *is* the build's staging folder (on a
+filesystem every worker sees); an upload sink sends them into the build's folder in a bucket.
+Both are picklable, so they travel to pool processes and Ray tasks. File names carry the part
+and a random attempt id, so a retried task never overwrites or duplicates another attempt's
+chunks; ``settle`` keeps only the chunks the manifest will name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import os
+import re
+import tempfile
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Sequence
+
+from yogadl_plus.cache.manifest import ChunkInfo
+from yogadl_plus.errors import CacheCorrupted
+from yogadl_plus.storage.objects import ObjectStore, with_retries
+
+__all__ = ["ChunkSink", "FolderSink", "UploadSink", "part_prefix"]
+
+_PART_FILE = re.compile(r"p\d{5,}-[0-9a-f]{8}-chunk-\d{5,}\.mdb")
+
+
+def part_prefix(part: int, attempt: str) -> str:
+    """The start of the chunk file names that attempt ``attempt`` of part ``part`` writes."""
+    return f"p{part:05d}-{attempt}-"
+
+
+class ChunkSink(ABC):
+    """The destination of the chunks that build tasks write."""
+
+    @abstractmethod
+    def folder(self) -> contextlib.AbstractContextManager[str]:
+        """A folder on this machine for a task to write its chunk files into."""
+
+    @abstractmethod
+    def deliver(self, folder: str, chunks: Sequence[ChunkInfo]) -> list[ChunkInfo]:
+        """Make chunks written in ``folder`` part of the build; returns them as the manifest
+        will name them."""
+
+    @abstractmethod
+    def settle(self, chunks: Sequence[ChunkInfo]) -> None:
+        """Before publishing: check every chunk in ``chunks`` is in place (CacheCorrupted if
+        not) and remove the chunk files of failed attempts."""
+
+
+class FolderSink(ChunkSink):
+    """Tasks write straight into the build's staging folder (shared by every worker)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def folder(self) -> contextlib.AbstractContextManager[str]:
+        return contextlib.nullcontext(self.path)
+
+    def deliver(self, folder: str, chunks: Sequence[ChunkInfo]) -> list[ChunkInfo]:
+        return list(chunks)
+
+    def settle(self, chunks: Sequence[ChunkInfo]) -> None:
+        named = {c.file: c for c in chunks}
+        for info in chunks:
+            path = os.path.join(self.path, info.file)
+            if not os.path.isfile(path) or os.path.getsize(path) != info.bytes:
+                raise CacheCorrupted(
+                    f"{path}: a build task reported this chunk, but it is not there"
+                )
+        for entry in os.listdir(self.path):
+            if _PART_FILE.fullmatch(entry) and entry not in named:
+                os.remove(os.path.join(self.path, entry))
+
+
+class UploadSink(ChunkSink):
+    """Tasks upload their chunks into ``<base><build>/`` of an object store, from wherever they
+    run; the storage publishes the manifest naming them."""
+
+    def __init__(self, objects: ObjectStore, base: str, build: str) -> None:
+        self.objects = objects
+        self.base = base
+        self.build = build
+
+    @contextlib.contextmanager
+    def folder(self) -> Iterator[str]:
+        with tempfile.TemporaryDirectory(prefix="yogadl-plus-part-") as path:
+            yield path
+
+    def deliver(self, folder: str, chunks: Sequence[ChunkInfo]) -> list[ChunkInfo]:
+        delivered = []
+        for info in chunks:
+            key = f"{self.base}{self.build}/{info.file}"
+            path = os.path.join(folder, info.file)
+            with_retries(functools.partial(self.objects.upload, key, path))
+            os.remove(path)  # free the worker's disk as soon as the chunk is in the bucket
+            delivered.append(dataclasses.replace(info, file=f"{self.build}/{info.file}"))
+        return delivered
+
+    def settle(self, chunks: Sequence[ChunkInfo]) -> None:
+        folder = f"{self.base}{self.build}/"
+        present = {key for key, _ in self.objects.keys(folder)}
+        named = {self.base + c.file for c in chunks}
+        missing = sorted(named - present)
+        if missing:
+            raise CacheCorrupted(
+                f"{self.objects.url}/{missing[0]}: a build task reported this chunk, but it is "
+                "not in the bucket"
+            )
+        for key in sorted(present - named):
+            with_retries(functools.partial(self.objects.delete, key))
