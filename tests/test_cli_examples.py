@@ -73,7 +73,13 @@ def python_blocks(path: Path) -> list[str]:
     return [block.split("```", 1)[0] for block in text.split("```python\n")[1:]]
 
 
-DOC_PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOC_PAGES = [  # README.md, then every page under docs/ (nested too), named by its path there
+    pytest.param(ROOT / "README.md", id="README.md"),
+    *(
+        pytest.param(p, id=p.relative_to(ROOT / "docs").as_posix())
+        for p in sorted((ROOT / "docs").rglob("*.md"))
+    ),
+]
 
 
 @pytest.mark.parametrize("page", DOC_PAGES, ids=lambda p: p.name)
