@@ -213,6 +213,16 @@ class S3Server:
         self.client().create_bucket(Bucket=name)
         return name
 
+    def empty_bucket(self, name: str) -> str:
+        """The bucket ``name``, made if missing and emptied if not (pages share one name)."""
+        client = self.client()
+        if name not in {b["Name"] for b in client.list_buckets().get("Buckets", [])}:
+            return self.make_bucket(name)
+        for page in client.get_paginator("list_objects_v2").paginate(Bucket=name):
+            for item in page.get("Contents", []):
+                client.delete_object(Bucket=name, Key=item["Key"])
+        return name
+
     def env(self) -> dict[str, str]:
         """Environment variables that point a default boto3 client at this server."""
         return {
@@ -356,6 +366,16 @@ class GCSServer:
         """Create a bucket (a unique name when ``name`` is None) and return its name."""
         name = name or f"test-{uuid.uuid4().hex[:16]}"
         self.client().create_bucket(name)
+        return name
+
+    def empty_bucket(self, name: str) -> str:
+        """The bucket ``name``, made if missing and emptied if not (pages share one name)."""
+        client = self.client()
+        bucket = client.lookup_bucket(name)
+        if bucket is None:
+            return self.make_bucket(name)
+        for blob in client.list_blobs(name):
+            blob.delete()
         return name
 
     def env(self) -> dict[str, str]:

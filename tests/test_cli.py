@@ -383,3 +383,18 @@ def test_copy_version_names_a_missing_chunk(local, tmp_path):
     with pytest.raises(ydl.CacheCorrupted, match=r"chunk .*chunk-00001\.mdb is missing"):
         copy_version(local, target, "sensors", "v1")
     assert target.list() == []
+
+
+def test_build_with_workers_equals_the_serial_build(tmp_path, capsys):
+    store = ["--storage", str(tmp_path)]
+    assert main(["build", DEMO_PARQUET, "sensors", "serial", *store]) == 0
+    assert main(["build", DEMO_PARQUET, "sensors", "pool", "--workers", "2", *store]) == 0
+    assert "5000 records in 5 chunk(s)" in capsys.readouterr().out  # one chunk per row group
+    storage = ydl.LocalStorage(tmp_path)
+    serial, pool = storage.fetch("sensors", "serial"), storage.fetch("sensors", "pool")
+    every = list(range(len(serial)))
+    assert all(
+        (serial.get_batch(every)[k] == pool.get_batch(every)[k]).all() for k in ("id", "features")
+    )
+    assert main(["build", DEMO_PARQUET, "sensors", "bad", "--workers", "0", *store]) == 2
+    assert "workers must be" in capsys.readouterr().err

@@ -94,12 +94,12 @@ def test_documentation_snippets_run(page, tmp_path, request, monkeypatch):
         s3 = request.getfixturevalue("s3_server")
         for name, value in s3.env().items():
             monkeypatch.setenv(name, value)
-        s3.make_bucket("my-team-bucket")
+        s3.empty_bucket("my-team-bucket")
     if "gs://my-team-bucket" in text:
         gcs = request.getfixturevalue("gcs_server")
         monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs.endpoint)
         monkeypatch.setenv("GOOGLE_CLOUD_PROJECT", gcs.project)
-        gcs.make_bucket("my-team-bucket")
+        gcs.empty_bucket("my-team-bucket")
     for block in python_blocks(page):
         code = block.replace("/tmp/caches", str(tmp_path))
         code = code.replace("/tmp/yogadl-docs", str(tmp_path))

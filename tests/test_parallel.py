@@ -232,6 +232,7 @@ def ray_cluster():
     ray = pytest.importorskip("ray")
     # Workers unpickle this module's datasets by reference: they need tests/ on their path.
     path = os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])
+    ray.shutdown()  # one a documentation snippet started, without this runtime environment
     ray.init(
         num_cpus=2,
         runtime_env={"env_vars": {"PYTHONPATH": path}},

@@ -21,8 +21,9 @@ from typing import Any
 import numpy as np
 
 import yogadl_plus as ydl
+from yogadl_plus.build import ENGINES
+from yogadl_plus.cache.manifest import check_chunk
 from yogadl_plus.storage import copy_version
-from yogadl_plus.storage.transfer import check_chunk
 
 __all__ = ["EXIT_CODES", "main"]
 
@@ -176,6 +177,8 @@ def cmd_build(args: argparse.Namespace) -> int:
         overwrite=args.overwrite,
         progress=not args.no_progress,
         chunk_bytes=args.chunk_mb << 20,
+        workers=args.workers,
+        engine=args.engine,
     )
     summary = _summary(storage, ref)
     _emit(args, summary, _describe(summary))
@@ -442,6 +445,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--columns", help="comma-separated Parquet columns to cache (default: all)")
     p.add_argument("--overwrite", action="store_true", help="rebuild if the version exists")
     p.add_argument("--chunk-mb", type=int, default=256, help="chunk file size (MiB, default 256)")
+    p.add_argument(
+        "--workers",
+        type=int,
+        help="build with this many processes (or, with --engine ray, Ray tasks in flight); "
+        "Parquet row groups or index ranges of a map-style dataset, one chunk per task",
+    )
+    p.add_argument(
+        "--engine",
+        choices=ENGINES,
+        default="local",
+        help="where parallel tasks run: local processes, or Ray (the cluster ray.init() joins, "
+        "e.g. via RAY_ADDRESS)",
+    )
 
     command("ls", cmd_ls, "list cached (dataset_id, version) pairs", storage, output)
     command("info", cmd_info, "show a version's schema, size, source and location", version)

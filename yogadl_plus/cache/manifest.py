@@ -23,6 +23,7 @@ __all__ = [
     "ChunkInfo",
     "Manifest",
     "bytes_sha256",
+    "check_chunk",
     "file_sha256",
 ]
 
@@ -150,3 +151,28 @@ def file_sha256(path: str, block: int = 1 << 22) -> str:
         while chunk := f.read(block):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+def check_chunk(
+    path: str,
+    info: ChunkInfo,
+    where: str | None = None,
+    damaged: str = "the version is damaged: delete it and build it again",
+) -> None:
+    """Raise CacheCorrupted unless the file at ``path`` has the size and sha256 of ``info``.
+
+    The message names the chunk as ``where`` (default: ``path``), the place a user can act on,
+    and ends with ``damaged``: what to do about it.
+    """
+    where = where or path
+    try:
+        size = os.path.getsize(path)
+    except FileNotFoundError:
+        raise CacheCorrupted(f"chunk {where} is missing") from None
+    if size != info.bytes:
+        raise CacheCorrupted(f"chunk {where} has {size} bytes, the manifest says {info.bytes}")
+    digest = file_sha256(path)
+    if digest != info.sha256:
+        raise CacheCorrupted(
+            f"chunk {where} has sha256 {digest}, the manifest says {info.sha256}; {damaged}"
+        )

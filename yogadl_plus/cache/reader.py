@@ -264,23 +264,10 @@ class ChunkSet:
 
     def verify(self) -> None:
         """Re-hash every chunk file against the manifest; CacheCorrupted names the first bad one."""
-        from yogadl_plus.cache.manifest import file_sha256
+        from yogadl_plus.cache.manifest import check_chunk
 
         for info in self.chunks:
-            path = os.path.join(self.directory, info.file)
-            if not os.path.exists(path):
-                raise CacheCorrupted(f"chunk {path} is missing")
-            size = os.path.getsize(path)
-            if size != info.bytes:
-                raise CacheCorrupted(
-                    f"chunk {path} has {size} bytes, the manifest says {info.bytes}"
-                )
-            digest = file_sha256(path)
-            if digest != info.sha256:
-                raise CacheCorrupted(
-                    f"chunk {path} has sha256 {digest}, the manifest says {info.sha256}; "
-                    "the version is damaged: delete it and build it again"
-                )
+            check_chunk(os.path.join(self.directory, info.file), info)
 
     def __len__(self) -> int:
         return self.num_records

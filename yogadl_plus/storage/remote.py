@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from yogadl_plus.cache.manifest import MANIFEST_NAME, ChunkInfo, Manifest, file_sha256
+from yogadl_plus.cache.manifest import MANIFEST_NAME, ChunkInfo, Manifest, check_chunk
 from yogadl_plus.checks import check_int
 from yogadl_plus.dataref import DataRef
 from yogadl_plus.errors import CacheCorrupted, DatasetNotFound, StorageError
@@ -180,7 +180,13 @@ class RemoteStorage(Storage):
             info, path = job
             key = base + info.file
             with_retries(lambda: self.objects.download(key, path))
-            _check_download(f"{self.url}/{key}", path, info)
+            check_chunk(
+                path,
+                info,
+                f"{self.url}/{key}",
+                "the remote object is damaged: nothing was kept; rebuild the version "
+                "(overwrite=True)",
+            )
 
         self._parallel(one, jobs)
 
@@ -364,18 +370,6 @@ def _shard_chunks(num_chunks: int, shards: tuple[int, int] | None) -> list[int]:
     count = check_int("num_shards", count, 1)
     rank = check_int("shard_rank", rank, 0, count - 1)
     return list(range(rank, num_chunks, count))
-
-
-def _check_download(where: str, path: str, info: ChunkInfo) -> None:
-    size = os.path.getsize(path)
-    if size != info.bytes:
-        raise CacheCorrupted(f"{where}: downloaded {size} bytes, the manifest says {info.bytes}")
-    digest = file_sha256(path)
-    if digest != info.sha256:
-        raise CacheCorrupted(
-            f"{where}: downloaded sha256 {digest}, the manifest says {info.sha256}; the remote "
-            "object is damaged: nothing was kept; rebuild the version (overwrite=True)"
-        )
 
 
 def _valid_name(name: str) -> bool:

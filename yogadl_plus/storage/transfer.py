@@ -12,12 +12,12 @@ import os
 import shutil
 from collections.abc import Callable
 
-from yogadl_plus.cache.manifest import ChunkInfo, Manifest, file_sha256
+from yogadl_plus.cache.manifest import Manifest, check_chunk
 from yogadl_plus.dataref import DataRef
 from yogadl_plus.errors import CacheCorrupted
 from yogadl_plus.storage.base import Storage
 
-__all__ = ["check_chunk", "copy_version"]
+__all__ = ["copy_version"]
 
 
 def copy_version(
@@ -63,7 +63,7 @@ def _place_chunks(
             _link_or_copy(original, placed)
         except FileNotFoundError:
             raise CacheCorrupted(f"chunk {original} is missing") from None
-        check_chunk(placed, info, name=original)
+        check_chunk(placed, info, where=original)
         chunks.append(dataclasses.replace(info, file=name))
         if progress is not None:
             progress(info.bytes)
@@ -81,21 +81,3 @@ def _link_or_copy(source: str, target: str) -> None:
         raise
     except OSError:
         shutil.copyfile(source, target)
-
-
-def check_chunk(path: str, info: ChunkInfo, name: str | None = None) -> None:
-    """Raise CacheCorrupted unless the file at ``path`` has the size and sha256 of ``info``;
-    the message names the chunk as ``name`` (default: ``path``), the file a user can act on."""
-    name = name or path
-    try:
-        size = os.path.getsize(path)
-    except FileNotFoundError:
-        raise CacheCorrupted(f"chunk {name} is missing") from None
-    if size != info.bytes:
-        raise CacheCorrupted(f"chunk {name} has {size} bytes, the manifest says {info.bytes}")
-    digest = file_sha256(path)
-    if digest != info.sha256:
-        raise CacheCorrupted(
-            f"chunk {name} has sha256 {digest}, the manifest says {info.sha256}; the version "
-            "is damaged: delete it and build it again"
-        )
