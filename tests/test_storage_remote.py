@@ -541,3 +541,17 @@ def test_verify_pulls_a_damaged_local_copy_again(spec: dict, tmp_path: Path) -> 
     chunk.write_bytes(bytes(damaged))
     machine.verify("d", "v")
     assert chunk.read_bytes() == good
+
+
+def test_on_transfer_counts_every_chunk_uploaded_and_downloaded(spec: dict, tmp_path: Path) -> None:
+    builder = make_storage(spec, tmp_path / "a")
+    uploaded: list[int] = []
+    builder.on_transfer = uploaded.append
+    ref = ydl.cache_dataset(records(3000), "ds", "v1", builder, chunk_bytes=64 << 10)
+    sizes = sorted(c.bytes for c in ref.manifest.chunks)
+    assert len(sizes) > 1 and sorted(uploaded) == sizes
+    reader = make_storage(spec, tmp_path / "b")
+    downloaded: list[int] = []
+    reader.on_transfer = downloaded.append
+    reader.fetch("ds", "v1")
+    assert sorted(downloaded) == sizes

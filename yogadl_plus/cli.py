@@ -24,6 +24,7 @@ import yogadl_plus as ydl
 from yogadl_plus.build import ENGINES
 from yogadl_plus.cache.manifest import check_chunk
 from yogadl_plus.storage import copy_version
+from yogadl_plus.storage.remote import RemoteStorage
 
 __all__ = ["EXIT_CODES", "main"]
 
@@ -263,7 +264,11 @@ def cmd_verify(args: argparse.Namespace) -> int:
 def _copy(args: argparse.Namespace, source: ydl.Storage, target: ydl.Storage) -> int:
     """push and pull: the same copy, in opposite directions."""
     name = f"{args.dataset_id}:{args.version}"
+    # One bar for the bytes moved: downloaded or uploaded by a bucket, checked and placed here.
     with _progress(args, f"{args.command}ing {name}", None, "B") as advance:
+        for storage in (source, target):
+            if isinstance(storage, RemoteStorage):
+                storage.on_transfer = advance
         ref = copy_version(
             source,
             target,

@@ -71,6 +71,9 @@ class RemoteStorage(Storage):
         self.max_transfers = max_transfers
         self._bucket_checked = False
         self._leases = threading.local()
+        #: Called with a chunk's size in bytes after each chunk upload or download (progress
+        #: bars); from the transfer threads.
+        self.on_transfer: Callable[[int], object] | None = None
 
     def _check_bucket(self) -> None:
         """Fail early, naming the URL, if the bucket is missing or closed to us (some stores
@@ -187,6 +190,8 @@ class RemoteStorage(Storage):
                 "the remote object is damaged: nothing was kept; rebuild the version "
                 "(overwrite=True)",
             )
+            if self.on_transfer is not None:
+                self.on_transfer(info.bytes)
 
         self._parallel(one, jobs)
 
@@ -312,6 +317,8 @@ class RemoteStorage(Storage):
         def one(info: ChunkInfo) -> None:
             path = os.path.join(folder, info.file)
             with_retries(lambda: self.objects.upload(prefix + info.file, path))
+            if self.on_transfer is not None:
+                self.on_transfer(info.bytes)
 
         self._parallel(one, list(chunks))
 
