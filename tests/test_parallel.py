@@ -28,24 +28,34 @@ torch_data = pytest.importorskip("torch.utils.data")
 
 
 class Squares(torch_data.Dataset):
-    """A map-style dataset; item ``crash_at`` kills its worker (SIGKILL) or raises an OSError
-    the first time it is read (a marker file remembers), and ``bad_at`` is not a record."""
+    """A map-style dataset; items in ``crash_at`` kill their worker (SIGKILL) or raise an
+    OSError the first time they are read (marker files remember), and ``bad_at`` is no record."""
 
-    def __init__(self, n, marker=None, crash_at=-1, how="kill", bad_at=-1):
+    def __init__(self, n, marker=None, crash_at=(), how="kill", bad_at=-1):
         self.n, self.marker, self.crash_at, self.how, self.bad_at = n, marker, crash_at, how, bad_at
 
     def __len__(self):
         return self.n
 
     def __getitem__(self, i):
-        if i == self.crash_at and not os.path.exists(self.marker):
-            Path(self.marker).write_text(str(os.getpid()))
+        if i in self.crash_at and not os.path.exists(f"{self.marker}-{i}"):
+            Path(f"{self.marker}-{i}").write_text(str(os.getpid()))
             if self.how == "kill":
                 os.kill(os.getpid(), signal.SIGKILL)
             raise ConnectionResetError("the network blinked")
         if i == self.bad_at:
             return {"x": "not a vector", "i": i}
         return {"x": np.full(3, i, dtype=np.float32) ** 2, "i": np.int64(i)}
+
+
+class KillsItsWorker(Squares):
+    """Item 90 kills its worker every time it is read (after the 64 the driver reads for the
+    schema)."""
+
+    def __getitem__(self, i):
+        if i == 90:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return super().__getitem__(i)
 
 
 def write_parquet(folder: Path, files: int = 3, rows: int = 900, group: int = 100) -> Path:
@@ -117,9 +127,9 @@ def test_pool_build_of_a_map_style_dataset_and_a_list(local_storage):
 @pytest.mark.parametrize("how", ["kill", "oserror"])
 def test_a_part_that_dies_once_is_built_again_without_duplicates(tmp_path, local_storage, how):
     marker = tmp_path / "crashed"
-    source = Squares(1000, marker=str(marker), crash_at=700, how=how)
+    source = Squares(1000, marker=str(marker), crash_at=(700,), how=how)
     ref = ydl.cache_dataset(source, "squares", "v1", local_storage, workers=2)
-    assert marker.exists()  # the first attempt really died
+    assert (tmp_path / "crashed-700").exists()  # the first attempt really died
     assert_same_records(ydl.cache_dataset(Squares(1000), "squares", "serial", local_storage), ref)
     # The dead attempt's files are gone: the version holds exactly what its manifest names.
     assert version_files(local_storage, "squares", "v1") == {
@@ -127,6 +137,44 @@ def test_a_part_that_dies_once_is_built_again_without_duplicates(tmp_path, local
         *(c.file for c in ref.manifest.chunks),
     }
     ref.verify()
+
+
+def test_crashes_of_different_parts_are_charged_only_to_the_part_that_crashed(
+    tmp_path, local_storage
+):
+    # Three parts each kill their worker once; every kill also breaks the pool under the parts
+    # queued behind it, which must not use up their attempts.
+    crash_at = (99, 199, 299)
+    source = Squares(800, marker=str(tmp_path / "crashed"), crash_at=crash_at)
+    ref = ydl.cache_dataset(source, "squares", "v1", local_storage, workers=2)
+    assert all((tmp_path / f"crashed-{i}").exists() for i in crash_at)
+    assert [int(r["i"]) for r in ref.stream()] == list(range(800))
+
+
+def test_a_part_that_always_kills_its_worker_ends_the_build(local_storage):
+    with pytest.raises(ydl.WorkerDied, match=r"part 7 .* died 3 times"):
+        ydl.cache_dataset(KillsItsWorker(100), "squares", "v1", local_storage, workers=2)
+    assert local_storage.list() == []
+
+
+def test_the_schema_is_inferred_from_the_first_records_across_parts(local_storage):
+    records = [{"x": np.zeros(3 if i < 30 else 4, np.float32), "i": i} for i in range(200)]
+    serial = ydl.cache_dataset(records, "shapes", "serial", local_storage)
+    parallel = ydl.cache_dataset(records, "shapes", "pool", local_storage, workers=2)
+    assert serial.schema["x"].shape == parallel.schema["x"].shape == (None,)
+    assert_same_records(serial, parallel)
+
+
+def test_parquet_files_of_different_types_are_read_as_the_dataset_types(tmp_path, local_storage):
+    data = tmp_path / "mixed"
+    data.mkdir()
+    pq.write_table(pa.table({"id": pa.array(range(150), pa.int32())}), data / "a.parquet",
+                   row_group_size=50)  # fmt: skip
+    pq.write_table(pa.table({"id": pa.array(range(150, 300), pa.int64())}), data / "b.parquet",
+                   row_group_size=50)  # fmt: skip
+    serial = ydl.cache_dataset(str(data), "mixed", "serial", local_storage)
+    parallel = ydl.cache_dataset(str(data), "mixed", "pool", local_storage, workers=2)
+    assert_same_records(serial, parallel)
 
 
 def test_a_bad_record_fails_the_build_naming_it_and_publishes_nothing(local_storage):
@@ -255,9 +303,9 @@ def test_ray_build_equals_the_serial_build(tmp_path, local_storage, ray_cluster)
 
 def test_ray_task_killed_once_is_retried_without_duplicates(tmp_path, local_storage, ray_cluster):
     marker = tmp_path / "crashed"
-    source = Squares(1000, marker=str(marker), crash_at=450)
+    source = Squares(1000, marker=str(marker), crash_at=(450,))
     ref = ydl.cache_dataset(source, "squares", "ray", local_storage, engine="ray", workers=2)
-    assert marker.exists()
+    assert (tmp_path / "crashed-450").exists()
     assert_same_records(ydl.cache_dataset(Squares(1000), "squares", "serial", local_storage), ref)
     assert version_files(local_storage, "squares", "ray") == {
         MANIFEST_NAME,
@@ -288,6 +336,19 @@ def test_ray_tasks_upload_their_chunks_into_the_bucket(tmp_path, s3_server, s3_b
     assert_same_records(serial, ref)
 
 
+def test_a_failed_ray_build_leaves_no_chunks_in_the_bucket(
+    tmp_path, s3_server, s3_bucket, ray_cluster
+):
+    storage = ydl.S3Storage(
+        s3_bucket, "team", local_cache=tmp_path / "builder", endpoint_url=s3_server.endpoint_url,
+        aws_access_key_id=s3_server.access_key, aws_secret_access_key=s3_server.secret_key,
+        region_name=s3_server.region,
+    )  # fmt: skip
+    with pytest.raises(ydl.SchemaError, match="record 777"):
+        ydl.cache_dataset(Squares(1000, bad_at=777), "sq", "v1", storage, engine="ray", workers=1)
+    assert [k for k, _ in storage.objects.keys("sq/v1/")] == []
+
+
 def test_a_ray_dataset_is_a_source(tmp_path, local_storage, ray_cluster):
     import ray.data
 
@@ -305,5 +366,7 @@ def test_a_ray_dataset_is_a_source(tmp_path, local_storage, ray_cluster):
     assert on_ray[999]["vec"].tolist() == [999.0, 999.0]
     assert on_ray[998]["var"].tolist() == [0, 1] and on_ray[998]["name"] == "n998"
     assert len(on_ray.manifest.chunks) == 5 and on_ray.manifest.source_kind == "ray"
+    pieces = ydl.sources.as_source(dataset).split(2)
+    assert [(p.offset, p.length) for p in pieces] == [(i * 200, 200) for i in range(5)]
     with pytest.raises(ValueError, match="engine='ray'"):
         ydl.cache_dataset(dataset, "items", "pool", local_storage, workers=2)

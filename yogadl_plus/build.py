@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 __all__ = ["ENGINES", "build_version", "cache_dataset", "finish_version", "write_records"]
 
-_INFER_RECORDS = 64
+INFER_RECORDS = 64
 _BLOCK_RECORDS = 4096
 ENGINES = ("local", "ray")
 
@@ -141,7 +141,7 @@ def resolve_schema(
     records = iter(src.records())
     schema = schema if schema is not None else src.schema
     if schema is None:
-        head = list(itertools.islice(records, _INFER_RECORDS))
+        head = list(itertools.islice(records, INFER_RECORDS))
         schema = infer_schema(head)
         records = itertools.chain(head, records)
     return schema, records

@@ -15,6 +15,7 @@ import os
 import re
 import sys
 import time
+import traceback
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -26,17 +27,20 @@ from yogadl_plus.cache.manifest import check_chunk
 from yogadl_plus.storage import copy_version
 from yogadl_plus.storage.remote import RemoteStorage
 
-__all__ = ["EXIT_CODES", "main"]
+__all__ = ["EXIT_CODES", "INTERNAL_ERROR", "main"]
 
-# The first matching row gives the exit status (DatasetNotFound and StorageError are YogaErrors
-# too; StorageError is an OSError). 0: success; argparse's own usage errors exit 2.
+# The first matching row gives the exit status (DatasetNotFound, StorageError and WorkerDied are
+# YogaErrors too; StorageError is an OSError). 0: success; argparse's own usage errors exit 2;
+# anything else is a bug of ours: its traceback, and INTERNAL_ERROR.
 EXIT_CODES: tuple[tuple[tuple[type[BaseException], ...], int], ...] = (
     ((ydl.CacheCorrupted,), 1),
     ((ydl.DatasetNotFound,), 3),
     ((ydl.StorageError, OSError), 4),
-    ((ydl.YogaError, ValueError, NotImplementedError), 2),
+    ((ydl.WorkerDied,), 5),
+    ((ydl.YogaError, ValueError, NotImplementedError, ImportError), 2),
     ((KeyboardInterrupt,), 130),
 )
+INTERNAL_ERROR = 70  # EX_SOFTWARE (sysexits.h)
 
 # "package.module:function" (a Parquet path or URL has a '/' or no ':').
 _FACTORY = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")
@@ -401,7 +405,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="yogadl-plus",
         description="Versioned, random-access caches of deep-learning datasets.",
         epilog="exit codes: 0 ok, 1 verification failed, 2 bad usage or input, "
-        "3 dataset/version not found, 4 storage unreachable or denied, 130 interrupted",
+        "3 dataset/version not found, 4 storage unreachable or denied, 5 a build worker died, "
+        "70 internal error (a bug: please report its traceback), 130 interrupted",
     )
     parser.add_argument("--version", action="version", version=f"yogadl_plus {ydl.__version__}")
     storage = argparse.ArgumentParser(add_help=False)
@@ -517,7 +522,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (Exception, KeyboardInterrupt) as exc:
         code = _exit_code(exc)
         if code is None:
-            raise
+            traceback.print_exc()
+            return INTERNAL_ERROR
         print(f"yogadl-plus {args.command}: error: {_message(exc)}", file=sys.stderr)
         return code
 

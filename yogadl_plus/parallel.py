@@ -10,38 +10,38 @@ at once. Nothing is published unless every part is in place.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import multiprocessing
 import os
 import pickle
+import tempfile
 import uuid
 from collections.abc import Callable
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from yogadl_plus.build import (
-    finish_version,
-    progress_bar,
-    resolve_schema,
-    write_records,
-)
+from yogadl_plus.build import INFER_RECORDS, finish_version, progress_bar, write_records
 from yogadl_plus.cache.manifest import ChunkInfo, Manifest
 from yogadl_plus.errors import CacheCorrupted, YogaError
-from yogadl_plus.schema import Schema
+from yogadl_plus.schema import Schema, infer_schema
 from yogadl_plus.sources.base import Source
+from yogadl_plus.storage.objects import TransientStorageError
 from yogadl_plus.storage.sink import ChunkSink, part_prefix
 from yogadl_plus.workers import WorkerDied
 
 if TYPE_CHECKING:
     from yogadl_plus.storage.base import Storage
 
-__all__ = ["ATTEMPTS", "PartResult", "PartTask", "build_in_parallel", "write_part"]
+__all__ = ["ATTEMPTS", "RETRIED", "PartResult", "PartTask", "build_in_parallel", "write_part"]
 
 ATTEMPTS = 3
 _PARTS_PER_SLOT = 4  # more parts than slots: a slow part does not leave the others idle
-_RETRIED = (OSError,)
+# Errors worth another attempt of a part: a dropped connection, a timeout, a flaky store. Other
+# errors (a missing file, a bad record) would fail again: they end the build at once.
+RETRIED: tuple[type[BaseException], ...] = (ConnectionError, TimeoutError, TransientStorageError)
 
 
 @dataclass(frozen=True)
@@ -107,31 +107,40 @@ def build_in_parallel(
     if schema is None:
         schema = src.schema
     if schema is None:
-        first = next((p for p in parts if p.length != 0), parts[0]) if parts else src
-        schema, _ = resolve_schema(first, None)
+        # As a serial build does: from the first records of the source, across parts.
+        records = itertools.chain.from_iterable(p.records() for p in parts)
+        schema = infer_schema(list(itertools.islice(records, INFER_RECORDS)))
     sink = storage.chunk_sink(folder, distributed=engine == "ray")
     tasks = [PartTask(i, part, schema, chunk_bytes, sink) for i, part in enumerate(parts)]
     bar = progress_bar(progress, src.length, f"{dataset_id}:{version}")
     try:
         results = runner.run(tasks, bar.update if bar is not None else lambda _: None)
+        for task in tasks:
+            expected, wrote = task.source.length, results[task.number].records
+            if expected is not None and wrote != expected:
+                raise CacheCorrupted(
+                    f"part {task.number} ({task.source!r}) wrote {wrote} records, expected "
+                    f"{expected}"
+                )
+        chunks = list(itertools.chain.from_iterable(results[t.number].chunks for t in tasks))
+        sink.settle(chunks)
+    except BaseException:
+        sink.abort()  # chunks that tasks uploaded into a bucket go now, not at the next build
+        raise
     finally:
         if bar is not None:
             bar.close()
-    for task in tasks:
-        expected, wrote = task.source.length, results[task.number].records
-        if expected is not None and wrote != expected:
-            raise CacheCorrupted(
-                f"part {task.number} ({task.source!r}) wrote {wrote} records, expected {expected}"
-            )
-    chunks = list(itertools.chain.from_iterable(results[t.number].chunks for t in tasks))
-    sink.settle(chunks)
     return finish_version(folder, src, schema, chunks, dataset_id, version)
 
 
 class _PoolRunner:
     """Parts on a pool of ``workers`` processes, started from a fresh interpreter (safe
     whatever threads the parent runs): forked from a forkserver that has imported the build
-    code once, where there is one (half a second less per pool than spawning), else spawned."""
+    code once, where there is one (half a second less per pool than spawning), else spawned.
+
+    When a worker dies, every part in the pool fails with it; only the parts that had started
+    (each marks its start in a folder) are charged an attempt, the others simply run again.
+    """
 
     def __init__(self, workers: int | None) -> None:
         self.slots = workers or os.cpu_count() or 1
@@ -139,31 +148,69 @@ class _PoolRunner:
     def run(self, tasks: list[PartTask], done: Callable[[int], Any]) -> dict[int, PartResult]:
         _check_picklable(tasks)
         results: dict[int, PartResult] = {}
-        attempts = dict.fromkeys((t.number for t in tasks), 0)
+        failures: dict[int, list[BaseException]] = {t.number: [] for t in tasks}
+        barren_pools = 0  # pools that broke before any part started: workers cannot start
         context = _fresh_processes()
-        while len(results) < len(tasks):
-            pending = [t for t in tasks if t.number not in results]
-            pool = ProcessPoolExecutor(min(self.slots, len(pending)), mp_context=context)
-            try:
-                running = {pool.submit(write_part, t): t for t in pending}
-                for t in pending:
-                    attempts[t.number] += 1
-                while running:
-                    finished, _ = wait(running, return_when=FIRST_COMPLETED)
-                    for future in finished:
-                        task = running.pop(future)
-                        result = _result(future, task, attempts[task.number])
-                        if result is not None:
-                            results[task.number] = result
-                            done(result.records)
-                        elif not isinstance(future.exception(), BrokenProcessPool):
-                            running[pool.submit(write_part, task)] = task
-                            attempts[task.number] += 1
-            except BrokenProcessPool:
-                pass  # a worker died: start a new pool for the parts not done
-            finally:
-                pool.shutdown(wait=True, cancel_futures=True)
+        with tempfile.TemporaryDirectory(prefix="yogadl-plus-parts-") as started:
+            while len(results) < len(tasks):
+                pending = [t for t in tasks if t.number not in results]
+                charged = sum(map(len, failures.values()))
+                pool = ProcessPoolExecutor(min(self.slots, len(pending)), mp_context=context)
+                try:
+                    running = {pool.submit(_pool_part, t, started): t for t in pending}
+                    while running:
+                        finished, _ = wait(running, return_when=FIRST_COMPLETED)
+                        for future in finished:
+                            task = running.pop(future)
+                            error = future.exception()
+                            if error is None:
+                                results[task.number] = future.result()
+                                done(results[task.number].records)
+                            elif _charge(started, task, error, failures[task.number]):
+                                running[pool.submit(_pool_part, task, started)] = task
+                finally:
+                    pool.shutdown(wait=True, cancel_futures=True)
+                if len(results) < len(tasks) and sum(map(len, failures.values())) == charged:
+                    barren_pools += 1
+                    if barren_pools >= ATTEMPTS:
+                        raise WorkerDied(
+                            f"the build's worker processes died {ATTEMPTS} times before any "
+                            "part started: could they not start? (see the messages above)"
+                        )
         return results
+
+
+def _pool_part(task: PartTask, started: str) -> PartResult:
+    """In a pool worker: mark the part as started (for the driver, should this process die),
+    then write it."""
+    with open(os.path.join(started, str(task.number)), "w"):
+        pass
+    return write_part(task)
+
+
+def _charge(
+    started: str, task: PartTask, error: BaseException, failures: list[BaseException]
+) -> bool:
+    """Count a failed attempt against its part; raise when the build must end. True: submit
+    the part again to this pool (False: the pool broke, the next pool runs it)."""
+    marker = os.path.join(started, str(task.number))
+    had_started = os.path.exists(marker)
+    if had_started:
+        os.remove(marker)  # its next attempt marks it again
+    if isinstance(error, BrokenProcessPool):
+        if not had_started:
+            return False  # queued when another part's worker died: not its fault
+    elif not isinstance(error, RETRIED):
+        raise error
+    failures.append(error)
+    if len(failures) >= ATTEMPTS:
+        if not isinstance(error, BrokenProcessPool):
+            raise error
+        raise WorkerDied(
+            f"part {task.number} ({task.source!r}): its worker process died {ATTEMPTS} "
+            "times (killed, or out of memory? try fewer workers=)"
+        ) from error
+    return not isinstance(error, BrokenProcessPool)
 
 
 def _fresh_processes() -> multiprocessing.context.BaseContext:
@@ -172,25 +219,6 @@ def _fresh_processes() -> multiprocessing.context.BaseContext:
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(["yogadl_plus.parallel", "pyarrow.parquet"])
     return context
-
-
-def _result(future: Future[PartResult], task: PartTask, attempts: int) -> PartResult | None:
-    """The part's result; None to run it again; raises what ends the build."""
-    error = future.exception()
-    if error is None:
-        return future.result()
-    if not isinstance(error, (BrokenProcessPool, *_RETRIED)):
-        raise error
-    if attempts >= ATTEMPTS:
-        why = (
-            "its worker process died (killed, out of memory, or it could not start: see the "
-            "messages above)"
-            if isinstance(error, BrokenProcessPool)
-            else f"it failed with {error!r}"
-        )
-        message = f"part {task.number} ({task.source!r}): {why}, {attempts} times"
-        raise WorkerDied(message) from error
-    return None
 
 
 def _check_picklable(tasks: list[PartTask]) -> None:
@@ -220,8 +248,8 @@ class _RayRunner:
         import ray
 
         # Ray re-runs a task whose worker died, and one that raised a retried error.
-        remote = ray.remote(write_part).options(
-            num_cpus=1, max_retries=ATTEMPTS - 1, retry_exceptions=list(_RETRIED)
+        remote = ray.remote(_ray_part).options(
+            num_cpus=1, max_retries=ATTEMPTS - 1, retry_exceptions=list(RETRIED)
         )
         waiting = list(tasks)
         running: dict[Any, PartTask] = {}
@@ -230,7 +258,8 @@ class _RayRunner:
             while waiting or running:
                 while waiting and len(running) < self.slots:
                     task = waiting.pop(0)
-                    running[remote.remote(task)] = task
+                    block = getattr(task.source, "ray_object", None)
+                    running[remote.remote(task, block)] = task
                 finished, _ = ray.wait(list(running), num_returns=1)
                 task = running.pop(finished[0])
                 results[task.number] = _ray_result(ray, finished[0], task)
@@ -239,6 +268,14 @@ class _RayRunner:
             for ref in running:
                 ray.cancel(ref, force=True)
         return results
+
+
+def _ray_part(task: PartTask, block: Any = None) -> PartResult:
+    """In a Ray task. ``block``: the part's own Ray object (a ray.data block), passed as an
+    argument so that Ray schedules the task where it lives and hands it over resolved."""
+    if block is not None:
+        task = dataclasses.replace(task, source=task.source.with_object(block))  # type: ignore[attr-defined]
+    return write_part(task)
 
 
 def _ray_result(ray: Any, ref: Any, task: PartTask) -> PartResult:

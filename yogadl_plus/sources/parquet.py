@@ -216,13 +216,18 @@ class ParquetSource(Source):
             for path, group, _ in (groups[i] for i in run):
                 selection.setdefault(path, []).append(group)
             rows = sum(groups[i][2] for i in run)
-            pieces.append(_ParquetPiece(self.filesystem, selection, self.schema, offset, rows))
+            pieces.append(
+                _ParquetPiece(
+                    self.filesystem, selection, self.schema, self.arrow_schema, offset, rows
+                )
+            )
             offset += rows
         return pieces
 
 
 class _ParquetPiece(Source):
-    """Some row groups of some files of a ParquetSource, read with its schema."""
+    """Some row groups of some files of a ParquetSource, read with its schema: each file's
+    columns are cast to the dataset's types, as the dataset scanner of a serial build does."""
 
     kind = "parquet"
 
@@ -231,12 +236,14 @@ class _ParquetPiece(Source):
         filesystem: Any,
         selection: dict[str, list[int]],
         schema: Schema,
+        arrow_schema: Any,
         offset: int,
         rows: int,
     ) -> None:
         self.filesystem = filesystem
         self.selection = selection
         self._schema = schema
+        self.arrow_schema = arrow_schema
         self.offset = offset
         self.rows = rows
 
@@ -262,7 +269,21 @@ class _ParquetPiece(Source):
                     batch_size=_BATCH_ROWS, row_groups=groups, columns=names
                 )
                 for batch in batches:
-                    yield from batch_records(batch, self._schema)
+                    yield from batch_records(self._as_dataset_types(batch, path), self._schema)
+
+    def _as_dataset_types(self, batch: Any, path: str) -> Any:
+        import pyarrow as pa
+
+        table = pa.Table.from_batches([batch]).select(self.arrow_schema.names)
+        if table.schema.equals(self.arrow_schema):
+            return table
+        try:
+            return table.cast(self.arrow_schema)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+            raise SchemaError(
+                f"{path}: its columns {table.schema} do not convert to the dataset's "
+                f"{self.arrow_schema}: {exc}"
+            ) from exc
 
 
 def batch_records(

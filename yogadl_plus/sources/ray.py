@@ -54,32 +54,59 @@ class RayDatasetSource(Source):
 
     def split(self, parts: int) -> list[Source]:
         """One piece per block of the executed dataset (``parts`` is not used: blocks are
-        Ray Data's own unit of parallelism)."""
+        Ray Data's own unit of parallelism), each knowing its rows and where they start."""
+        import ray
+
         schema = self.schema
-        return [_BlockPiece(ref, schema, i) for i, ref in enumerate(self.dataset.to_arrow_refs())]
+        refs = self.dataset.to_arrow_refs()
+        count = ray.remote(num_cpus=0)(_num_rows)
+        sizes = ray.get([count.remote(ref) for ref in refs])
+        starts = np.cumsum([0, *sizes])
+        return [
+            _BlockPiece(ref, schema, int(start), int(rows))
+            for ref, start, rows in zip(refs, starts, sizes)
+        ]
 
 
 class _BlockPiece(Source):
-    """One block of a ray.data.Dataset, by reference: read in a Ray task."""
+    """One block of a ray.data.Dataset. ``ray_object`` is its reference: the build passes it
+    to the task as an argument, so that Ray runs the task where the block lives and hands it
+    over as ``with_object(table)``."""
 
     kind = "ray"
 
-    def __init__(self, ref: Any, schema: Schema, number: int) -> None:
-        self.ref = ref
+    def __init__(self, ref: Any, schema: Schema, offset: int, rows: int, table: Any = None) -> None:
+        self.ray_object = ref
         self._schema = schema
-        self.number = number
+        self.offset = self.start = offset
+        self.rows = rows
+        self.table = table
 
     def __repr__(self) -> str:
-        return f"<block {self.number} of a ray.data.Dataset>"
+        return f"<rows {self.start}..{self.start + self.rows} of a ray.data.Dataset>"
 
     @property
     def schema(self) -> Schema:
         return self._schema
 
-    def records(self) -> Iterator[Mapping[str, Any]]:
-        import ray
+    @property
+    def length(self) -> int:
+        return self.rows
 
-        yield from batch_records(ray.get(self.ref), self._schema, _values)
+    def with_object(self, table: Any) -> _BlockPiece:
+        return _BlockPiece(None, self._schema, self.start, self.rows, table)
+
+    def records(self) -> Iterator[Mapping[str, Any]]:
+        table = self.table
+        if table is None:
+            import ray
+
+            table = ray.get(self.ray_object)
+        yield from batch_records(table, self._schema, _values)
+
+
+def _num_rows(table: Any) -> int:
+    return int(table.num_rows)
 
 
 def _field(arrow_field: Any) -> Field:

@@ -50,6 +50,10 @@ class ChunkSink(ABC):
         """Before publishing: check every chunk in ``chunks`` is in place (CacheCorrupted if
         not) and remove the chunk files of failed attempts."""
 
+    def abort(self) -> None:  # noqa: B027 (most sinks have nothing to undo)
+        """The build failed: remove what tasks delivered that the storage would not remove
+        with its staging folder (best effort)."""
+
 
 class FolderSink(ChunkSink):
     """Tasks write straight into the build's staging folder (shared by every worker)."""
@@ -67,9 +71,11 @@ class FolderSink(ChunkSink):
         named = {c.file: c for c in chunks}
         for info in chunks:
             path = os.path.join(self.path, info.file)
-            if not os.path.isfile(path) or os.path.getsize(path) != info.bytes:
+            size = os.path.getsize(path) if os.path.isfile(path) else None
+            if size != info.bytes:
+                found = "it is not there" if size is None else f"it has {size} bytes"
                 raise CacheCorrupted(
-                    f"{path}: a build task reported this chunk, but it is not there"
+                    f"{path}: a build task reported this chunk of {info.bytes} bytes, but {found}"
                 )
         for entry in os.listdir(self.path):
             if _PART_FILE.fullmatch(entry) and entry not in named:
@@ -112,3 +118,8 @@ class UploadSink(ChunkSink):
             )
         for key in sorted(present - named):
             with_retries(functools.partial(self.objects.delete, key))
+
+    def abort(self) -> None:
+        with contextlib.suppress(Exception):  # what stays is collected by the next build
+            for key, _ in list(self.objects.keys(f"{self.base}{self.build}/")):
+                with_retries(functools.partial(self.objects.delete, key))

@@ -16,6 +16,7 @@ from yogadl_plus.cache.manifest import Manifest, check_chunk
 from yogadl_plus.dataref import DataRef
 from yogadl_plus.errors import CacheCorrupted
 from yogadl_plus.storage.base import Storage
+from yogadl_plus.storage.remote import RemoteStorage
 
 __all__ = ["copy_version"]
 
@@ -35,11 +36,25 @@ def copy_version(
     Every chunk is checked against the source manifest's sha256 on the way, so a damaged copy
     is never spread: CacheCorrupted names the chunk and nothing is published. The new manifest
     equals the source's (fingerprint, creation time, library version) but for the chunk file
-    names, which are flat in the target. A remote source is pulled into its local cache first.
+    names, which are flat in the target. A remote source is pulled into its local cache first
+    (again, if that copy turns out damaged).
     ``progress(n)`` is called with each chunk's size in bytes once it is placed and checked.
     """
 
     def build(folder: str) -> Manifest:
+        origin = source.fetch(dataset_id, version)
+        try:
+            return _place_chunks(origin, folder, progress)
+        except CacheCorrupted:
+            if not isinstance(source, RemoteStorage):
+                raise
+        finally:
+            origin.close()
+        # A damaged local copy of a bucket's version: pull it again (downloads are checked).
+        del origin  # let go of its pin, so that the copy can be dropped
+        source.local_cache.remove(dataset_id, version)
+        for entry in os.listdir(folder):
+            os.remove(os.path.join(folder, entry))
         origin = source.fetch(dataset_id, version)
         try:
             return _place_chunks(origin, folder, progress)
