@@ -8,8 +8,9 @@ from typing import Any
 from yogadl_plus.sources.base import Source
 from yogadl_plus.sources.iterable import IterableSource
 from yogadl_plus.sources.parquet import ParquetSource
+from yogadl_plus.sources.petastorm import PetastormSource
 
-__all__ = ["IterableSource", "ParquetSource", "Source", "as_source"]
+__all__ = ["IterableSource", "ParquetSource", "PetastormSource", "Source", "as_source"]
 
 
 def _is_path_list(obj: Any) -> bool:
@@ -35,7 +36,9 @@ def as_source(obj: Any) -> Source:
     if isinstance(obj, Source):
         return obj
     if isinstance(obj, (str, os.PathLike)) or _is_path_list(obj):
-        return ParquetSource(obj)
+        from yogadl_plus.sources.petastorm import parquet_source
+
+        return parquet_source(obj)  # a Petastorm dataset is Parquet with a schema of its own
     framework = _framework_of(obj)
     if framework == "tensorflow" and hasattr(obj, "element_spec"):
         from yogadl_plus.sources.tensorflow import TFDatasetSource

@@ -120,6 +120,8 @@ class ParquetSource(Source):
     ) -> None:
         self.filesystem, self.paths = _expand(paths, filesystem)
         self.columns = list(columns) if columns is not None else None
+        #: Arrow column -> record values of a field (a subclass decodes its own encodings).
+        self.values: Callable[[Any, Field], Sequence[Any]] = column_values
         import pyarrow.dataset as pads
 
         try:
@@ -197,7 +199,7 @@ class ParquetSource(Source):
     def records(self) -> Iterator[Mapping[str, Any]]:
         scanner = self._dataset.scanner(columns=list(self.schema.names), batch_size=_BATCH_ROWS)
         for batch in scanner.to_batches():
-            yield from batch_records(batch, self.schema)
+            yield from batch_records(batch, self.schema, self.values)
 
     def split(self, parts: int) -> list[Source]:
         """Runs of whole row groups, balanced by rows (a row group is never cut)."""
@@ -218,7 +220,14 @@ class ParquetSource(Source):
             rows = sum(groups[i][2] for i in run)
             pieces.append(
                 _ParquetPiece(
-                    self.filesystem, selection, self.schema, self.arrow_schema, offset, rows
+                    self.filesystem,
+                    selection,
+                    self.schema,
+                    self.arrow_schema,
+                    offset,
+                    rows,
+                    self.values,
+                    self.kind,
                 )
             )
             offset += rows
@@ -239,11 +248,15 @@ class _ParquetPiece(Source):
         arrow_schema: Any,
         offset: int,
         rows: int,
+        values: Callable[[Any, Field], Sequence[Any]],
+        kind: str,
     ) -> None:
         self.filesystem = filesystem
         self.selection = selection
         self._schema = schema
         self.arrow_schema = arrow_schema
+        self.values = values
+        self.kind = kind
         self.offset = offset
         self.rows = rows
 
@@ -269,7 +282,8 @@ class _ParquetPiece(Source):
                     batch_size=_BATCH_ROWS, row_groups=groups, columns=names
                 )
                 for batch in batches:
-                    yield from batch_records(self._as_dataset_types(batch, path), self._schema)
+                    table = self._as_dataset_types(batch, path)
+                    yield from batch_records(table, self._schema, self.values)
 
     def _as_dataset_types(self, batch: Any, path: str) -> Any:
         import pyarrow as pa

@@ -1,0 +1,143 @@
+"""Petastorm datasets as a source: a store written by Petastorm 0.13.1 (tests/data, made by
+tests/data/make_petastorm_dataset.py in the side venv) caches as the tensors Petastorm's own
+reader decodes, and a hostile schema pickle is refused without running anything."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import yogadl_plus as ydl
+from yogadl_plus import codecs
+from yogadl_plus.sources.petastorm import UNISCHEMA_KEY, load_unischema
+
+DATA = Path(__file__).parent / "data"
+STORE = DATA / "petastorm_sensors"
+
+
+@pytest.fixture(scope="module")
+def expected() -> dict[str, np.ndarray]:
+    """What Petastorm's make_reader decoded from the store, by id (no pickles in the file)."""
+    with np.load(DATA / "petastorm_sensors_expected.npz", allow_pickle=False) as saved:
+        return {name: saved[name] for name in saved.files}
+
+
+def by_id(ref: ydl.DataRef) -> dict[str, list]:
+    batch = ref.get_batch(list(range(len(ref))))
+    order = np.argsort(np.asarray(batch["id"]))
+    return {name: [values[i] for i in order] for name, values in batch.items()}
+
+
+@pytest.mark.parametrize("workers", [None, 2])
+def test_a_petastorm_store_caches_the_tensors_petastorm_decodes(
+    expected, local_storage, workers
+):
+    ref = ydl.cache_dataset(str(STORE), "sensors", "v1", local_storage, workers=workers)
+    assert ref.manifest.source_kind == "petastorm" and len(ref) == 40
+    got = by_id(ref)
+    for name in ("id", "level", "station", "matrix", "image_png", "mask_png", "photo"):
+        assert np.array_equal(np.stack(got[name]), expected[name]), name
+    readings = [np.nan if v is None else v for v in got["reading"]]
+    assert np.array_equal(readings, expected["reading"], equal_nan=True)
+    assert got["reading"][4] is None  # a null stays a null
+    lengths = expected["trace_lengths"]
+    traces = np.split(expected["trace_values"], np.cumsum(lengths)[:-1])
+    assert all(np.array_equal(a, b) for a, b in zip(got["trace"], traces))
+
+
+def test_unischema_fields_map_to_our_codecs_dtypes_and_shapes():
+    schema = ydl.sources.PetastormSource(STORE).schema
+    expect = {
+        "id": (np.dtype("int64"), (), codecs.Scalar, False),
+        "station": (str, (), codecs.String, False),
+        "reading": (np.dtype("float64"), (), codecs.Scalar, True),
+        "matrix": (np.dtype("float32"), (4, 5), codecs.Raw, False),
+        "trace": (np.dtype("int16"), (None,), codecs.Compressed, False),
+        "image_png": (np.dtype("uint8"), (12, 10, 3), codecs.Image, False),
+        "mask_png": (np.dtype("uint8"), (8, 8), codecs.Image, False),
+        "photo": (np.dtype("uint8"), (16, 16, 3), codecs.Raw, False),  # JPEG: decoded pixels
+    }
+    for name, (dtype, shape, codec, nullable) in expect.items():
+        field = schema[name]
+        assert (field.dtype, field.shape, type(field.codec), field.nullable) == (
+            dtype, shape, codec, nullable
+        ), name
+
+
+def test_columns_select_fields_and_unknown_ones_are_named(local_storage):
+    source = ydl.sources.PetastormSource(f"file://{STORE}", columns=["photo", "id"])
+    ref = ydl.cache_dataset(source, "sensors", "two", local_storage)
+    assert ref.schema.names == ("photo", "id") and ref[0]["photo"].shape == (16, 16, 3)
+    with pytest.raises(ydl.SchemaError, match=r"\['nope'\]"):
+        ydl.sources.PetastormSource(STORE, columns=["id", "nope"])
+
+
+def test_plain_parquet_is_not_mistaken_for_petastorm(tmp_path):
+    pq.write_table(pa.table({"x": [1, 2]}), tmp_path / "a.parquet")
+    assert type(ydl.sources.as_source(str(tmp_path))) is ydl.sources.ParquetSource
+    with pytest.raises(ydl.SchemaError, match="no Petastorm schema"):
+        ydl.sources.PetastormSource(tmp_path)
+
+
+# --------------------------------------------------------------------------- hostile stores
+
+
+class RunsACommand:
+    """A pickle that calls os.system when loaded by a plain unpickler."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+class CallsEval:
+    def __reduce__(self):
+        return (eval, ("__import__('os').getcwd()",))
+
+
+def store_with_schema(tmp_path: Path, payload: bytes) -> Path:
+    """A copy of the test store whose _common_metadata carries ``payload`` as its Unischema."""
+    store = tmp_path / "hostile"
+    shutil.copytree(STORE, store)
+    schema = pq.read_schema(store / "_common_metadata")
+    metadata = {**schema.metadata, UNISCHEMA_KEY: payload}
+    pq.write_metadata(schema.with_metadata(metadata), store / "_common_metadata")
+    return store
+
+
+@pytest.mark.parametrize(
+    "make, refused",
+    [
+        (lambda marker: RunsACommand(marker), r"posix\.system"),
+        (lambda marker: CallsEval(), r"builtins\.eval"),
+        (lambda marker: {"fields": [shutil.rmtree]}, r"shutil\.rmtree"),
+    ],
+)
+def test_a_hostile_schema_pickle_is_refused_and_runs_nothing(
+    tmp_path, local_storage, make, refused
+):
+    marker = tmp_path / "pwned"
+    payload = pickle.dumps(make(marker))
+    store = store_with_schema(tmp_path, payload)
+    with pytest.raises(ydl.SchemaError, match=f"refusing to unpickle {refused}"):
+        ydl.cache_dataset(str(store), "hostile", "v1", local_storage)
+    assert not marker.exists()
+    assert local_storage.list() == []
+    pickle.loads(pickle.dumps(RunsACommand(marker)))  # the payload is real: plain pickle runs it
+    assert marker.exists()
+
+
+def test_allowed_names_that_are_no_unischema_are_refused():
+    with pytest.raises(ydl.SchemaError, match="not a Unischema"):
+        load_unischema(pickle.dumps({"a": np.int64}), "store")
+    with pytest.raises(ydl.SchemaError, match="cannot read the Petastorm schema"):
+        load_unischema(b"not a pickle", "store")
