@@ -141,3 +141,45 @@ def test_allowed_names_that_are_no_unischema_are_refused():
         load_unischema(pickle.dumps({"a": np.int64}), "store")
     with pytest.raises(ydl.SchemaError, match="cannot read the Petastorm schema"):
         load_unischema(b"not a pickle", "store")
+
+
+@pytest.mark.parametrize("protocol", [0, 2, 4])
+def test_unischemas_pickled_with_old_protocols_load(monkeypatch, protocol):
+    """Old Petastorm stores hold protocol 0/2 pickles (copyreg._reconstructor, numpy.dtype):
+    pickle a look-alike Unischema from fake petastorm modules, then read it without them."""
+    import collections
+    import sys
+    import types
+
+    unischema_module = types.ModuleType("petastorm.unischema")
+    codecs_module = types.ModuleType("petastorm.codecs")
+
+    class Unischema:
+        pass
+
+    class UnischemaField(collections.namedtuple("F", "name numpy_dtype shape codec nullable")):
+        pass
+
+    class NdarrayCodec:
+        pass
+
+    for cls, module in ((Unischema, unischema_module), (UnischemaField, unischema_module),
+                        (NdarrayCodec, codecs_module)):  # fmt: skip
+        cls.__module__, cls.__qualname__ = module.__name__, cls.__name__
+        setattr(module, cls.__name__, cls)
+    for module in (types.ModuleType("petastorm"), unischema_module, codecs_module):
+        monkeypatch.setitem(sys.modules, module.__name__, module)
+    schema = Unischema()
+    field = UnischemaField("x", np.dtype(">f4"), (2, None), NdarrayCodec(), True)
+    schema._name, schema._fields = "Old", collections.OrderedDict(x=field)
+    data = pickle.dumps(schema, protocol=protocol)
+    for name in ("petastorm", "petastorm.unischema", "petastorm.codecs"):
+        monkeypatch.delitem(sys.modules, name)
+
+    (loaded,) = load_unischema(data, "old-store")
+    assert (loaded.name, loaded.shape, loaded.nullable) == ("x", (2, None), True)
+    assert loaded.numpy_dtype.dtype == np.dtype(">f4")  # the byte order survives
+    from yogadl_plus.sources.petastorm import our_field
+
+    ours, how = our_field(loaded, "old-store")  # cached in the machine's byte order
+    assert (ours.dtype, ours.shape, how) == (np.dtype("f4"), (2, None), "npy")

@@ -90,7 +90,10 @@ class _Dtype:
 
 
 def _reconstructor(cls: type, base: type, state: Any) -> Any:
-    """copyreg._reconstructor of protocol-0/1 pickles, for our stand-ins only."""
+    """copyreg._reconstructor of protocol-0/1 pickles, for our stand-ins only: a plain object,
+    or a UnischemaField (a namedtuple) from its values."""
+    if cls is _UnischemaField and base is tuple and isinstance(state, tuple):
+        return _UnischemaField(*state)
     if cls not in _STAND_INS or base is not object or state is not None:
         raise SchemaError(f"refusing to rebuild {cls!r} from {base!r} in a Petastorm schema")
     return object.__new__(cls)
@@ -122,7 +125,7 @@ _ALLOWED: dict[tuple[str, str], Any] = {
     **{
         (m, t.__name__): t
         for m in ("builtins", "__builtin__")
-        for t in (str, bytes, int, float, bool)
+        for t in (str, bytes, int, float, bool, tuple)
     },
     **{("pyspark.sql.types", t): type(t, (_SparkType,), {}) for t in _SPARK_TYPES},
     **{("numpy", t): getattr(np, t) for t in _NUMPY_TYPES if hasattr(np, t)},
