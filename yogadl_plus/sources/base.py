@@ -11,7 +11,7 @@ import numpy as np
 
 from yogadl_plus.schema import Schema
 
-__all__ = ["Source", "even_cuts", "even_ranges"]
+__all__ = ["Piece", "Source", "even_cuts", "even_ranges"]
 
 
 class Source(ABC):
@@ -45,6 +45,24 @@ class Source(ABC):
         process, and in order (their records, one piece after the other, are this source's
         records). None when the source can only be read once, in order (a generator)."""
         return None
+
+
+class Piece(Source):
+    """A part of a split source: its records start at ``start`` in the whole source, there are
+    ``rows`` of them, and they follow the whole source's schema."""
+
+    def __init__(self, schema: Schema, start: int, rows: int) -> None:
+        self._schema = schema
+        self.offset = self.start = start
+        self.rows = rows
+
+    @property
+    def schema(self) -> Schema:
+        return self._schema
+
+    @property
+    def length(self) -> int:
+        return self.rows
 
 
 def even_cuts(sizes: Sequence[int], parts: int) -> list[range]:

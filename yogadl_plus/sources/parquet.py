@@ -15,9 +15,9 @@ import numpy as np
 
 from yogadl_plus.errors import SchemaError, YogaError
 from yogadl_plus.schema import Field, Schema
-from yogadl_plus.sources.base import Source, even_cuts
+from yogadl_plus.sources.base import Piece, Source, even_cuts
 
-__all__ = ["ParquetSource", "arrow_to_schema", "batch_records", "column_values"]
+__all__ = ["ParquetSource", "arrow_to_schema", "batch_records", "column_values", "resolve_paths"]
 
 _BATCH_ROWS = 4096
 
@@ -151,13 +151,9 @@ class ParquetSource(Source):
         For list columns the leaf statistics also count empty lists, so a list column whose
         statistics report nulls has its top-level validity checked for real.
         """
-        import pyarrow.parquet as pq
-
         reported: set[str] = set()
         names = set(self.arrow_schema.names)
-        for path in self.paths:
-            with self.filesystem.open_input_file(path) as f:
-                meta = pq.ParquetFile(f).metadata
+        for meta in self._footers:
             for g in range(meta.num_row_groups):
                 group = meta.row_group(g)
                 for c in range(group.num_columns):
@@ -175,6 +171,17 @@ class ParquetSource(Source):
             data = self._dataset.to_table(columns=sorted(nested))
             reported -= {n for n in nested if data.column(n).null_count == 0}
         return reported
+
+    @functools.cached_property
+    def _footers(self) -> list[Any]:
+        """Each file's Parquet metadata, read once (null statistics and row groups)."""
+        import pyarrow.parquet as pq
+
+        footers = []
+        for path in self.paths:
+            with self.filesystem.open_input_file(path) as f:
+                footers.append(pq.ParquetFile(f).metadata)
+        return footers
 
     @functools.cached_property
     def schema(self) -> Schema:
@@ -203,12 +210,8 @@ class ParquetSource(Source):
 
     def split(self, parts: int) -> list[Source]:
         """Runs of whole row groups, balanced by rows (a row group is never cut)."""
-        import pyarrow.parquet as pq
-
         groups: list[tuple[str, int, int]] = []  # (file, row group, rows), in reading order
-        for path in self.paths:
-            with self.filesystem.open_input_file(path) as f:
-                meta = pq.ParquetFile(f).metadata
+        for path, meta in zip(self.paths, self._footers):
             groups += [(path, g, meta.row_group(g).num_rows) for g in range(meta.num_row_groups)]
         groups = [g for g in groups if g[2]]
         pieces: list[Source] = []
@@ -234,7 +237,7 @@ class ParquetSource(Source):
         return pieces
 
 
-class _ParquetPiece(Source):
+class _ParquetPiece(Piece):
     """Some row groups of some files of a ParquetSource, read with its schema: each file's
     columns are cast to the dataset's types, as the dataset scanner of a serial build does."""
 
@@ -251,26 +254,15 @@ class _ParquetPiece(Source):
         values: Callable[[Any, Field], Sequence[Any]],
         kind: str,
     ) -> None:
+        super().__init__(schema, offset, rows)
         self.filesystem = filesystem
         self.selection = selection
-        self._schema = schema
         self.arrow_schema = arrow_schema
         self.values = values
         self.kind = kind
-        self.offset = offset
-        self.rows = rows
 
     def __repr__(self) -> str:
-        start = self.offset or 0
-        return f"<Parquet rows {start}..{start + self.rows} of {list(self.selection)}>"
-
-    @property
-    def schema(self) -> Schema:
-        return self._schema
-
-    @property
-    def length(self) -> int:
-        return self.rows
+        return f"<Parquet rows {self.start}..{self.start + self.rows} of {list(self.selection)}>"
 
     def records(self) -> Iterator[Mapping[str, Any]]:
         import pyarrow.parquet as pq
@@ -316,6 +308,14 @@ def batch_records(
 
 def _expand(paths: Any, filesystem: Any) -> tuple[Any, list[str]]:
     """(the filesystem, the sorted Parquet file paths on it) for what the user named."""
+    filesystem, named = resolve_paths(paths, filesystem)
+    if filesystem.type_name == "local":
+        return filesystem, [os.path.abspath(f) for p in named for f in _local_files(p)]
+    return filesystem, [f for p in named for f in _remote_files(filesystem, p)]
+
+
+def resolve_paths(paths: Any, filesystem: Any = None) -> tuple[Any, list[str]]:
+    """(the filesystem, each path or URL the user named as a path on it), listing nothing."""
     import pyarrow.fs as pafs
 
     items = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
@@ -327,8 +327,7 @@ def _expand(paths: Any, filesystem: Any) -> tuple[Any, list[str]]:
     if scheme not in ("file", "s3", "gs"):
         raise YogaError(f"{texts[0]}: Parquet URLs may be file://, s3:// or gs://")
     if scheme == "file" and filesystem is None:
-        local = [t[len("file://") :] if t.startswith("file://") else t for t in texts]
-        return pafs.LocalFileSystem(), [os.path.abspath(f) for t in local for f in _local_files(t)]
+        return pafs.LocalFileSystem(), [os.path.abspath(t.removeprefix("file://")) for t in texts]
     if filesystem is None:
         try:
             filesystem, _ = pafs.FileSystem.from_uri(texts[0])
@@ -337,8 +336,7 @@ def _expand(paths: Any, filesystem: Any) -> tuple[Any, list[str]]:
                 f"{texts[0]}: cannot open its filesystem ({exc}); pass filesystem= (a pyarrow.fs "
                 "filesystem with your endpoint and credentials)"
             ) from exc
-    bare = [t.split("://", 1)[1] if "://" in t else t for t in texts]
-    return filesystem, [f for t in bare for f in _remote_files(filesystem, t)]
+    return filesystem, [t.split("://", 1)[1] if "://" in t else t for t in texts]
 
 
 def _local_files(text: str) -> list[str]:

@@ -21,7 +21,7 @@ import numpy as np
 from yogadl_plus import codecs
 from yogadl_plus.errors import SchemaError
 from yogadl_plus.schema import Field, Schema
-from yogadl_plus.sources.parquet import ParquetSource, column_values
+from yogadl_plus.sources.parquet import ParquetSource, column_values, resolve_paths
 
 __all__ = ["UNISCHEMA_KEY", "PetastormSource", "load_unischema", "parquet_source"]
 
@@ -261,7 +261,7 @@ class PetastormSource(ParquetSource):
     ) -> None:
         super().__init__(url, columns=columns, filesystem=filesystem)
         where = os.fspath(url)
-        unischema = _read_unischema(self.filesystem, _folder(where))
+        unischema = _read_unischema(self.filesystem, resolve_paths(url, self.filesystem)[1][0])
         if unischema is None:
             raise SchemaError(
                 f"{where}: no Petastorm schema (no _common_metadata with "
@@ -286,19 +286,11 @@ class PetastormSource(ParquetSource):
 def parquet_source(paths: Any) -> ParquetSource:
     """A PetastormSource when ``paths`` is one folder or URL holding a Petastorm dataset, else a
     ParquetSource."""
-    plain = ParquetSource(paths)
-    if not isinstance(paths, (str, os.PathLike)):
-        return plain
-    if _read_unischema(plain.filesystem, _folder(os.fspath(paths))) is None:
-        return plain
-    return PetastormSource(paths, filesystem=plain.filesystem)
-
-
-def _folder(text: str) -> str:
-    """A dataset URL or path as a path on its filesystem."""
-    if "://" in text and not text.startswith("file://"):
-        return text.split("://", 1)[1]
-    return os.path.abspath(text.removeprefix("file://"))
+    if isinstance(paths, (str, os.PathLike)):
+        filesystem, (folder,) = resolve_paths(paths)
+        if _read_unischema(filesystem, folder) is not None:
+            return PetastormSource(paths, filesystem=filesystem)
+    return ParquetSource(paths)
 
 
 def _read_unischema(filesystem: Any, folder: str) -> bytes | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -9,7 +10,7 @@ import numpy as np
 
 from yogadl_plus.errors import YogaError
 from yogadl_plus.schema import Field, Schema
-from yogadl_plus.sources.base import Source
+from yogadl_plus.sources.base import Piece, Source
 from yogadl_plus.sources.parquet import arrow_to_schema, batch_records, column_values
 
 __all__ = ["RayDatasetSource"]
@@ -36,8 +37,8 @@ class RayDatasetSource(Source):
     def __repr__(self) -> str:
         return f"RayDatasetSource({self.dataset!r})"
 
-    @property
-    def schema(self) -> Schema:
+    @functools.cached_property
+    def schema(self) -> Schema:  # asked by the build, records() and split(): Ray works it out once
         found = self.dataset.schema()
         arrow = getattr(found, "base_schema", found)
         if not hasattr(arrow, "names") or not hasattr(arrow, "field"):
@@ -68,7 +69,7 @@ class RayDatasetSource(Source):
         ]
 
 
-class _BlockPiece(Source):
+class _BlockPiece(Piece):
     """One block of a ray.data.Dataset. ``ray_object`` is its reference: the build passes it
     to the task as an argument, so that Ray runs the task where the block lives and hands it
     over as ``with_object(table)``."""
@@ -76,22 +77,12 @@ class _BlockPiece(Source):
     kind = "ray"
 
     def __init__(self, ref: Any, schema: Schema, offset: int, rows: int, table: Any = None) -> None:
+        super().__init__(schema, offset, rows)
         self.ray_object = ref
-        self._schema = schema
-        self.offset = self.start = offset
-        self.rows = rows
         self.table = table
 
     def __repr__(self) -> str:
         return f"<rows {self.start}..{self.start + self.rows} of a ray.data.Dataset>"
-
-    @property
-    def schema(self) -> Schema:
-        return self._schema
-
-    @property
-    def length(self) -> int:
-        return self.rows
 
     def with_object(self, table: Any) -> _BlockPiece:
         return _BlockPiece(None, self._schema, self.start, self.rows, table)
