@@ -16,6 +16,7 @@ from yogadl_plus.checks import check_int
 from yogadl_plus.errors import SourceChangedWarning
 from yogadl_plus.schema import Schema, infer_schema
 from yogadl_plus.sources import Source, as_source
+from yogadl_plus.sources.spark import SparkDataFrameSource
 
 if TYPE_CHECKING:
     from yogadl_plus.dataref import DataRef
@@ -50,7 +51,8 @@ def cache_dataset(
     cluster that ``ray.init()`` joins (``workers`` then caps the tasks in flight): the source is
     cut into parts (Parquet row groups, index ranges of a map-style dataset, blocks of a
     ``ray.data.Dataset``), each task writes its part's chunks, and the result equals a serial
-    build record for record.
+    build record for record. A Spark DataFrame is always built by Spark's executors, one task
+    per partition, in partition order.
     """
     from yogadl_plus.storage import check_name, default_storage
 
@@ -63,8 +65,19 @@ def cache_dataset(
     store = storage if storage is not None else default_storage()
     src = as_source(source)
     parallel = engine == "ray" or (workers or 1) > 1
+    if isinstance(src, SparkDataFrameSource) and (engine != "local" or workers is not None):
+        raise ValueError(
+            "a Spark DataFrame is built by Spark, one task per partition: leave out workers= "
+            "and engine= (repartition the DataFrame to change how many tasks write it)"
+        )
 
     def build(folder: str) -> Manifest:
+        if isinstance(src, SparkDataFrameSource):
+            from yogadl_plus.parallel import build_on_spark
+
+            return build_on_spark(
+                folder, src, dataset_id, version, store, schema=schema, chunk_bytes=chunk_bytes
+            )
         if parallel:
             from yogadl_plus.parallel import build_in_parallel
 

@@ -22,11 +22,11 @@ def _is_path_list(obj: Any) -> bool:
 
 
 def _framework_of(obj: Any) -> str:
-    """'tensorflow', 'torch', 'keras', 'ray' or '' for the framework an object's class comes from,
-    found without importing any framework."""
+    """'tensorflow', 'torch', 'keras', 'ray', 'pyspark' or '' for the framework an object's
+    class comes from, found without importing any framework."""
     for cls in type(obj).__mro__:
         root = cls.__module__.split(".")[0]
-        if root in ("tensorflow", "torch", "keras", "ray"):
+        if root in ("tensorflow", "torch", "keras", "ray", "pyspark"):
             return root
     return ""
 
@@ -56,6 +56,10 @@ def as_source(obj: Any) -> Source:
         from yogadl_plus.sources.ray import RayDatasetSource
 
         return RayDatasetSource(obj)
+    if framework == "pyspark" and hasattr(obj, "mapInArrow"):
+        from yogadl_plus.sources.spark import SparkDataFrameSource
+
+        return SparkDataFrameSource(obj)
     if callable(obj) or hasattr(obj, "__iter__"):
         return IterableSource(obj)
     raise TypeError(
