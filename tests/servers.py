@@ -444,3 +444,26 @@ def gcs_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GCSServer]:
 def gcs_bucket(gcs_server: GCSServer) -> str:
     """A fresh, empty bucket on ``gcs_server``; the value is its name."""
     return gcs_server.make_bucket()
+
+
+# --------------------------------------------------------------------------- Spark
+
+
+def stop_spark() -> None:
+    """Stop the SparkSession this process runs, if any, and the JVM it started (by its PID),
+    so that the next session starts a JVM of its own, with the environment of its time."""
+    pyspark = sys.modules.get("pyspark")
+    if pyspark is None:
+        return
+    from pyspark import SparkContext
+    from pyspark.sql import SparkSession
+
+    session = SparkSession.getActiveSession()
+    if session is not None:
+        session.stop()
+    gateway = SparkContext._gateway
+    if gateway is not None:
+        gateway.shutdown()
+        gateway.proc.kill()
+        gateway.proc.wait()
+        SparkContext._gateway = SparkContext._jvm = None

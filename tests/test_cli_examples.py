@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from servers import stop_spark
 
 import yogadl_plus as ydl
 
@@ -100,11 +101,14 @@ def test_documentation_snippets_run(page, tmp_path, request, monkeypatch):
         monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs.endpoint)
         monkeypatch.setenv("GOOGLE_CLOUD_PROJECT", gcs.project)
         gcs.empty_bucket("my-team-bucket")
-    for block in python_blocks(page):
-        code = block.replace("/tmp/caches", str(tmp_path))
-        code = code.replace("/tmp/yogadl-docs", str(tmp_path))
-        namespace: dict = {}
-        exec(compile(code, f"{page.name}", "exec"), namespace)
+    try:
+        for block in python_blocks(page):
+            code = block.replace("/tmp/caches", str(tmp_path))
+            code = code.replace("/tmp/yogadl-docs", str(tmp_path))
+            namespace: dict = {}
+            exec(compile(code, f"{page.name}", "exec"), namespace)
+    finally:
+        stop_spark()  # a page's Spark, and its JVM: the next page starts one with its own env
 
 
 @pytest.mark.parametrize(

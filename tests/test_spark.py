@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from servers import stop_spark
 
 import yogadl_plus as ydl
 from yogadl_plus.cache.manifest import MANIFEST_NAME
@@ -27,9 +28,9 @@ pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")  # pyspark on p
 def spark():
     """Spark in local mode on 127.0.0.1: 2 task threads, a failed task tried up to 3 times
     (local[2, 3]); stopped, its JVM included, at the end of the session."""
-    from pyspark import SparkContext
     from pyspark.sql import SparkSession
 
+    stop_spark()  # one a documentation snippet left, with another configuration
     tests = str(Path(__file__).parent)  # executors unpickle this module's functions by name
     os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"  # what the JVM binds, whatever the hostname
     session = (
@@ -47,13 +48,7 @@ def spark():
     )
     session.sparkContext.setLogLevel("FATAL")
     yield session
-    gateway = SparkContext._gateway
-    session.stop()
-    if gateway is not None:
-        gateway.shutdown()
-        gateway.proc.kill()  # the JVM this session started, by its PID
-        gateway.proc.wait()
-        SparkContext._gateway = SparkContext._jvm = None
+    stop_spark()
 
 
 def events(spark, rows: int = 3000, partitions: int = 3):

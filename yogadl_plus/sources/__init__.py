@@ -9,8 +9,16 @@ from yogadl_plus.sources.base import Source
 from yogadl_plus.sources.iterable import IterableSource
 from yogadl_plus.sources.parquet import ParquetSource
 from yogadl_plus.sources.petastorm import PetastormSource
+from yogadl_plus.sources.spark import SparkDataFrameSource
 
-__all__ = ["IterableSource", "ParquetSource", "PetastormSource", "Source", "as_source"]
+__all__ = [
+    "IterableSource",
+    "ParquetSource",
+    "PetastormSource",
+    "Source",
+    "SparkDataFrameSource",
+    "as_source",
+]
 
 
 def _is_path_list(obj: Any) -> bool:
@@ -57,8 +65,6 @@ def as_source(obj: Any) -> Source:
 
         return RayDatasetSource(obj)
     if framework == "pyspark" and hasattr(obj, "mapInArrow"):
-        from yogadl_plus.sources.spark import SparkDataFrameSource
-
         return SparkDataFrameSource(obj)
     if callable(obj) or hasattr(obj, "__iter__"):
         return IterableSource(obj)
