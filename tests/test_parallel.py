@@ -271,6 +271,35 @@ def test_upload_sink_keeps_only_the_named_chunks(tmp_path, s3_server, s3_bucket)
         sink.settle([kept, missing])
 
 
+def test_a_task_uploads_each_chunk_as_soon_as_it_is_written(tmp_path, s3_server, s3_bucket):
+    from remote_helpers import make_storage, spec_for
+
+    from yogadl_plus.build import write_records
+
+    storage = make_storage(spec_for("s3", s3_server, s3_bucket), tmp_path)
+    sink = UploadSink(storage.objects, "ds/v1/", "b-1234")
+    read, uploaded_after, on_disk = [0], [], []
+
+    def records():
+        for i in range(20_000):
+            read[0] += 1
+            yield {"x": np.full(16, i, np.float32)}
+
+    def deliver(info):
+        uploaded_after.append(read[0])
+        delivered = sink.deliver(str(tmp_path / "task"), info)
+        on_disk.append(len(os.listdir(tmp_path / "task")))
+        return delivered
+
+    (tmp_path / "task").mkdir()
+    schema = ydl.Schema([ydl.Field("x", np.float32, (16,))])
+    chunks = write_records(str(tmp_path / "task"), records(), schema, 32 << 10, on_chunk=deliver)
+    assert len(chunks) > 5 and uploaded_after[0] < 20_000  # before the source was read through
+    assert max(on_disk) <= 1  # the task held one chunk at a time on its disk
+    keys = sorted(k for k, _ in storage.objects.keys("ds/v1/b-1234/"))
+    assert keys == sorted(f"ds/v1/{c.file}" for c in chunks)
+
+
 # ----------------------------------------------------------------- Ray
 
 

@@ -197,24 +197,28 @@ def dies_once(marker: str, batches):
 
 
 class DiesAfterDelivering(ChunkSink):
-    """A build's sink that delivers as ``sink`` does; then, in the first attempt of partition
-    1, notes what it delivered in ``marker`` and kills its Python worker before Spark hears of
-    it: a whole set of chunks of a failed attempt is in place when Spark runs the task again."""
+    """A build's sink that delivers as ``sink`` does; in the first attempt of partition 1, once
+    it has delivered two chunks (into the folder, or uploaded into the bucket), it notes them in
+    ``marker`` and kills its Python worker: chunks of a failed attempt are in place when Spark
+    runs the task again."""
 
     def __init__(self, sink: ChunkSink, marker: str) -> None:
         self.sink, self.marker = sink, marker
+        self.delivered: list[str] = []
 
     def folder(self):
         return self.sink.folder()
 
-    def deliver(self, folder, chunks):
+    def deliver(self, folder, chunk):
         from pyspark import TaskContext
 
-        delivered = self.sink.deliver(folder, chunks)
+        delivered = self.sink.deliver(folder, chunk)
         context = TaskContext.get()
         if context.partitionId() == 1 and context.attemptNumber() == 0:
-            Path(self.marker).write_text(json.dumps([c.file for c in delivered]))
-            os.kill(os.getpid(), signal.SIGKILL)
+            self.delivered.append(delivered.file)
+            if len(self.delivered) == 2:
+                Path(self.marker).write_text(json.dumps(self.delivered))
+                os.kill(os.getpid(), signal.SIGKILL)
         return delivered
 
     def settle(self, chunks):
@@ -242,14 +246,14 @@ def always_dies(batches):
         yield batch
 
 
-def test_a_task_killed_after_writing_is_retried_without_duplicate_chunks(
+def test_a_task_killed_after_delivering_chunks_is_retried_without_duplicates(
     spark, local_storage, tmp_path, monkeypatch
 ):
     marker = tmp_path / "killed"
     dying_after_delivery(local_storage, marker, monkeypatch)
     ref = ydl.cache_dataset(events(spark), "events", "v1", local_storage, chunk_bytes=32 << 10)
     orphans = set(json.loads(marker.read_text()))
-    assert len(orphans) > 1  # the killed attempt had written all its chunks
+    assert len(orphans) == 2  # chunks the killed attempt had delivered
     assert_holds_events(ref, list(range(3000)))
     named = {c.file for c in ref.manifest.chunks}
     assert not named & orphans  # none of them published, and none left in the version
@@ -290,10 +294,10 @@ def test_tasks_upload_their_chunks_into_an_s3_bucket_once(
         region_name=s3_server.region,
     )  # fmt: skip
     marker = tmp_path / "killed"
-    dying_after_delivery(storage, marker, monkeypatch)  # after uploading its chunks
+    dying_after_delivery(storage, marker, monkeypatch)  # after uploading two chunks
     ref = ydl.cache_dataset(events(spark), "events", "v1", storage, chunk_bytes=32 << 10)
     orphans = json.loads(marker.read_text())
-    assert len(orphans) > 1 and not {c.file for c in ref.manifest.chunks} & set(orphans)
+    assert len(orphans) == 2 and not {c.file for c in ref.manifest.chunks} & set(orphans)
     keys = [o["Key"] for o in s3_server.client().list_objects_v2(Bucket=s3_bucket)["Contents"]]
     chunk_keys = sorted(k for k in keys if k.endswith(".mdb"))
     assert chunk_keys == sorted(f"team/events/v1/{c.file}" for c in ref.manifest.chunks)

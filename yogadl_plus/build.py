@@ -169,14 +169,23 @@ def write_records(
     first: int = 0,
     prefix: str = "",
     on_block: Callable[[int], Any] | None = None,
+    on_chunk: Callable[[ChunkInfo], ChunkInfo] | None = None,
 ) -> list[ChunkInfo]:
     """Encode ``records`` into chunk files ``<prefix>chunk-NNNNN.mdb`` in ``folder`` and check
-    that each reads back. ``first`` is the index of the first record, for error messages."""
+    that each reads back. ``first`` is the index of the first record, for error messages.
+    ``on_chunk`` takes each chunk as soon as it is checked (a build task uploads it while it
+    writes the next) and returns it as the manifest will name it."""
     layout = RecordLayout(schema)
     encode = layout.encode
     records = iter(records)
     written = first
-    with ChunkWriter(folder, chunk_bytes, prefix) as writer:
+    chunks: list[ChunkInfo] = []
+
+    def closed(info: ChunkInfo) -> None:
+        _check_readable(folder, schema, [info], layout)
+        chunks.append(on_chunk(info) if on_chunk is not None else info)
+
+    with ChunkWriter(folder, chunk_bytes, prefix, on_close=closed) as writer:
         while block := list(itertools.islice(records, _BLOCK_RECORDS)):
             encoded = [encode(r, written + j) for j, r in enumerate(block)]
             columns = layout.decode_columns(encoded, layout.column_fields)
@@ -184,8 +193,6 @@ def write_records(
             written += len(block)
             if on_block is not None:
                 on_block(len(block))
-        chunks = writer.close()
-    _check_readable(folder, schema, chunks, layout)
     return chunks
 
 
@@ -216,7 +223,7 @@ def finish_version(
 def _check_readable(
     folder: str, schema: Schema, chunks: list[ChunkInfo], layout: RecordLayout
 ) -> None:
-    """Reopen what was written and decode the first and last record of every chunk."""
+    """Reopen chunks just written and decode the first and last record of each."""
     chunk_set = ChunkSet(folder, Manifest("check", "check", schema, chunks))
     try:
         for start, info in zip(chunk_set.starts, chunks):

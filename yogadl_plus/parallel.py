@@ -87,9 +87,9 @@ def write_part(task: PartTask) -> PartResult:
             task.chunk_bytes,
             first=task.source.offset or 0,
             prefix=prefix,
+            on_chunk=functools.partial(task.sink.deliver, folder),
         )
-        delivered = task.sink.deliver(folder, chunks)
-    return PartResult(task.number, delivered, sum(c.records for c in chunks))
+    return PartResult(task.number, chunks, sum(c.records for c in chunks))
 
 
 def build_in_parallel(

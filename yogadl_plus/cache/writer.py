@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from types import TracebackType
 
 import lmdb
@@ -41,17 +41,23 @@ class ChunkWriter:
     Puts are buffered and written in large transactions with MDB_APPEND. If the memory map is
     too small, the transaction is aborted, the map grown, and the same buffered puts written
     again, so nothing is lost. ``prefix`` starts every file name: tasks of a parallel build
-    write into one folder without clashing.
+    write into one folder without clashing. ``on_close`` is called with each chunk as soon as
+    it is complete (a build task hands it on while writing the next).
     """
 
     def __init__(
-        self, directory: str, chunk_bytes: int = DEFAULT_CHUNK_BYTES, prefix: str = ""
+        self,
+        directory: str,
+        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+        prefix: str = "",
+        on_close: Callable[[ChunkInfo], object] | None = None,
     ) -> None:
         if chunk_bytes <= 0:
             raise ValueError(f"chunk_bytes must be > 0, got {chunk_bytes}")
         self.directory = directory
         self.chunk_bytes = chunk_bytes
         self.prefix = prefix
+        self.on_close = on_close
         self.chunks: list[ChunkInfo] = []
         self._env: lmdb.Environment | None = None
         self._pending: list[tuple[bytes, bytes]] = []
@@ -180,3 +186,5 @@ class ChunkWriter:
         )
         self._chunk_records = 0
         self._chunk_bytes = 0
+        if self.on_close is not None:
+            self.on_close(self.chunks[-1])

@@ -41,9 +41,9 @@ class ChunkSink(ABC):
         """A folder on this machine for a task to write its chunk files into."""
 
     @abstractmethod
-    def deliver(self, folder: str, chunks: Sequence[ChunkInfo]) -> list[ChunkInfo]:
-        """Make chunks written in ``folder`` part of the build; returns them as the manifest
-        will name them."""
+    def deliver(self, folder: str, chunk: ChunkInfo) -> ChunkInfo:
+        """Make a chunk just written in ``folder`` part of the build (while the task writes
+        the next); returns it as the manifest will name it."""
 
     @abstractmethod
     def settle(self, chunks: Sequence[ChunkInfo]) -> None:
@@ -64,8 +64,8 @@ class FolderSink(ChunkSink):
     def folder(self) -> contextlib.AbstractContextManager[str]:
         return contextlib.nullcontext(self.path)
 
-    def deliver(self, folder: str, chunks: Sequence[ChunkInfo]) -> list[ChunkInfo]:
-        return list(chunks)
+    def deliver(self, folder: str, chunk: ChunkInfo) -> ChunkInfo:
+        return chunk
 
     def settle(self, chunks: Sequence[ChunkInfo]) -> None:
         named = {c.file: c for c in chunks}
@@ -96,15 +96,13 @@ class UploadSink(ChunkSink):
         with tempfile.TemporaryDirectory(prefix="yogadl-plus-part-") as path:
             yield path
 
-    def deliver(self, folder: str, chunks: Sequence[ChunkInfo]) -> list[ChunkInfo]:
-        delivered = []
-        for info in chunks:
-            key = f"{self.base}{self.build}/{info.file}"
-            path = os.path.join(folder, info.file)
-            with_retries(functools.partial(self.objects.upload, key, path))
-            os.remove(path)  # free the worker's disk as soon as the chunk is in the bucket
-            delivered.append(dataclasses.replace(info, file=f"{self.build}/{info.file}"))
-        return delivered
+    def deliver(self, folder: str, chunk: ChunkInfo) -> ChunkInfo:
+        path = os.path.join(folder, chunk.file)
+        with_retries(
+            functools.partial(self.objects.upload, f"{self.base}{self.build}/{chunk.file}", path)
+        )
+        os.remove(path)  # a task needs disk for one chunk at a time, not for its whole part
+        return dataclasses.replace(chunk, file=f"{self.build}/{chunk.file}")
 
     def settle(self, chunks: Sequence[ChunkInfo]) -> None:
         folder = f"{self.base}{self.build}/"
