@@ -102,6 +102,26 @@ def test_columns_with_nulls_become_nullable(tmp_path):
     assert ref[0]["label"] is None and ref[1]["label"] == 1
 
 
+@pytest.mark.parametrize(
+    "values, arrow_type, shape, message",
+    [
+        ([[1.0, 2.0], [3.0], [4.0, 5.0, 6.0]], pa.float32(), (2,), r"record 1, .*got shape \(1,\)"),
+        ([[1.0, 2.0], [3.0, None]], pa.float32(), (2,), "record 1, .*null \\(None\\) inside"),
+        ([[1, 2], [3, None]], pa.int32(), None, "record 1, .*null \\(None\\) inside"),
+        ([[True], [None]], pa.bool_(), None, "record 1, .*null \\(None\\) inside"),
+    ],
+    ids=["ragged-in-a-fixed-shape", "null-inside-fixed", "null-inside-int", "null-inside-bool"],
+)
+def test_arrays_that_do_not_fit_name_their_record(tmp_path, values, arrow_type, shape, message):
+    """Never re-split across records, never a null turned into NaN or False."""
+    pq.write_table(pa.table({"v": pa.array(values, pa.list_(arrow_type))}), tmp_path / "a.parquet")
+    dtype = np.dtype(arrow_type.to_pandas_dtype())
+    schema = ydl.Schema([ydl.Field("v", dtype, shape)]) if shape else None
+    with pytest.raises(ydl.SchemaError, match=message):
+        ydl.cache_dataset(str(tmp_path / "a.parquet"), "a", "v1", ydl.LocalStorage(tmp_path / "s"),
+                          schema=schema, progress=False)  # fmt: skip
+
+
 def test_unsupported_arrow_type_names_the_column(tmp_path):
     path = tmp_path / "struct.parquet"
     pq.write_table(pa.table({"ok": [1, 2], "nested": [{"a": 1}, {"a": 2}]}), path)

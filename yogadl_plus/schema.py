@@ -186,6 +186,12 @@ def _convert_text(kind: type, name: str) -> Callable[[Any], Any]:
     return convert
 
 
+def _holds_none(value: Any) -> bool:
+    if isinstance(value, (list, tuple)):
+        return any(v is None or _holds_none(v) for v in value)
+    return False
+
+
 def _numeric_converter(field: Field) -> Callable[[Any], np.ndarray]:
     dtype: np.dtype = field.dtype
     shape = field.shape
@@ -212,13 +218,16 @@ def _numeric_converter(field: Field) -> Callable[[Any], np.ndarray]:
                 array = np.asarray(value, dtype=dtype)
                 same = np.array_equal(array, np.asarray(value), equal_nan=dtype.kind in "fc")
             except (OverflowError, ValueError, TypeError) as exc:
+                same, problem = False, f", not convertible to {dtype}: {exc}"
+            else:
+                problem = f" which is not exactly representable as {dtype}"
+            if not same and _holds_none(value):
                 raise ValueError(
-                    f"got {_describe_value(value)}, not convertible to {dtype}: {exc}"
-                ) from None
-            if not same:
-                raise ValueError(
-                    f"got {_describe_value(value)} which is not exactly representable as {dtype}"
+                    f"got {_describe_value(value)} with a null (None) inside; fill it, or "
+                    "leave the record out"
                 )
+            if not same:
+                raise ValueError(f"got {_describe_value(value)}{problem}")
         else:
             raise ValueError(f"got {_describe_value(value)}")
         if not shape_ok(array.shape):

@@ -81,6 +81,7 @@ def arrow_to_schema(arrow_schema: Any, nullable_columns: set[str] | None = None)
 def column_values(column: Any, field: Field) -> Sequence[Any]:
     """One Arrow column of a batch as a sequence of record values for ``field``."""
     import pyarrow as pa
+    import pyarrow.compute as pc
 
     if isinstance(column, pa.ChunkedArray):
         column = column.combine_chunks()
@@ -95,10 +96,31 @@ def column_values(column: Any, field: Field) -> Sequence[Any]:
         return column.to_numpy(zero_copy_only=False)
     if None not in field.shape:
         flat = column
-        for _ in field.shape:
+        for size in field.shape:
+            lengths = pc.list_value_length(flat)
+            if flat.null_count or pc.min_max(lengths).as_py() != {"min": size, "max": size}:
+                return column.to_pylist()  # ragged: each record is checked, and named
             flat = flat.flatten()
+        if flat.null_count:
+            return column.to_pylist()  # a null inside an array: each record is checked
         return flat.to_numpy(zero_copy_only=False).reshape((len(column), *field.shape))
-    return [np.asarray(v, dtype=field.dtype) for v in column.to_pylist()]
+    try:
+        if _nulls_inside(column):
+            raise ValueError
+        return [np.asarray(v, dtype=field.dtype) for v in column.to_pylist()]
+    except (ValueError, TypeError):
+        # Values that do not make arrays of the field's dtype (ragged inner lists, a null
+        # inside): as they are, for the encoder to name the record and field.
+        return column.to_pylist()
+
+
+def _nulls_inside(column: Any) -> bool:
+    """Whether the values of a list column hold a null at any depth."""
+    while _is_list(column.type):
+        column = column.flatten()
+        if column.null_count:
+            return True
+    return False
 
 
 class ParquetSource(Source):
