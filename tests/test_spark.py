@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -170,6 +171,19 @@ def test_unsupported_columns_are_named_before_spark_runs(spark, local_storage):
         ydl.cache_dataset(nested, "events", "v1", local_storage)
 
 
+def test_column_names_with_dots_or_differing_in_case(spark, local_storage):
+    frame = spark.range(0, 50, numPartitions=2).selectExpr("id as `a.b`", "id * 2 as ID", "id")
+    ref = ydl.cache_dataset(frame, "odd-names", "v1", local_storage)
+    assert list(ref.schema.names) == ["a.b", "ID", "id"]
+    assert [int(v) for v in ref.get_batch([0, 49])["ID"]] == [0, 98]
+
+
+def test_a_schema_naming_no_column_fails_before_spark_runs(spark, local_storage):
+    schema = ydl.Schema([ydl.Field("id", np.int64), ydl.Field("nope", np.float32)])
+    with pytest.raises(ydl.SchemaError, match=r"fields \['nope'\] of schema= are not columns"):
+        ydl.cache_dataset(events(spark), "events", "v1", local_storage, schema=schema)
+
+
 def test_spark_builds_take_no_workers_or_engine(spark, local_storage):
     with pytest.raises(ValueError, match="built by Spark, one task per partition"):
         ydl.cache_dataset(events(spark), "events", "v1", local_storage, workers=2)
@@ -235,6 +249,17 @@ def dying_after_delivery(storage, marker: Path, monkeypatch) -> None:
         "chunk_sink",
         lambda *args, **kw: DiesAfterDelivering(make(*args, **kw), str(marker)),
     )
+
+
+def fails_or_dawdles(batches):
+    """Partition 0 fails at once (a user's bug); the others pass their rows on slowly."""
+    from pyspark import TaskContext
+
+    for batch in batches:
+        if TaskContext.get().partitionId() == 0:
+            raise RuntimeError("a bug in the user's own code")
+        time.sleep(0.2)
+        yield batch
 
 
 def always_dies(batches):
@@ -307,6 +332,25 @@ def test_tasks_upload_their_chunks_into_an_s3_bucket_once(
         region_name=s3_server.region,
     )  # fmt: skip
     assert_holds_events(reader.fetch("events", "v1"), list(range(3000)))
+
+
+def test_a_failed_build_stops_its_tasks_before_cleaning_the_bucket(
+    spark, tmp_path, s3_server, s3_bucket
+):
+    storage = ydl.S3Storage(
+        s3_bucket, "team", local_cache=tmp_path / "builder", endpoint_url=s3_server.endpoint_url,
+        aws_access_key_id=s3_server.access_key, aws_secret_access_key=s3_server.secret_key,
+        region_name=s3_server.region,
+    )  # fmt: skip
+    base = events(spark, rows=20_000, partitions=2)
+    frame = base.mapInArrow(fails_or_dawdles, base.schema)
+    with pytest.raises(Exception, match="a bug in the user's own code"):
+        ydl.cache_dataset(frame, "events", "v1", storage, chunk_bytes=16 << 10)
+    time.sleep(3)  # a task still running would upload more chunks by now
+    keys = [
+        o["Key"] for o in s3_server.client().list_objects_v2(Bucket=s3_bucket).get("Contents", [])
+    ]
+    assert [k for k in keys if k.endswith(".mdb")] == []
 
 
 def test_tasks_upload_their_chunks_into_a_gcs_bucket(

@@ -73,7 +73,7 @@ def cache_dataset(
 
     def build(folder: str) -> Manifest:
         if isinstance(src, SparkDataFrameSource):
-            from yogadl_plus.parallel import build_on_spark
+            from yogadl_plus.spark_build import build_on_spark
 
             return build_on_spark(
                 folder, src, dataset_id, version, store, schema=schema, chunk_bytes=chunk_bytes

@@ -1,6 +1,6 @@
 """Parallel builds: cut a source into parts, write each part's chunks in its own task (a pool of
-processes on this machine, Ray tasks on a cluster, or Spark tasks, one per partition of a
-DataFrame), then check them and publish one version.
+processes on this machine, or Ray tasks on a cluster), then check them and publish one version.
+(Spark DataFrames are built by Spark's own tasks, the same way: see spark_build.py.)
 
 The driver keeps exactly one result per part, whatever happened to other attempts: a part
 whose task died (its process killed) or failed with an ``OSError`` (a dropped connection) runs
@@ -19,9 +19,7 @@ import multiprocessing
 import os
 import pickle
 import tempfile
-import traceback
 import uuid
-import warnings
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
@@ -38,7 +36,6 @@ from yogadl_plus.storage.sink import ChunkSink, part_prefix
 from yogadl_plus.workers import WorkerDied
 
 if TYPE_CHECKING:
-    from yogadl_plus.sources.spark import SparkDataFrameSource
     from yogadl_plus.storage.base import Storage
 
 __all__ = [
@@ -46,8 +43,9 @@ __all__ = [
     "RETRIED",
     "PartResult",
     "PartTask",
+    "aborted_on_failure",
     "build_in_parallel",
-    "build_on_spark",
+    "settled_chunks",
     "write_part",
 ]
 
@@ -128,7 +126,7 @@ def build_in_parallel(
     tasks = [PartTask(i, part, schema, chunk_bytes, sink) for i, part in enumerate(parts)]
     bar = progress_bar(progress, src.length, f"{dataset_id}:{version}")
     try:
-        with _aborted_on_failure(sink):
+        with aborted_on_failure(sink):
             results = runner.run(tasks, bar.update if bar is not None else lambda _: None)
             for task in tasks:
                 expected, wrote = task.source.length, results[task.number].records
@@ -137,104 +135,15 @@ def build_in_parallel(
                         f"part {task.number} ({task.source!r}) wrote {wrote} records, expected "
                         f"{expected}"
                     )
-            chunks = _settled(sink, [results[t.number] for t in tasks])
+            chunks = settled_chunks(sink, [results[t.number] for t in tasks])
     finally:
         if bar is not None:
             bar.close()
     return finish_version(folder, src, schema, chunks, dataset_id, version)
 
 
-def build_on_spark(
-    folder: str,
-    src: SparkDataFrameSource,
-    dataset_id: str,
-    version: str,
-    storage: Storage,
-    *,
-    schema: Schema | None,
-    chunk_bytes: int,
-) -> Manifest:
-    """Build a Spark DataFrame with one Spark task per partition: each writes its partition's
-    chunks into the storage itself (a folder every executor sees, or the build's folder in a
-    bucket) and returns their description; the driver checks them and publishes.
-
-    Spark runs a task again when it fails (``spark.task.maxFailures``); every attempt writes
-    files of its own, and only those of the attempt Spark took the result of are published.
-    A record that does not fit fails the build without retries, as raised in the task.
-    """
-    if schema is None:
-        schema = src.schema
-    sink = storage.chunk_sink(folder, distributed=True)
-    with _aborted_on_failure(sink):
-        with warnings.catch_warnings():  # pyspark's own, on newer pandas than it has tried
-            warnings.filterwarnings("ignore", "PySpark does not yet fully support", FutureWarning)
-            written = src.dataframe.mapInArrow(
-                functools.partial(_spark_task, schema, chunk_bytes, sink), _SPARK_RESULT
-            )
-        try:
-            rows = written.collect()
-        except Exception as exc:
-            if "Python worker exited unexpectedly" not in str(exc):
-                raise
-            raise WorkerDied(
-                "a Spark task writing the cache failed as often as Spark retries one "
-                "(spark.task.maxFailures): its Python worker died (killed, or out of memory?)"
-            ) from exc
-        outcomes = sorted((row.part, pickle.loads(row.result)) for row in rows)
-        for _, outcome in outcomes:
-            if isinstance(outcome, BaseException):
-                raise outcome
-        if [part for part, _ in outcomes] != list(range(len(outcomes))):
-            raise CacheCorrupted(f"Spark returned partitions {[p for p, _ in outcomes]}")
-        chunks = _settled(sink, [result for _, result in outcomes])
-    return finish_version(folder, src, schema, chunks, dataset_id, version)
-
-
-_SPARK_RESULT = "part int, result binary"
-
-
-def _spark_task(
-    schema: Schema, chunk_bytes: int, sink: ChunkSink, batches: Iterator[Any]
-) -> Iterator[Any]:
-    """In a Spark task: write this partition's records; yield one row, the PartResult or the
-    error that must fail the build (pickled), for the driver."""
-    import pyarrow as pa
-    from pyspark import TaskContext
-
-    from yogadl_plus.sources.spark import SparkPartition
-
-    context = TaskContext.get()
-    assert context is not None, "called outside a Spark task"
-    number = context.partitionId()
-    task = PartTask(number, SparkPartition(schema, batches), schema, chunk_bytes, sink)
-    try:
-        outcome: PartResult | BaseException = write_part(task)
-    except RETRIED:
-        raise  # Spark runs the task again
-    except Exception as exc:
-        outcome = _in_partition(exc, number)
-    yield pa.RecordBatch.from_arrays(
-        [pa.array([number], pa.int32()), pa.array([pickle.dumps(outcome)], pa.binary())],
-        names=["part", "result"],
-    )
-
-
-def _in_partition(error: Exception, number: int) -> BaseException:
-    """``error``, of the same type where it can be, saying which partition raised it; its
-    traceback in the executor goes with it as a note."""
-    message = f"Spark partition {number} (records counted from its first): {error}"
-    try:
-        named = type(error)(message)
-        pickle.loads(pickle.dumps(named))
-    except Exception:
-        named = YogaError(f"{message} ({type(error).__name__})")
-    if not isinstance(error, YogaError):
-        named.__notes__ = [traceback.format_exc()]
-    return named
-
-
 @contextlib.contextmanager
-def _aborted_on_failure(sink: ChunkSink) -> Iterator[None]:
+def aborted_on_failure(sink: ChunkSink) -> Iterator[None]:
     """Undo what tasks delivered when the build fails: chunks that tasks uploaded into a bucket
     go now, not at the next build."""
     try:
@@ -244,7 +153,7 @@ def _aborted_on_failure(sink: ChunkSink) -> Iterator[None]:
         raise
 
 
-def _settled(sink: ChunkSink, results: list[PartResult]) -> list[ChunkInfo]:
+def settled_chunks(sink: ChunkSink, results: list[PartResult]) -> list[ChunkInfo]:
     """The chunks of ``results`` (parts in order), checked in place, other attempts' gone."""
     chunks = list(itertools.chain.from_iterable(r.chunks for r in results))
     sink.settle(chunks)
