@@ -22,7 +22,7 @@ appender.console.layout.pattern = %d{HH:mm:ss} %p %c{1}: %m%n
 @contextlib.contextmanager
 def local_spark(app: str, workdir: str) -> Iterator[Any]:
     """A local[2] SparkSession bound to 127.0.0.1, no UI, errors-only logs, scratch files under
-    ``workdir/spark_tmp`` (removed afterwards)."""
+    ``workdir/spark_tmp``; afterwards its JVM is ended and the scratch files removed."""
     from pyspark.sql import SparkSession
 
     spark_tmp = os.path.join(workdir, "spark_tmp")
@@ -54,4 +54,17 @@ def local_spark(app: str, workdir: str) -> Iterator[Any]:
         yield spark
     finally:
         spark.stop()
+        _end_jvm()
         shutil.rmtree(spark_tmp, ignore_errors=True)
+
+
+def _end_jvm() -> None:
+    """End the JVM the session started (by its PID), so that it does not sit beside the next."""
+    from pyspark import SparkContext
+
+    gateway = SparkContext._gateway
+    if gateway is not None:
+        gateway.shutdown()
+        gateway.proc.kill()
+        gateway.proc.wait()
+        SparkContext._gateway = SparkContext._jvm = None

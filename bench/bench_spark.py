@@ -38,7 +38,6 @@ shows the best. records/s = rows / seconds; "data MB/s" = the bytes of the value
 from __future__ import annotations
 
 import argparse
-import contextlib
 import functools
 import json
 import os
@@ -96,22 +95,6 @@ def folder_bytes(path: str) -> int:
     return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs)
 
 
-@contextlib.contextmanager
-def quiet_spark(workdir: str) -> Iterator[Any]:
-    """bench/_spark_local.py's local[2] session; its JVM is ended afterwards (by its PID), so
-    that it does not sit beside the next one."""
-    from pyspark import SparkContext
-
-    with local_spark("yogadl_plus bench_spark", workdir) as spark:
-        yield spark
-    gateway = SparkContext._gateway
-    if gateway is not None:
-        gateway.shutdown()
-        gateway.proc.kill()
-        gateway.proc.wait()
-        SparkContext._gateway = SparkContext._jvm = None
-
-
 def timed(run: Callable[[], Any]) -> tuple[float, Any]:
     started = time.perf_counter()
     result = run()
@@ -135,7 +118,7 @@ def petastorm_side(args: argparse.Namespace) -> None:
     for name in ("py4j", "pyspark", "petastorm", "pyarrow"):
         logging.getLogger(name).setLevel(logging.ERROR)
     os.makedirs(args.workdir, exist_ok=True)
-    with quiet_spark(args.workdir) as spark:
+    with local_spark("yogadl_plus bench_spark", args.workdir) as spark:
         frame = make_frame(spark, args.rows, args.partitions)
         parent = os.path.join(args.workdir, "converter")
         spark.conf.set(SparkDatasetConverter.PARENT_CACHE_DIR_URL_CONF, f"file://{parent}")
@@ -222,7 +205,7 @@ def main() -> None:
         storage = ydl.LocalStorage(os.path.join(tmp, "store"))
         times: dict[str, list[float]] = {}
         written: dict[str, int] = {}
-        with quiet_spark(tmp) as spark:
+        with local_spark("yogadl_plus bench_spark", tmp) as spark:
             frame = make_frame(spark, args.rows, args.partitions)
             megabytes = data_bytes(frame, args.rows) / 1e6
 

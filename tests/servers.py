@@ -223,6 +223,21 @@ class S3Server:
                 client.delete_object(Bucket=name, Key=item["Key"])
         return name
 
+    def storage(self, bucket: str, prefix: str, local_cache: Any) -> Any:
+        """An S3Storage of ``bucket`` made from keywords, not a ready client: it travels to
+        build tasks in other processes (pool, Ray, Spark)."""
+        import yogadl_plus as ydl
+
+        return ydl.S3Storage(
+            bucket,
+            prefix,
+            local_cache=local_cache,
+            endpoint_url=self.endpoint_url,
+            aws_access_key_id=self.access_key,
+            aws_secret_access_key=self.secret_key,
+            region_name=self.region,
+        )
+
     def env(self) -> dict[str, str]:
         """Environment variables that point a default boto3 client at this server."""
         return {

@@ -229,11 +229,7 @@ def test_pool_build_into_a_bucket_uploads_what_the_tasks_wrote(tmp_path, s3_serv
 
 
 def test_a_storage_made_from_keywords_travels_to_other_processes(tmp_path, s3_server, s3_bucket):
-    storage = ydl.S3Storage(
-        s3_bucket, "p", local_cache=tmp_path / "c", endpoint_url=s3_server.endpoint_url,
-        aws_access_key_id=s3_server.access_key, aws_secret_access_key=s3_server.secret_key,
-        region_name=s3_server.region,
-    )  # fmt: skip
+    storage = s3_server.storage(s3_bucket, "p", tmp_path / "c")
     storage.objects.create("hello", b"from the parent")
     code = (
         "import pickle, sys; objects = pickle.load(sys.stdin.buffer); "
@@ -349,11 +345,7 @@ def test_ray_task_errors_reach_the_caller_as_raised(local_storage, ray_cluster):
 
 
 def test_ray_tasks_upload_their_chunks_into_the_bucket(tmp_path, s3_server, s3_bucket, ray_cluster):
-    storage = ydl.S3Storage(
-        s3_bucket, "team", local_cache=tmp_path / "builder", endpoint_url=s3_server.endpoint_url,
-        aws_access_key_id=s3_server.access_key, aws_secret_access_key=s3_server.secret_key,
-        region_name=s3_server.region,
-    )  # fmt: skip
+    storage = s3_server.storage(s3_bucket, "team", tmp_path / "builder")
     data = write_parquet(tmp_path / "data")
     ref = ydl.cache_dataset(str(data), "ev", "v1", storage, engine="ray")
     builds = {c.file.split("/")[0] for c in ref.manifest.chunks}
@@ -368,11 +360,7 @@ def test_ray_tasks_upload_their_chunks_into_the_bucket(tmp_path, s3_server, s3_b
 def test_a_failed_ray_build_leaves_no_chunks_in_the_bucket(
     tmp_path, s3_server, s3_bucket, ray_cluster
 ):
-    storage = ydl.S3Storage(
-        s3_bucket, "team", local_cache=tmp_path / "builder", endpoint_url=s3_server.endpoint_url,
-        aws_access_key_id=s3_server.access_key, aws_secret_access_key=s3_server.secret_key,
-        region_name=s3_server.region,
-    )  # fmt: skip
+    storage = s3_server.storage(s3_bucket, "team", tmp_path / "builder")
     with pytest.raises(ydl.SchemaError, match="record 777"):
         ydl.cache_dataset(Squares(1000, bad_at=777), "sq", "v1", storage, engine="ray", workers=1)
     assert [k for k, _ in storage.objects.keys("sq/v1/")] == []

@@ -313,11 +313,7 @@ def test_a_task_that_always_dies_fails_the_build(spark, local_storage):
 def test_tasks_upload_their_chunks_into_an_s3_bucket_once(
     spark, tmp_path, s3_server, s3_bucket, monkeypatch
 ):
-    storage = ydl.S3Storage(
-        s3_bucket, "team", local_cache=tmp_path / "builder", endpoint_url=s3_server.endpoint_url,
-        aws_access_key_id=s3_server.access_key, aws_secret_access_key=s3_server.secret_key,
-        region_name=s3_server.region,
-    )  # fmt: skip
+    storage = s3_server.storage(s3_bucket, "team", tmp_path / "builder")
     marker = tmp_path / "killed"
     dying_after_delivery(storage, marker, monkeypatch)  # after uploading two chunks
     ref = ydl.cache_dataset(events(spark), "events", "v1", storage, chunk_bytes=32 << 10)
@@ -326,22 +322,14 @@ def test_tasks_upload_their_chunks_into_an_s3_bucket_once(
     keys = [o["Key"] for o in s3_server.client().list_objects_v2(Bucket=s3_bucket)["Contents"]]
     chunk_keys = sorted(k for k in keys if k.endswith(".mdb"))
     assert chunk_keys == sorted(f"team/events/v1/{c.file}" for c in ref.manifest.chunks)
-    reader = ydl.S3Storage(
-        s3_bucket, "team", local_cache=tmp_path / "reader", endpoint_url=s3_server.endpoint_url,
-        aws_access_key_id=s3_server.access_key, aws_secret_access_key=s3_server.secret_key,
-        region_name=s3_server.region,
-    )  # fmt: skip
+    reader = s3_server.storage(s3_bucket, "team", tmp_path / "reader")
     assert_holds_events(reader.fetch("events", "v1"), list(range(3000)))
 
 
 def test_a_failed_build_stops_its_tasks_before_cleaning_the_bucket(
     spark, tmp_path, s3_server, s3_bucket
 ):
-    storage = ydl.S3Storage(
-        s3_bucket, "team", local_cache=tmp_path / "builder", endpoint_url=s3_server.endpoint_url,
-        aws_access_key_id=s3_server.access_key, aws_secret_access_key=s3_server.secret_key,
-        region_name=s3_server.region,
-    )  # fmt: skip
+    storage = s3_server.storage(s3_bucket, "team", tmp_path / "builder")
     base = events(spark, rows=20_000, partitions=2)
     frame = base.mapInArrow(fails_or_dawdles, base.schema)
     with pytest.raises(Exception, match="a bug in the user's own code"):

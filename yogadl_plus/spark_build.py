@@ -179,6 +179,9 @@ def _in_partition(error: Exception, number: int) -> BaseException:
 
 
 def _unpickled(data: bytes, part: int) -> Any:
+    """A task's result, as _write_partition pickled it. It comes from this build's own tasks,
+    through the channel Spark itself pickles everything over; nothing read from a cache or a
+    bucket is ever unpickled."""
     try:
         return pickle.loads(data)
     except Exception as exc:  # an error type the driver cannot import
