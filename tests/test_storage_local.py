@@ -251,15 +251,23 @@ def test_version_folder_layout_and_manifest(local_storage):
     assert ref.directory == str(folder)
     assert folder.is_dir()
     names = sorted(os.listdir(folder))
-    chunk_files = [f for f in names if f != "manifest.json"]
-    assert "manifest.json" in names
+    # The manifest, and one folder for the one build (its chunks, their stamps, its pin).
+    assert len(names) == 2 and names[1] == "manifest.json", names
+    build_folder = names[0]
+    assert re.fullmatch(r"b-[0-9a-f]{16}", build_folder), names
+    in_build = sorted(os.listdir(folder / build_folder))
+    chunk_files = [f"{build_folder}/{f}" for f in in_build if f.endswith(".mdb")]
     assert len(chunk_files) >= 2
-    assert all(re.fullmatch(r"chunk-\d+\.mdb", f) for f in chunk_files), names
+    assert all(re.fullmatch(r"b-[0-9a-f]{16}/chunk-\d+\.mdb", f) for f in chunk_files), names
+    assert sorted(in_build) == sorted(
+        ["+pin", *(os.path.basename(f) for f in chunk_files)]
+        + [os.path.basename(f) + ".verified" for f in chunk_files]
+    )
 
     text = (folder / "manifest.json").read_text()
     assert "pickle" not in text.lower()
     body = json.loads(text)
-    assert body["format_version"] == 1
+    assert body["format_version"] == 2
     assert body["dataset_id"] == "ds" and body["version"] == "v1"
     assert body["num_records"] == n
     assert body["library_version"] == ydl.__version__
@@ -281,6 +289,8 @@ def test_version_folder_layout_and_manifest(local_storage):
         assert c["records"] > 0
         assert c["bytes"] == len(data)
         assert c["sha256"] == hashlib.sha256(data).hexdigest()
+        assert re.fullmatch(r"[0-9a-f]{32}", c["id"])
+    assert len({c["id"] for c in chunks}) == len(chunks)
 
 
 def test_list_is_sorted_and_ignores_bookkeeping_and_folders_without_manifest(local_storage):

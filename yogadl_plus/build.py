@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from yogadl_plus.cache.layout import RecordLayout
-from yogadl_plus.cache.manifest import ChunkInfo, Manifest
+from yogadl_plus.cache.manifest import ChunkInfo, Manifest, schema_digest
 from yogadl_plus.cache.reader import ChunkSet
 from yogadl_plus.cache.writer import DEFAULT_CHUNK_BYTES, ChunkWriter
 from yogadl_plus.checks import check_int
@@ -185,7 +185,8 @@ def write_records(
         _check_readable(folder, schema, [info], layout)
         chunks.append(on_chunk(info) if on_chunk is not None else info)
 
-    with ChunkWriter(folder, chunk_bytes, prefix, on_close=closed) as writer:
+    digest = schema_digest(schema)
+    with ChunkWriter(folder, chunk_bytes, prefix, on_close=closed, schema=digest) as writer:
         while block := list(itertools.islice(records, _BLOCK_RECORDS)):
             encoded = [encode(r, written + j) for j, r in enumerate(block)]
             columns = layout.decode_columns(encoded, layout.column_fields)

@@ -23,7 +23,7 @@ import numpy as np
 
 import yogadl_plus as ydl
 from yogadl_plus.build import ENGINES
-from yogadl_plus.cache.manifest import check_chunk
+from yogadl_plus.cache.integrity import check_chunk
 from yogadl_plus.storage import copy_version
 from yogadl_plus.storage.remote import RemoteStorage
 

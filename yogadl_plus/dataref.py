@@ -22,33 +22,31 @@ __all__ = ["DataRef"]
 class DataRef:
     """Random access to one published version of a dataset.
 
+    Every chunk is checked before a record of it is served (see docs/guarantees.md). ``hold``
+    is whatever keeps the files of this version on disk while it is read (the storage's pins):
+    kept as long as the DataRef lives, and sent along (it pickles itself) to other processes.
     Picklable: a copy sent to another process opens its own LMDB handles there.
     """
 
-    def __init__(self, directory: str, manifest: Manifest) -> None:
+    def __init__(self, directory: str, manifest: Manifest, hold: Any = None) -> None:
         self.directory = directory
         self.manifest = manifest
+        self._hold = hold
         self._chunks = ChunkSet(directory, manifest)
         self._layout = RecordLayout(manifest.schema)
         self._len = manifest.num_records
         self._columns = self._chunks.columns()
-        # A remote storage's hold on the local copy this reads (storage.localcache.Pin): while
-        # it is held, no process evicts the copy.
-        self._pin: Any = None
 
     def __getstate__(self) -> dict[str, Any]:
-        state = {"directory": self.directory, "manifest": self.manifest.to_json()}
-        if self._pin is not None:
-            state["pin"] = self._pin.path
-        return state
+        return {
+            "directory": self.directory,
+            "manifest": self.manifest.to_json(),
+            "hold": self._hold,
+        }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         manifest = Manifest.from_json(state["manifest"], state["directory"])
-        self.__init__(state["directory"], manifest)  # type: ignore[misc]
-        if state.get("pin"):
-            from yogadl_plus.storage.localcache import Pin
-
-            self._pin = Pin(state["pin"])
+        self.__init__(state["directory"], manifest, state.get("hold"))  # type: ignore[misc]
 
     def __repr__(self) -> str:
         return (

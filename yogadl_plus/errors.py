@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import errno
+import os
+
 
 class YogaError(Exception):
     """Base of every error yogadl_plus raises on purpose."""
@@ -24,9 +27,48 @@ class SourceChangedWarning(UserWarning):
 
 
 class StorageError(YogaError, OSError):
-    """A remote store could not be used (missing bucket, denied access, unreachable endpoint):
-    the message names the URL and what to check."""
+    """A storage could not be used (a missing bucket or folder, denied access, an unreachable
+    endpoint, a full disk): the message names the URL or path and what to check."""
 
 
 class CacheLimitWarning(UserWarning):
     """The local cache could not be kept under its size limit: what it holds is in use."""
+
+
+def unreadable(path: str, exc: OSError, what: str = "chunk") -> StorageError:
+    """The error for a file that exists but cannot be read (permissions, I/O): not damage."""
+    if exc.errno in (errno.EACCES, errno.EPERM):
+        return StorageError(
+            f"{what} {path}: permission denied: this process (uid {os.getuid()}) cannot read it; "
+            "check the file's owner and mode (and the folders above it)"
+        )
+    return StorageError(f"{what} {path} cannot be read: {exc.strerror or exc}")
+
+
+def unwritable(path: str, exc: BaseException) -> StorageError:
+    """The error for a write that failed (a full disk above all): names the path, the free
+    space left there, and what to do."""
+    folder = path if os.path.isdir(path) else os.path.dirname(path) or "."
+    try:
+        st = os.statvfs(folder)
+        free = st.f_bavail * st.f_frsize
+        space = f"{free:,} bytes free of {st.f_blocks * st.f_frsize:,} on its filesystem"
+    except OSError:
+        free, space = None, "free space unknown"
+    code = getattr(exc, "errno", None)
+    text = str(exc)
+    if (
+        code in (errno.ENOSPC, errno.EDQUOT)
+        or "No space left" in text
+        or (free is not None and free < (1 << 20))
+    ):
+        return StorageError(
+            f"{path}: no space left on the device ({space}); nothing of this write was kept: "
+            "free some space or point the storage at a larger disk"
+        )
+    if code in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return StorageError(
+            f"{path}: cannot write here ({os.strerror(code)}; uid {os.getuid()}): check the "
+            "folder's owner and mode, or whether it is on a read-only filesystem"
+        )
+    return StorageError(f"{path}: write failed ({type(exc).__name__}: {text}; {space})")

@@ -1,50 +1,77 @@
 """The manifest: the one small JSON file that makes a folder of chunks a published version.
 
 It is written last. A version without a manifest does not exist; a manifest names everything a
-reader needs (schema, chunk files with their record counts, sizes and checksums) and nothing
-that needs unpickling.
+reader needs (schema, chunk files with their record counts, sizes, checksums and ids) and
+nothing that needs unpickling. A manifest is checked strictly before use (``Manifest.parse``):
+every type, range and sum, so that a damaged or tampered one is a CacheCorrupted naming the
+field, never records served from the wrong place.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import re
+import uuid
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
+from typing import Any
 
-from yogadl_plus.errors import CacheCorrupted
+from yogadl_plus.checks import check_name
+from yogadl_plus.errors import CacheCorrupted, SchemaError, unreadable, unwritable
 from yogadl_plus.schema import Schema
 
 __all__ = [
     "FORMAT_VERSION",
     "MANIFEST_NAME",
+    "MAX_CHUNK_RECORDS",
     "ChunkInfo",
     "Manifest",
     "bytes_sha256",
-    "check_chunk",
-    "file_sha256",
+    "new_chunk_id",
+    "schema_digest",
+    "write_durably",
 ]
 
-FORMAT_VERSION = 1
+# 2: every chunk has an id, stored in the chunk too (see ChunkWriter), with its counts and the
+# digest of the schema it was written with. Format 1 manifests (no ids) are still read.
+FORMAT_VERSION = 2
 MANIFEST_NAME = "manifest.json"
+MAX_CHUNK_RECORDS = 2**32 - 1  # record keys are 4 bytes; the largest key is the chunk's identity
 _FORMAT_NAME = "yogadl_plus.cache"
 # A chunk file name, optionally inside one build folder ("b-1f2e/chunk-00000.mdb"): a manifest
 # read from a remote store must not name a path outside its version.
 _CHUNK_FILE = re.compile(r"(?:[A-Za-z0-9_-][A-Za-z0-9._-]*/)?[A-Za-z0-9_-][A-Za-z0-9._-]*")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+_CHUNK_ID = re.compile(r"[0-9a-f]{32}")
+_CHUNK_KEYS = {"file", "records", "bytes", "sha256", "columns", "id"}
+
+
+def new_chunk_id() -> str:
+    return uuid.uuid4().hex
+
+
+def schema_digest(schema: Schema) -> str:
+    """The sha256 of a schema's canonical JSON: what a chunk records of the schema it holds."""
+    text = json.dumps(schema.to_json(), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 @dataclass(frozen=True)
 class ChunkInfo:
-    """One LMDB chunk file: its name inside the version, records, size in bytes, sha256, and
-    the fields it also holds as whole column arrays (see ChunkWriter)."""
+    """One LMDB chunk file: its name inside the version, records, size in bytes, sha256, the
+    fields it also holds as whole column arrays (see ChunkWriter), and its random id ("" in
+    format 1 caches)."""
 
     file: str
     records: int
     bytes: int
     sha256: str
     columns: tuple[str, ...] = ()
+    id: str = ""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "columns", tuple(self.columns))
@@ -69,6 +96,10 @@ class Manifest:
         return sum(c.records for c in self.chunks)
 
     def to_json(self) -> str:
+        chunks = [asdict(c) for c in self.chunks]
+        if self.format_version < 2:
+            for c in chunks:
+                del c["id"]
         body = {
             "format": _FORMAT_NAME,
             "format_version": self.format_version,
@@ -76,7 +107,7 @@ class Manifest:
             "version": self.version,
             "num_records": self.num_records,
             "schema": self.schema.to_json(),
-            "chunks": [asdict(c) for c in self.chunks],
+            "chunks": chunks,
             "source": {"kind": self.source_kind, "fingerprint": self.source_fingerprint},
             "library_version": self.library_version,
             "created": self.created,
@@ -84,36 +115,24 @@ class Manifest:
         return json.dumps(body, indent=1)
 
     @classmethod
+    def parse(cls, data: bytes, where: str) -> Manifest:
+        """The manifest in ``data`` (read from ``where``), checked strictly; CacheCorrupted
+        naming the field for anything that is not exactly what a builder writes."""
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError:
+            raise CacheCorrupted(f"{where}: the manifest is not UTF-8 text") from None
+        return cls.from_json(text, where)
+
+    @classmethod
     def from_json(cls, text: str, where: str) -> Manifest:
         try:
             body = json.loads(text)
-            if not isinstance(body, dict) or body.get("format") != _FORMAT_NAME:
-                raise CacheCorrupted(f"{where}: not a yogadl_plus manifest")
-            if body["format_version"] > FORMAT_VERSION:
-                raise CacheCorrupted(
-                    f"{where}: cache format {body['format_version']} is newer than this "
-                    f"yogadl_plus reads ({FORMAT_VERSION}); upgrade yogadl_plus"
-                )
-            manifest = cls(
-                dataset_id=body["dataset_id"],
-                version=body["version"],
-                schema=Schema.from_json(body["schema"]),
-                chunks=[ChunkInfo(**c) for c in body["chunks"]],
-                source_fingerprint=body["source"]["fingerprint"],
-                source_kind=body["source"]["kind"],
-                library_version=body["library_version"],
-                created=body["created"],
-                format_version=body["format_version"],
-            )
-        except CacheCorrupted:
-            raise
-        except (ValueError, KeyError, TypeError) as exc:
-            raise CacheCorrupted(
-                f"{where}: unreadable manifest ({type(exc).__name__}: {exc})"
-            ) from None
-        if manifest.num_records != body["num_records"]:
-            raise CacheCorrupted(f"{where}: chunk record counts do not add up to num_records")
-        return manifest
+        except RecursionError:
+            raise CacheCorrupted(f"{where}: the manifest is nested too deeply") from None
+        except ValueError as exc:
+            raise CacheCorrupted(f"{where}: the manifest is not JSON ({exc})") from None
+        return _Checker(where).manifest(body)
 
     def write(self, directory: str) -> None:
         """Write the manifest durably: temp file, fsync, rename."""
@@ -121,58 +140,183 @@ class Manifest:
 
     @classmethod
     def read(cls, directory: str) -> Manifest:
+        """The manifest of the version in ``directory``; FileNotFoundError if there is none."""
         path = os.path.join(directory, MANIFEST_NAME)
+        return cls.parse(read_manifest_bytes(path), path)
+
+
+def read_manifest_bytes(path: str) -> bytes:
+    """The bytes of a manifest file; FileNotFoundError if it (or its folder) does not exist, a
+    CacheCorrupted if something else stands in its place, a StorageError if it cannot be read."""
+    try:
         with open(path, "rb") as f:
-            data = f.read()
+            return f.read()
+    except (FileNotFoundError, NotADirectoryError):
+        raise FileNotFoundError(path) from None
+    except IsADirectoryError:
+        raise CacheCorrupted(f"{path}: the manifest is a directory, not a file") from None
+    except OSError as exc:
+        raise unreadable(path, exc, "manifest") from None
+
+
+class _Checker:
+    """Checks a parsed manifest field by field; every complaint names the field."""
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+
+    def fail(self, name: str, expected: str, value: Any) -> CacheCorrupted:
+        shown = repr(value)
+        if len(shown) > 80:
+            shown = shown[:77] + "..."
+        return CacheCorrupted(
+            f"{self.where}: field {name} must be {expected}, got {shown}; the manifest is damaged "
+            "or was edited: rebuild the version (or pull it again)"
+        )
+
+    def get(self, body: Mapping[str, Any], key: str, name: str) -> Any:
+        if key not in body:
+            raise CacheCorrupted(f"{self.where}: the manifest has no field {name}")
+        return body[key]
+
+    def integer(self, value: Any, name: str, low: int, high: int) -> int:
+        if type(value) is not int or not low <= value <= high:
+            raise self.fail(name, f"an int in [{low}, {high}]", value)
+        return value
+
+    def text(self, value: Any, name: str, check: Callable[[str], bool] = bool) -> str:
+        if not isinstance(value, str) or not check(value):
+            raise self.fail(name, "a non-empty str" if check is bool else "a valid str", value)
+        return value
+
+    def manifest(self, body: Any) -> Manifest:
+        if not isinstance(body, dict) or body.get("format") != _FORMAT_NAME:
+            raise CacheCorrupted(f"{self.where}: not a yogadl_plus manifest")
+        version = self.get(body, "format_version", "format_version")
+        if type(version) is int and version > FORMAT_VERSION:
+            raise CacheCorrupted(
+                f"{self.where}: cache format {version} is newer than this yogadl_plus reads "
+                f"({FORMAT_VERSION}); upgrade yogadl_plus"
+            )
+        version = self.integer(version, "format_version", 1, FORMAT_VERSION)
+        names = {}
+        for key in ("dataset_id", "version"):
+            value = self.get(body, key, key)
+            try:
+                names[key] = check_name(key, value)
+            except ValueError:
+                raise self.fail(key, "a valid name", value) from None
         try:
-            text = data.decode("utf-8")
-        except UnicodeDecodeError:
-            raise CacheCorrupted(f"{path}: the manifest is not UTF-8 text") from None
-        return cls.from_json(text, path)
+            schema = Schema.from_json(self.get(body, "schema", "schema"))
+        except CacheCorrupted:
+            raise
+        except (SchemaError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise CacheCorrupted(
+                f"{self.where}: field schema is not a valid schema ({type(exc).__name__}: {exc})"
+            ) from None
+        chunks_json = self.get(body, "chunks", "chunks")
+        if not isinstance(chunks_json, list):
+            raise self.fail("chunks", "a list", chunks_json)
+        columns_allowed = {f.name for f in schema if f.fixed and f.shape == ()}
+        chunks = [self.chunk(c, i, version, columns_allowed) for i, c in enumerate(chunks_json)]
+        for attribute in ("file", "id"):
+            seen: dict[str, int] = {}
+            for i, c in enumerate(chunks):
+                key = getattr(c, attribute)
+                if key and key in seen:
+                    raise CacheCorrupted(
+                        f"{self.where}: chunks[{seen[key]}] and chunks[{i}] have the same "
+                        f"{attribute} {key!r}"
+                    )
+                seen[key] = i
+        total = sum(c.records for c in chunks)
+        count = self.integer(self.get(body, "num_records", "num_records"), "num_records", 0, 2**62)
+        if count != total:
+            raise CacheCorrupted(
+                f"{self.where}: field num_records is {count} but the chunks hold {total} records"
+            )
+        source = self.get(body, "source", "source")
+        if not isinstance(source, dict):
+            raise self.fail("source", "an object", source)
+        kind = self.get(source, "kind", "source.kind")
+        if not isinstance(kind, str):
+            raise self.fail("source.kind", "a str", kind)
+        fingerprint = self.get(source, "fingerprint", "source.fingerprint")
+        if fingerprint is not None and not isinstance(fingerprint, str):
+            raise self.fail("source.fingerprint", "a str or null", fingerprint)
+        library = self.get(body, "library_version", "library_version")
+        if not isinstance(library, str):
+            raise self.fail("library_version", "a str", library)
+        return Manifest(
+            dataset_id=names["dataset_id"],
+            version=names["version"],
+            schema=schema,
+            chunks=chunks,
+            source_fingerprint=fingerprint,
+            source_kind=kind,
+            library_version=library,
+            created=self.text(self.get(body, "created", "created"), "created"),
+            format_version=version,
+        )
+
+    def chunk(self, c: Any, i: int, version: int, allowed: set[str]) -> ChunkInfo:
+        name = f"chunks[{i}]"
+        if not isinstance(c, dict):
+            raise self.fail(name, "an object", c)
+        keys = set(c)
+        required = _CHUNK_KEYS if version >= 2 else _CHUNK_KEYS - {"id"}
+        if keys != required:
+            missing, extra = sorted(required - keys), sorted(keys - required)
+            raise CacheCorrupted(
+                f"{self.where}: {name} has fields {sorted(keys)}; missing {missing}, "
+                f"unknown {extra}"
+            )
+        file = self.text(c["file"], f"{name}.file", lambda s: bool(_CHUNK_FILE.fullmatch(s)))
+        columns = c["columns"]
+        if not isinstance(columns, list) or len(set(map(str, columns))) != len(columns):
+            raise self.fail(f"{name}.columns", "a list of distinct field names", columns)
+        for column in columns:
+            if column not in allowed:
+                raise self.fail(f"{name}.columns", "names of scalar fixed-size fields", columns)
+        return ChunkInfo(
+            file=file,
+            records=self.integer(c["records"], f"{name}.records", 0, MAX_CHUNK_RECORDS - 1),
+            bytes=self.integer(c["bytes"], f"{name}.bytes", 1, 2**62),
+            sha256=self.text(c["sha256"], f"{name}.sha256", lambda s: bool(_SHA256.fullmatch(s))),
+            columns=tuple(columns),
+            id=self.text(c["id"], f"{name}.id", lambda s: bool(_CHUNK_ID.fullmatch(s)))
+            if version >= 2
+            else "",
+        )
 
 
 def write_durably(path: str, data: bytes) -> None:
-    """Replace ``path`` by ``data`` whole or not at all: temp file, fsync, rename."""
-    temp = path + ".tmp"
-    with open(temp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(temp, path)
+    """Replace ``path`` by ``data`` whole or not at all: temp file, fsync, rename, and the
+    folder's entry made durable too."""
+    temp = f"{path}.{uuid.uuid4().hex[:8]}.tmp"
+    try:
+        with open(temp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temp, path)
+    except BaseException as exc:
+        with contextlib.suppress(OSError):
+            os.remove(temp)
+        if isinstance(exc, OSError):
+            raise unwritable(path, exc) from exc
+        raise
+    fsync_dir(os.path.dirname(path) or ".")
+
+
+def fsync_dir(path: str) -> None:
+    """Make the entries of folder ``path`` (a rename, a new file) survive a power cut."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def bytes_sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
-
-
-def file_sha256(path: str, block: int = 1 << 22) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(block):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def check_chunk(
-    path: str,
-    info: ChunkInfo,
-    where: str | None = None,
-    damaged: str = "the version is damaged: delete it and build it again",
-) -> None:
-    """Raise CacheCorrupted unless the file at ``path`` has the size and sha256 of ``info``.
-
-    The message names the chunk as ``where`` (default: ``path``), the place a user can act on,
-    and ends with ``damaged``: what to do about it.
-    """
-    where = where or path
-    try:
-        size = os.path.getsize(path)
-    except FileNotFoundError:
-        raise CacheCorrupted(f"chunk {where} is missing") from None
-    if size != info.bytes:
-        raise CacheCorrupted(f"chunk {where} has {size} bytes, the manifest says {info.bytes}")
-    digest = file_sha256(path)
-    if digest != info.sha256:
-        raise CacheCorrupted(
-            f"chunk {where} has sha256 {digest}, the manifest says {info.sha256}; {damaged}"
-        )

@@ -1,22 +1,41 @@
 """Reads record values out of a version's chunk files: one long read transaction per chunk per
-thread per process, reopened after fork."""
+thread per process, reopened after fork.
+
+Nothing is served from a chunk that was not checked first (see docs/guarantees.md). Opening a
+chunk checks its size, its contents (sha256 against the manifest, or a stamp of an earlier
+check of this very file: cache/integrity.py), and its identity (the id, counts and schema digest
+the chunk holds, against the manifest). While chunks are open, their files' state is checked
+again before a read at least every RECHECK_SECONDS (more rarely when many chunks are open, so
+that the checks cost under 5% of the time), and a chunk whose file changed is hashed again
+before another record of it is served. Errors LMDB reports become CacheCorrupted, and the
+failed transaction is renewed, so later reads of good records go on.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import json
 import os
 import threading
+import time
 import weakref
 from typing import Any, cast
 
 import lmdb
 import numpy as np
 
-from yogadl_plus.cache.manifest import ChunkInfo, Manifest
-from yogadl_plus.cache.writer import column_key, record_key
-from yogadl_plus.errors import CacheCorrupted
+from yogadl_plus.cache.integrity import FileState, file_state, trusted, verify_and_stamp
+from yogadl_plus.cache.manifest import ChunkInfo, Manifest, schema_digest
+from yogadl_plus.cache.writer import IDENTITY_KEY, chunk_identity, column_key, record_key
+from yogadl_plus.errors import CacheCorrupted, unreadable
 
-__all__ = ["ChunkSet"]
+__all__ = ["RECHECK_SECONDS", "ChunkSet"]
+
+# How often, at most, the files of open chunks are checked again for changes (a stat each).
+RECHECK_SECONDS = 0.01
+# The checks may take at most 1/_RECHECK_SHARE of the time (many open chunks: checked less often).
+_RECHECK_SHARE = 20
 
 # Values come back as memoryviews into the map (the transactions are opened with buffers=True).
 Value = memoryview | bytes
@@ -103,10 +122,16 @@ class ChunkSet:
 
     def __init__(self, directory: str, manifest: Manifest) -> None:
         self.directory = directory
+        self.name = f"{manifest.dataset_id}:{manifest.version}"
         self.chunks: list[ChunkInfo] = list(manifest.chunks)
         self.starts = np.cumsum([0] + [c.records for c in self.chunks], dtype=np.int64)
         self.num_records = int(self.starts[-1])
+        self._schema = schema_digest(manifest.schema) if manifest.format_version >= 2 else ""
         self._envs: list[lmdb.Environment | None] = [None] * len(self.chunks)
+        # The state each open chunk's file was checked in, and the open chunks' numbers.
+        self._states: list[FileState | None] = [None] * len(self.chunks)
+        self._open_numbers: list[int] = []
+        self._next_check = 0.0
         self._local = threading.local()
         self._lock = threading.Lock()
         # Shared environments this set holds; released on close() or when it is collected.
@@ -116,6 +141,8 @@ class ChunkSet:
 
     def _drop_handles(self) -> None:
         self._envs = [None] * len(self.chunks)
+        self._states = [None] * len(self.chunks)
+        self._open_numbers = []
         self._local = threading.local()
         self._lock = threading.Lock()
         self._held.clear()
@@ -129,6 +156,8 @@ class ChunkSet:
                     txn.abort()
             _ENVIRONMENTS.release(self._held)
             self._envs = [None] * len(self.chunks)
+            self._states = [None] * len(self.chunks)
+            self._open_numbers = []
             self._local = threading.local()
 
     def _env(self, number: int) -> lmdb.Environment:
@@ -140,30 +169,146 @@ class ChunkSet:
                     env = self._envs[number] = self._open(number)
         return env
 
+    def _where(self, number: int) -> str:
+        return f"{self.chunks[number].file} of {self.name} (in {self.directory})"
+
     def _open(self, number: int) -> lmdb.Environment:
+        """Check chunk ``number`` (size, contents, identity) and open it."""
         info = self.chunks[number]
         path = os.path.join(self.directory, info.file)
+        where = self._where(number)
+        damaged = "the version is damaged: delete it and build (or pull) it again"
         try:
-            size = os.path.getsize(path)
+            state = file_state(path)
+        except FileNotFoundError:
+            raise CacheCorrupted(f"chunk {where} is missing; {damaged}") from None
         except OSError as exc:
-            raise CacheCorrupted(f"chunk {path} is missing ({exc.strerror})") from None
-        if size != info.bytes:
+            raise unreadable(path, exc) from None
+        if state.size != info.bytes:
             raise CacheCorrupted(
-                f"chunk {path} has {size} bytes, the manifest says {info.bytes}; "
-                "the version is damaged: delete it and build it again"
+                f"chunk {where} has {state.size} bytes, the manifest says {info.bytes}; {damaged}"
             )
+        if not trusted(path, state, info.sha256):
+            state = verify_and_stamp(path, info, where, damaged)
         try:
             key, env = _ENVIRONMENTS.acquire(path)
         except lmdb.Error as exc:
-            raise CacheCorrupted(f"chunk {path} is not a readable LMDB file: {exc}") from None
-        self._held.append(key)
-        entries = env.stat()["entries"]
-        if entries != info.records + len(info.columns):
+            if "ermission denied" in str(exc):
+                raise unreadable(path, PermissionError(13, "Permission denied")) from None
             raise CacheCorrupted(
-                f"chunk {path} holds {entries} entries, the manifest says {info.records} records "
-                f"and {len(info.columns)} columns"
-            )
+                f"chunk {where} is not a readable LMDB file: {exc}; {damaged}"
+            ) from None
+        except OSError as exc:
+            raise unreadable(path, exc) from None
+        self._held.append(key)
+        try:
+            self._check_structure(number, env)
+            if key != (state.device, state.inode) or file_state(path) != state:
+                raise CacheCorrupted(f"chunk {where} changed while it was being opened; {damaged}")
+        except BaseException:
+            self._held.remove(key)
+            _ENVIRONMENTS.release([key])
+            raise
+        self._states[number] = state
+        self._open_numbers.append(number)
         return env
+
+    def _check_structure(self, number: int, env: lmdb.Environment) -> None:
+        """The chunk holds what its manifest entry says: entry counts, and (format 2) its id,
+        counts and schema digest, so a chunk file of another build or version is refused."""
+        info = self.chunks[number]
+        where = self._where(number)
+        identity = 1 if info.id else 0
+        try:
+            entries = env.stat()["entries"]
+            with env.begin(buffers=False) as txn:
+                stored = txn.get(IDENTITY_KEY) if identity else None
+        except lmdb.Error as exc:
+            raise CacheCorrupted(f"chunk {where}: LMDB cannot read it ({exc})") from None
+        if entries != info.records + len(info.columns) + identity:
+            raise CacheCorrupted(
+                f"chunk {where} holds {entries} entries, the manifest says {info.records} "
+                f"records and {len(info.columns)} columns"
+            )
+        if not identity:
+            return
+        want = chunk_identity(info, self._schema)
+        try:
+            found = json.loads(bytes(stored)) if stored is not None else None
+        except ValueError:
+            found = None
+        if found != want:
+            raise CacheCorrupted(
+                f"chunk {where} is not the chunk the manifest names: it says it is {found}, the "
+                f"manifest expects {want} (a chunk file of another build or version, or a "
+                "manifest edited by hand); build or pull the version again"
+            )
+
+    def check_files(self) -> None:
+        """Raise CacheCorrupted if an open chunk's file changed since it was checked, unless
+        it still hashes to the manifest's sha256 (then it is trusted in its new state)."""
+        now = time.monotonic()
+        if now < self._next_check:
+            return
+        for number in list(self._open_numbers):
+            state = self._states[number]
+            if state is None:
+                continue
+            path = os.path.join(self.directory, self.chunks[number].file)
+            try:
+                current: FileState | None = file_state(path)
+            except OSError:
+                current = None
+            if current != state:
+                self._changed(number, path, state, current)
+        spent = time.monotonic() - now
+        self._next_check = now + max(RECHECK_SECONDS, _RECHECK_SHARE * spent)
+
+    def _changed(self, number: int, path: str, state: FileState, current: FileState | None) -> None:
+        where = self._where(number)
+        if current is not None and current[:3] == state[:3]:
+            # The same file, written to or touched: served only if its bytes are still right.
+            try:
+                self._states[number] = verify_and_stamp(path, self.chunks[number], where)
+                return
+            except CacheCorrupted:
+                self._forget(number)
+                raise
+        self._forget(number)
+        what = "was removed" if current is None else "was replaced by another file"
+        raise CacheCorrupted(
+            f"chunk {where} {what} while it was open: the version is damaged (or was changed by "
+            "hand); nothing more is read from it. Open the version again to read what is "
+            "there now (it is checked then)"
+        )
+
+    def _forget(self, number: int) -> None:
+        """Stop using chunk ``number``: the next read opens (and checks) it again."""
+        with self._lock:
+            self._envs[number] = None
+            self._states[number] = None
+            if number in self._open_numbers:
+                self._open_numbers.remove(number)
+        self._local = threading.local()  # every thread's transactions and column views
+
+    def _failed(self, number: int | None, exc: lmdb.Error, what: str) -> CacheCorrupted:
+        """A CacheCorrupted for an LMDB error while reading chunk ``number`` (None: one of a
+        batch's); this thread's transactions on it are renewed, so reads of good records go on."""
+        txns = getattr(self._local, "txns", None) or []
+        for n, txn in enumerate(txns):
+            if txn is not None and number in (None, n):
+                with contextlib.suppress(lmdb.Error):
+                    txn.abort()
+                txns[n] = None
+        views = getattr(self._local, "columns", None)
+        if views:
+            for key in [k for k in views if number in (None, k[0])]:
+                del views[key]
+        where = f"chunk {self._where(number)}" if number is not None else f"a chunk of {self.name}"
+        return CacheCorrupted(
+            f"{where}: LMDB could not read {what} ({type(exc).__name__}: {exc}); the version is "
+            "damaged: run storage.verify() and build (or pull) it again"
+        )
 
     def txn(self, number: int) -> lmdb.Transaction:
         """This thread's long-lived read transaction on chunk ``number``."""
@@ -189,15 +334,21 @@ class ChunkSet:
             views = self._local.columns = {}
         array = views.get((number, name))
         if array is None:
-            data = self.txn(number).get(column_key(name))
+            try:
+                data = self.txn(number).get(column_key(name))
+            except lmdb.Error as exc:
+                raise self._failed(number, exc, f"column {name!r}") from None
             info = self.chunks[number]
             if data is None or len(data) != info.records * dtype.itemsize:
-                raise CacheCorrupted(f"chunk {info.file}: column {name!r} is missing or short")
+                raise CacheCorrupted(
+                    f"chunk {self._where(number)}: column {name!r} is missing or short"
+                )
             array = views[(number, name)] = np.frombuffer(data, dtype)
         return array
 
     def gather(self, name: str, dtype: np.dtype, indices: np.ndarray) -> np.ndarray:
         """Column ``name`` at global record ``indices``, without reading the records."""
+        self.check_files()
         if len(self.chunks) == 1:
             return self.column(0, name, dtype)[indices]
         chunk, local = self.locate(indices)
@@ -214,36 +365,47 @@ class ChunkSet:
 
     def get(self, index: int) -> memoryview:
         """The value of one record; valid until this thread's transaction ends."""
+        if time.monotonic() >= self._next_check:
+            self.check_files()
         if len(self.chunks) == 1:
             number, local = 0, index
         else:
             number = int(np.searchsorted(self.starts, index, side="right")) - 1
             local = index - int(self.starts[number])
-        value = self.txn(number).get(local.to_bytes(4, "big"))
+        try:
+            value = self.txn(number).get(local.to_bytes(4, "big"))
+        except lmdb.Error as exc:
+            raise self._failed(number, exc, f"record {index}") from None
         if value is None:
-            raise CacheCorrupted(f"record {index} is missing from {self.chunks[number].file}")
+            raise CacheCorrupted(f"record {index} is missing from chunk {self._where(number)}")
         return cast(memoryview, value)
 
     def get_many(self, indices: np.ndarray) -> list[memoryview]:
         """The values of many records, in the order given."""
+        self.check_files()
         values: list[Value | None]
         n = len(indices)
-        if n > 2 and indices[-1] - indices[0] == n - 1 and (np.diff(indices) == 1).all():
-            values = self._get_run(int(indices[0]), n)
-        elif len(self.chunks) == 1:
-            get = self.txn(0).get
-            keys = np.asarray(indices, dtype=">u4").tobytes()
-            values = [get(keys[j : j + 4]) for j in range(0, len(keys), 4)]
-        else:
-            chunk, local = self.locate(np.asarray(indices, dtype=np.int64))
-            keys = local.astype(">u4").tobytes()
-            # Only the chunks this batch touches are opened.
-            gets = {int(c): self.txn(int(c)).get for c in np.unique(chunk)}
-            values = [gets[c](keys[4 * j : 4 * j + 4]) for j, c in enumerate(chunk.tolist())]
+        try:
+            if n > 2 and indices[-1] - indices[0] == n - 1 and (np.diff(indices) == 1).all():
+                values = self._get_run(int(indices[0]), n)
+            elif len(self.chunks) == 1:
+                get = self.txn(0).get
+                keys = np.asarray(indices, dtype=">u4").tobytes()
+                values = [get(keys[j : j + 4]) for j in range(0, len(keys), 4)]
+            else:
+                chunk, local = self.locate(np.asarray(indices, dtype=np.int64))
+                keys = local.astype(">u4").tobytes()
+                # Only the chunks this batch touches are opened.
+                gets = {int(c): self.txn(int(c)).get for c in np.unique(chunk)}
+                values = [gets[c](keys[4 * j : 4 * j + 4]) for j, c in enumerate(chunk.tolist())]
+        except lmdb.Error as exc:
+            raise self._failed(None, exc, f"a batch of {n} records") from None
         # all() is the cheap test (a missing value is None); an empty value is falsy too.
         if not all(values) and any(v is None for v in values):
             missing = [int(indices[j]) for j, v in enumerate(values) if v is None]
-            raise CacheCorrupted(f"records {missing[:10]} are missing from the chunk files")
+            raise CacheCorrupted(
+                f"records {missing[:10]} of {self.name} are missing from its chunks"
+            )
         return cast(list[memoryview], values)
 
     def _get_run(self, start: int, count: int) -> list[Value | None]:
@@ -254,9 +416,12 @@ class ChunkSet:
             number = int(np.searchsorted(self.starts, start, side="right")) - 1
             take = min(stop, int(self.starts[number + 1])) - start
             run: list[Value | None] = []
-            cursor = self.txn(number).cursor()
-            if cursor.set_key(record_key(start - int(self.starts[number]))):
-                run.extend(itertools.islice(cursor.iternext(keys=False, values=True), take))
+            try:
+                cursor = self.txn(number).cursor()
+                if cursor.set_key(record_key(start - int(self.starts[number]))):
+                    run.extend(itertools.islice(cursor.iternext(keys=False, values=True), take))
+            except lmdb.Error as exc:
+                raise self._failed(number, exc, f"records {start}..{start + take - 1}") from None
             values.extend(run)
             values.extend([None] * (take - len(run)))  # reported as missing by the caller
             start += take
@@ -264,10 +429,11 @@ class ChunkSet:
 
     def verify(self) -> None:
         """Re-hash every chunk file against the manifest; CacheCorrupted names the first bad one."""
-        from yogadl_plus.cache.manifest import check_chunk
-
-        for info in self.chunks:
-            check_chunk(os.path.join(self.directory, info.file), info)
+        for number, info in enumerate(self.chunks):
+            path = os.path.join(self.directory, info.file)
+            state = verify_and_stamp(path, info, self._where(number))
+            if self._states[number] is not None and self._states[number] != state:
+                self._forget(number)  # a good file, but not the one open: open it again
 
     def __len__(self) -> int:
         return self.num_records

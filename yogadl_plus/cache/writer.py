@@ -2,22 +2,35 @@
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable, Mapping
 from types import TracebackType
+from typing import Any
 
 import lmdb
 import numpy as np
 
-from yogadl_plus.cache.manifest import ChunkInfo, file_sha256
-from yogadl_plus.errors import CacheCorrupted
+from yogadl_plus.cache.integrity import file_sha256, stamp
+from yogadl_plus.cache.manifest import MAX_CHUNK_RECORDS, ChunkInfo, new_chunk_id
+from yogadl_plus.errors import CacheCorrupted, unwritable
 
-__all__ = ["DEFAULT_CHUNK_BYTES", "ChunkWriter", "chunk_file_name", "column_key", "record_key"]
+__all__ = [
+    "DEFAULT_CHUNK_BYTES",
+    "IDENTITY_KEY",
+    "ChunkWriter",
+    "chunk_file_name",
+    "chunk_identity",
+    "column_key",
+    "record_key",
+]
 
 DEFAULT_CHUNK_BYTES = 256 << 20
 _COMMIT_BYTES = 64 << 20
 _COMMIT_RECORDS = 50_000
-_MAX_CHUNK_RECORDS = 2**32 - 1
+# The largest 4-byte key, never a record's (a chunk holds at most MAX_CHUNK_RECORDS - 1): it
+# sorts after every record and before every column key, so appends stay in key order.
+IDENTITY_KEY = b"\xff\xff\xff\xff"
 
 
 def chunk_file_name(number: int, prefix: str = "") -> str:
@@ -27,6 +40,12 @@ def chunk_file_name(number: int, prefix: str = "") -> str:
 def record_key(local_index: int) -> bytes:
     """The LMDB key of a record inside its chunk: big-endian, so keys sort in record order."""
     return local_index.to_bytes(4, "big")
+
+
+def chunk_identity(info: ChunkInfo, schema: str) -> dict[str, Any]:
+    """What a chunk says of itself under IDENTITY_KEY (JSON): the id and counts its manifest
+    must name, and the digest of the schema its records were encoded with."""
+    return {"id": info.id, "records": info.records, "columns": list(info.columns), "schema": schema}
 
 
 def column_key(name: str) -> bytes:
@@ -42,7 +61,9 @@ class ChunkWriter:
     too small, the transaction is aborted, the map grown, and the same buffered puts written
     again, so nothing is lost. ``prefix`` starts every file name: tasks of a parallel build
     write into one folder without clashing. ``on_close`` is called with each chunk as soon as
-    it is complete (a build task hands it on while writing the next).
+    it is complete (a build task hands it on while writing the next). ``schema`` is the digest
+    of the schema the values were encoded with; each chunk records it with its identity. A write
+    that fails (a full disk) is a StorageError naming the chunk and the free space.
     """
 
     def __init__(
@@ -51,6 +72,7 @@ class ChunkWriter:
         chunk_bytes: int = DEFAULT_CHUNK_BYTES,
         prefix: str = "",
         on_close: Callable[[ChunkInfo], object] | None = None,
+        schema: str = "",
     ) -> None:
         if chunk_bytes <= 0:
             raise ValueError(f"chunk_bytes must be > 0, got {chunk_bytes}")
@@ -58,6 +80,7 @@ class ChunkWriter:
         self.chunk_bytes = chunk_bytes
         self.prefix = prefix
         self.on_close = on_close
+        self.schema = schema
         self.chunks: list[ChunkInfo] = []
         self._env: lmdb.Environment | None = None
         self._pending: list[tuple[bytes, bytes]] = []
@@ -108,7 +131,10 @@ class ChunkWriter:
             self._pending_bytes += taken
             if self._pending_bytes >= _COMMIT_BYTES or len(self._pending) >= _COMMIT_RECORDS:
                 self._commit()
-            if self._chunk_bytes >= self.chunk_bytes or self._chunk_records >= _MAX_CHUNK_RECORDS:
+            if (
+                self._chunk_bytes >= self.chunk_bytes
+                or self._chunk_records >= MAX_CHUNK_RECORDS - 1
+            ):
                 self._close_chunk()
             start = stop
 
@@ -129,16 +155,20 @@ class ChunkWriter:
 
     def _open_chunk(self) -> None:
         self._map_size = max(2 * self.chunk_bytes, 64 << 20)
-        self._env = lmdb.open(
-            self._path(len(self.chunks)),
-            subdir=False,
-            map_size=self._map_size,
-            lock=False,
-            sync=False,
-            metasync=False,
-            meminit=False,
-            max_dbs=0,
-        )
+        path = self._path(len(self.chunks))
+        try:
+            self._env = lmdb.open(
+                path,
+                subdir=False,
+                map_size=self._map_size,
+                lock=False,
+                sync=False,
+                metasync=False,
+                meminit=False,
+                max_dbs=0,
+            )
+        except (lmdb.Error, OSError) as exc:
+            raise unwritable(path, exc) from None
         self._chunk_records = 0
         self._chunk_bytes = 0
 
@@ -153,36 +183,42 @@ class ChunkWriter:
                 # The aborted transaction dropped its puts; they are still in self._pending.
                 self._map_size *= 2
                 self._env.set_mapsize(self._map_size)
+            except lmdb.Error as exc:  # a full disk shows as ENOSPC or EIO
+                raise unwritable(self._path(len(self.chunks)), exc) from None
         self._pending = []
         self._pending_bytes = 0
 
     def _close_chunk(self) -> None:
         assert self._env is not None
-        names = sorted(self._columns)  # column keys sort after every record key, by name
+        path = self._path(len(self.chunks))
+        names = sorted(self._columns)  # column keys sort after the identity key, by name
+        info = ChunkInfo(
+            os.path.basename(path), self._chunk_records, 0, "", tuple(names), new_chunk_id()
+        )
+        identity = json.dumps(chunk_identity(info, self.schema)).encode()
+        self._pending.append((IDENTITY_KEY, identity))
         for name in names:
             data = np.concatenate(self._columns[name]).tobytes()
             self._pending.append((column_key(name), data))
             self._pending_bytes += len(data)
         self._columns = {}
         self._commit()
-        self._env.sync(True)
+        try:
+            self._env.sync(True)
+        except lmdb.Error as exc:
+            raise unwritable(path, exc) from None
         entries = self._env.stat()["entries"]
         self._env.close()
         self._env = None
-        path = self._path(len(self.chunks))
-        if entries != self._chunk_records + len(names):
+        if entries != self._chunk_records + len(names) + 1:
             raise CacheCorrupted(
-                f"{path}: wrote {self._chunk_records} records and {len(names)} columns but the "
-                f"chunk holds {entries} entries"
+                f"{path}: wrote {self._chunk_records} records, {len(names)} columns and its "
+                f"identity but the chunk holds {entries} entries"
             )
+        sha256 = file_sha256(path)
+        state = stamp(path, sha256)  # we wrote it: later readers need not hash it again
         self.chunks.append(
-            ChunkInfo(
-                file=os.path.basename(path),
-                records=self._chunk_records,
-                bytes=os.path.getsize(path),
-                sha256=file_sha256(path),
-                columns=tuple(names),
-            )
+            ChunkInfo(info.file, info.records, state.size, sha256, info.columns, info.id)
         )
         self._chunk_records = 0
         self._chunk_bytes = 0

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from yogadl_plus.cache.manifest import Manifest
+from yogadl_plus.checks import check_name
 
 if TYPE_CHECKING:
     from yogadl_plus.dataref import DataRef
@@ -18,20 +18,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Storage", "check_name"]
 
-_NAME = re.compile(r"[A-Za-z0-9._-]+")
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-def check_name(what: str, name: object) -> str:
-    """``name`` if it is a valid dataset_id / version, else ValueError saying why."""
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"{what} must be a non-empty str, got {name!r}")
-    if not _NAME.fullmatch(name) or name == "." or ".." in name:
-        raise ValueError(
-            f"{what} {name!r} is not allowed: use letters, digits, '.', '_' and '-' only, "
-            "not '.' alone and no '..'"
-        )
-    return name
 
 
 class Storage(ABC):

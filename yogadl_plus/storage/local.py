@@ -1,26 +1,56 @@
-"""Versions in a local directory: ``<root>/<dataset_id>/<version>/``."""
+"""Versions in a local directory: ``<root>/<dataset_id>/<version>/``.
+
+A version folder holds its manifest and one folder per build::
+
+    <root>/<dataset_id>/<version>/manifest.json             names the chunks of one build
+    <root>/<dataset_id>/<version>/b-<build>/chunk-00000.mdb  the chunks of that build
+    <root>/<dataset_id>/<version>/b-<build>/+pin             held (shared) by its readers
+
+Builds are immutable. A build is written in ``<root>/<dataset_id>/+staging.<version>.<random>/``,
+moved into the version folder as ``b-<build>/`` in one rename, and published by replacing the
+manifest in one rename; so a crash at any step leaves the old version or the new one, whole.
+A reader pins the builds its manifest names; a build the manifest no longer names is removed
+once nobody pins it (by the next build, overwrite, delete or open of that version). A reader of
+an old build therefore reads it to the end, never a mix of builds.
+
+Versions written by yogadl_plus 0.1.0 (chunk files directly in the version folder) are read
+as they are; an overwrite puts the new build beside them and removes them.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import shutil
+import time
 import uuid
 from collections.abc import Iterator
 
 from filelock import FileLock
 
-from yogadl_plus.cache.manifest import MANIFEST_NAME, Manifest
+from yogadl_plus.cache.manifest import (
+    MANIFEST_NAME,
+    ChunkInfo,
+    Manifest,
+    fsync_dir,
+    read_manifest_bytes,
+    write_durably,
+)
 from yogadl_plus.dataref import DataRef
-from yogadl_plus.errors import DatasetNotFound
+from yogadl_plus.errors import CacheCorrupted, DatasetNotFound, StorageError, unwritable
 from yogadl_plus.storage.base import Storage, check_name
+from yogadl_plus.storage.pins import Pin, PinGone, Pins, exclusively
 
-__all__ = ["LocalStorage", "is_leftover"]
+__all__ = ["LocalStorage", "builds_named", "is_leftover"]
 
 # Bookkeeping entries carry a '+', which no dataset_id or version may contain.
 _LOCK = "+lock."
 _STAGING = "+staging."
 _TRASH = "+trash."
+_PIN = "+pin"
+_BUILD = "b-"
+_OPEN_ATTEMPTS = 20
 
 
 def is_leftover(entry: str, version: str, kinds: tuple[str, ...] = (_STAGING, _TRASH)) -> bool:
@@ -33,25 +63,33 @@ def is_leftover(entry: str, version: str, kinds: tuple[str, ...] = (_STAGING, _T
     return False
 
 
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+def builds_named(manifest: Manifest) -> set[str]:
+    """The build folders a manifest's chunks live in ("" for chunk files in the version folder
+    itself, as yogadl_plus 0.1.0 wrote them)."""
+    return {c.file.split("/", 1)[0] if "/" in c.file else "" for c in manifest.chunks}
+
+
+def _pin_path(folder: str, build: str) -> str:
+    return os.path.join(folder, build, _PIN)
 
 
 class LocalStorage(Storage):
     """Versioned caches in a directory on this machine (made if missing).
 
-    A version is built in ``<root>/<id>/+staging.<version>.<random>/`` and renamed into place in
-    one step once it is complete and checked, so a crash at any point leaves either no version or
-    a whole one. Leftovers of crashed builders are removed by the next builder of that version.
+    Each build of a version lives in a folder of its own and the version's manifest is switched
+    to it in one step once it is complete and checked, so a crash at any point leaves the old
+    version or the new one, whole; readers of an old build keep reading it to the end.
+    Leftovers of crashed builders are removed by the next builder of that version.
     """
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = os.path.abspath(os.fspath(root))
-        os.makedirs(self.root, exist_ok=True)
+        try:
+            os.makedirs(self.root, exist_ok=True)
+        except FileExistsError:
+            raise StorageError(f"{self.root}: exists and is not a folder") from None
+        except OSError as exc:
+            raise unwritable(self.root, exc) from None
 
     def __repr__(self) -> str:
         return f"LocalStorage({self.root!r})"
@@ -68,26 +106,79 @@ class LocalStorage(Storage):
             self.root, check_name("dataset_id", dataset_id), check_name("version", version)
         )
 
-    def _manifest_exists(self, dataset_id: str, version: str) -> bool:
-        return os.path.exists(os.path.join(self.path(dataset_id, version), MANIFEST_NAME))
+    def _check_root(self) -> None:
+        if not os.path.isdir(self.root):
+            raise StorageError(
+                f"{self.root}: the storage folder does not exist any more (was it removed or "
+                "unmounted?); make it again, or point the storage elsewhere"
+            )
 
-    def _open(self, dataset_id: str, version: str) -> DataRef:
+    def _manifest_exists(self, dataset_id: str, version: str) -> bool:
+        return os.path.isfile(os.path.join(self.path(dataset_id, version), MANIFEST_NAME))
+
+    # --- reading ---
+
+    def _read(self, dataset_id: str, version: str) -> tuple[bytes, Manifest]:
         folder = self.path(dataset_id, version)
+        path = os.path.join(folder, MANIFEST_NAME)
         try:
-            manifest = Manifest.read(folder)
+            data = read_manifest_bytes(path)
         except FileNotFoundError:
+            self._check_root()
             raise DatasetNotFound(
                 f"no version {version!r} of dataset {dataset_id!r} in {self}; "
                 f"published: {self.list() or 'none'}"
             ) from None
-        return DataRef(folder, manifest)
+        manifest = Manifest.parse(data, path)
+        if (manifest.dataset_id, manifest.version) != (dataset_id, version):
+            raise CacheCorrupted(
+                f"{path} describes {manifest.dataset_id}:{manifest.version}, not "
+                f"{dataset_id}:{version} (a manifest copied from elsewhere?)"
+            )
+        return data, manifest
+
+    def _open(self, dataset_id: str, version: str) -> DataRef:
+        folder = self.path(dataset_id, version)
+        for _ in range(_OPEN_ATTEMPTS):
+            data, manifest = self._read(dataset_id, version)
+            try:
+                pins = Pins([Pin(_pin_path(folder, b)) for b in sorted(builds_named(manifest))])
+            except PinGone:
+                time.sleep(0.01)  # replaced since we read the manifest: read it again
+                continue
+            try:
+                current = read_manifest_bytes(os.path.join(folder, MANIFEST_NAME))
+            except FileNotFoundError:
+                current = b""
+            if current == data:
+                self._collect_if_idle(dataset_id, version, manifest)
+                return DataRef(folder, manifest, hold=pins)
+            pins.release()
+        raise StorageError(
+            f"{folder}: the version was replaced {_OPEN_ATTEMPTS} times while it was opened; "
+            "try again"
+        )
+
+    # --- building and publishing ---
+
+    def lock_path(self, dataset_id: str, version: str) -> str:
+        """The lock file of (dataset_id, version): see lock()."""
+        return os.path.join(self.root, dataset_id, _LOCK + version)
+
+    def lock(self, dataset_id: str, version: str) -> contextlib.AbstractContextManager[None]:
+        """Held by whoever changes (dataset_id, version): one at a time, across threads and
+        processes on this machine (and machines sharing the folder, where flock works)."""
+        return self._builder_lock(dataset_id, version)
 
     @contextlib.contextmanager
     def _builder_lock(self, dataset_id: str, version: str) -> Iterator[None]:
         folder = os.path.join(self.root, dataset_id)
-        os.makedirs(folder, exist_ok=True)
+        try:
+            os.makedirs(folder, exist_ok=True)
+        except OSError as exc:
+            raise unwritable(folder, exc) from None
         # A fresh FileLock (its own file descriptor) per call, so threads exclude each other too.
-        with FileLock(os.path.join(folder, _LOCK + version), thread_local=False):
+        with FileLock(self.lock_path(dataset_id, version), thread_local=False):
             yield
 
     @contextlib.contextmanager
@@ -98,46 +189,146 @@ class LocalStorage(Storage):
             if is_leftover(entry, version):
                 shutil.rmtree(os.path.join(parent, entry), ignore_errors=True)
         staging = os.path.join(parent, f"{_STAGING}{version}.{uuid.uuid4().hex[:12]}")
-        os.makedirs(staging)
+        try:
+            os.makedirs(staging)
+        except OSError as exc:
+            raise unwritable(staging, exc) from None
         try:
             yield staging
-            final = os.path.join(parent, version)
-            if replace and os.path.exists(final):
-                trash = os.path.join(parent, f"{_TRASH}{version}.{uuid.uuid4().hex[:12]}")
-                os.rename(final, trash)
-                os.rename(staging, final)
-                shutil.rmtree(trash, ignore_errors=True)
-            else:
-                if os.path.exists(final):
-                    # A folder without a manifest is no version: leftovers of an old layout.
-                    shutil.rmtree(final)
-                os.rename(staging, final)
-            _fsync_dir(parent)
+            try:
+                self._publish(dataset_id, version, staging)
+            except OSError as exc:
+                if isinstance(exc, StorageError):
+                    raise
+                raise unwritable(staging, exc) from exc
         finally:
             if os.path.exists(staging):
                 shutil.rmtree(staging, ignore_errors=True)
 
+    def _publish(self, dataset_id: str, version: str, staging: str) -> None:
+        """Make the build in ``staging`` the version: move it in as a build folder, then switch
+        the manifest to it. Each step leaves the old version or the new one."""
+        built = Manifest.read(staging)
+        build = f"{_BUILD}{uuid.uuid4().hex[:16]}"
+        os.remove(os.path.join(staging, MANIFEST_NAME))
+        with open(os.path.join(staging, _PIN), "wb"):
+            pass
+        fsync_dir(staging)
+        folder = self.path(dataset_id, version)
+        os.makedirs(folder, exist_ok=True)
+        fsync_dir(os.path.dirname(folder))
+        os.rename(staging, os.path.join(folder, build))
+        manifest = dataclasses.replace(built, chunks=[_in_build(c, build) for c in built.chunks])
+        try:
+            fsync_dir(folder)
+            fsync_dir(os.path.dirname(folder))
+            write_durably(os.path.join(folder, MANIFEST_NAME), manifest.to_json().encode())
+        except BaseException:
+            current = self._current(folder)
+            if current is None or build not in builds_named(current):
+                shutil.rmtree(os.path.join(folder, build), ignore_errors=True)
+            raise
+        self._collect(folder, manifest)
+
+    def _collect_if_idle(self, dataset_id: str, version: str, manifest: Manifest) -> None:
+        """Remove builds the manifest no longer names, if there are any and nobody is changing
+        the version right now (never waits)."""
+        folder = self.path(dataset_id, version)
+        try:
+            entries = os.listdir(folder)
+        except OSError:
+            return
+        named = builds_named(manifest)
+        if not any(_is_build(e) and e not in named for e in entries):
+            return
+        lock = FileLock(self.lock_path(dataset_id, version), thread_local=False)
+        try:
+            lock.acquire(timeout=0)
+        except Exception:  # busy (a builder is at work), or a read-only storage
+            return
+        try:
+            self._collect(folder, self._current(folder))
+        finally:
+            lock.release()
+
+    @staticmethod
+    def _current(folder: str) -> Manifest | None:
+        try:
+            return Manifest.read(folder)
+        except (FileNotFoundError, CacheCorrupted):
+            return None
+
+    @staticmethod
+    def _collect(folder: str, manifest: Manifest | None) -> None:
+        """Under the version's lock: remove what ``manifest`` (None: no version) does not name
+        and no reader pins: old builds, leftovers of killed publishers."""
+        named = builds_named(manifest) if manifest is not None else set()
+        try:
+            entries = os.listdir(folder)
+        except FileNotFoundError:
+            return
+        for entry in entries:
+            path = os.path.join(folder, entry)
+            if _is_build(entry) and entry not in named:
+                with exclusively(_pin_path(folder, entry)) as free:
+                    if free:
+                        shutil.rmtree(path, ignore_errors=True)
+            elif entry.startswith(MANIFEST_NAME + ".") and entry.endswith(".tmp"):
+                with contextlib.suppress(OSError):
+                    os.remove(path)
+        if "" not in named and any(_is_flat_chunk(e) for e in entries):
+            # Chunks of a yogadl_plus 0.1.0 build, in the version folder itself.
+            with exclusively(_pin_path(folder, "")) as free:
+                if free:
+                    for entry in [*entries, _PIN]:
+                        if _is_flat_chunk(entry) or entry == _PIN:
+                            with contextlib.suppress(OSError):
+                                os.remove(os.path.join(folder, entry))
+        if manifest is None:
+            with contextlib.suppress(OSError):
+                left = os.listdir(folder)
+                if not left or left == [_PIN]:
+                    shutil.rmtree(folder, ignore_errors=True)
+
     def _versions(self) -> Iterator[tuple[str, str]]:
+        self._check_root()
         for dataset_id in os.listdir(self.root):
             folder = os.path.join(self.root, dataset_id)
             if "+" in dataset_id or not os.path.isdir(folder):
                 continue
             for version in os.listdir(folder):
-                if "+" not in version and os.path.exists(
+                if "+" not in version and os.path.isfile(
                     os.path.join(folder, version, MANIFEST_NAME)
                 ):
                     yield dataset_id, version
 
     def _remove(self, dataset_id: str, version: str) -> None:
+        """Unpublish in one step (remove the manifest); builds go once nobody reads them."""
         if not self._manifest_exists(dataset_id, version):
+            self._check_root()
             raise DatasetNotFound(f"no version {version!r} of dataset {dataset_id!r} in {self}")
-        self.discard(dataset_id, version)
+        folder = self.path(dataset_id, version)
+        os.remove(os.path.join(folder, MANIFEST_NAME))
+        fsync_dir(folder)
+        self._collect(folder, None)
 
     def discard(self, dataset_id: str, version: str) -> None:
-        """Take a version's folder away in one rename, then delete it (callers hold the
-        builder lock; processes with its files open keep reading them)."""
+        """Take a version's folder away in one rename, then delete it, pinned or not: for a
+        caller that knows nobody reads it (a local cache's eviction), holding the lock."""
         parent = os.path.join(self.root, dataset_id)
         trash = os.path.join(parent, f"{_TRASH}{version}.{uuid.uuid4().hex[:12]}")
         os.rename(os.path.join(parent, version), trash)
-        _fsync_dir(parent)
+        fsync_dir(parent)
         shutil.rmtree(trash, ignore_errors=True)
+
+
+def _in_build(chunk: ChunkInfo, build: str) -> ChunkInfo:
+    return dataclasses.replace(chunk, file=f"{build}/{chunk.file}")
+
+
+def _is_build(entry: str) -> bool:
+    return entry.startswith(_BUILD) and "." not in entry
+
+
+def _is_flat_chunk(entry: str) -> bool:
+    return entry.startswith("chunk-") and (entry.endswith(".mdb") or ".mdb." in entry)

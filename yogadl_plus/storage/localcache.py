@@ -10,42 +10,24 @@ even by SIGKILL), and its mtime records the last use for least-recently-used evi
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import shutil
 import warnings
 from collections.abc import Callable, Iterator, Sequence
-from typing import BinaryIO
 
 from filelock import FileLock, Timeout
 
+from yogadl_plus.cache.integrity import stamp
 from yogadl_plus.cache.manifest import MANIFEST_NAME, ChunkInfo, Manifest, write_durably
 from yogadl_plus.checks import check_int
-from yogadl_plus.errors import CacheLimitWarning
+from yogadl_plus.errors import CacheLimitWarning, StorageError
 from yogadl_plus.storage.local import LocalStorage
+from yogadl_plus.storage.pins import Pin, PinGone, exclusively
 
-__all__ = ["LocalCache", "Pin"]
+__all__ = ["LocalCache"]
 
 _PIN = "+pin."
 _PART = ".part"
-
-
-class Pin:
-    """A shared lock on one local copy, held while a DataRef reads it."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self._file: BinaryIO | None = open(path, "a+b")  # noqa: SIM115 - held for the pin's life
-        fcntl.flock(self._file.fileno(), fcntl.LOCK_SH)
-        os.utime(path)  # last use, for eviction
-
-    def release(self) -> None:
-        if self._file is not None:
-            self._file.close()  # closing drops the flock
-            self._file = None
-
-    def __del__(self) -> None:
-        self.release()
 
 
 class LocalCache:
@@ -62,6 +44,9 @@ class LocalCache:
     def _pin_path(self, dataset_id: str, version: str) -> str:
         return os.path.join(self.root, dataset_id, _PIN + version)
 
+    def _lock_path(self, dataset_id: str, version: str) -> str:
+        return self.local.lock_path(dataset_id, version)
+
     def sync(
         self,
         dataset_id: str,
@@ -74,15 +59,57 @@ class LocalCache:
         """Make the local copy match ``manifest_bytes`` with chunks ``wanted`` present, and pin it.
 
         One process per machine does the work; the others wait for it and reuse what it pulled.
-        ``download(jobs)`` fetches and verifies each (chunk, local path) job.
+        ``download(jobs)`` fetches and verifies each (chunk, local path) job. A copy that is
+        current already is read without writing anything, so a read-only local cache works.
         """
+        folder = self.path(dataset_id, version)
+        ready = self._pinned_if_current(dataset_id, version, manifest_bytes, manifest, wanted)
+        if ready is not None:
+            return folder, ready
 
         def fill(folder: str, numbers: list[int]) -> None:
             self._download_into(folder, manifest, numbers, download)
 
-        with self.local._builder_lock(dataset_id, version):
-            self._update(dataset_id, version, manifest_bytes, manifest, wanted, fill)
-            return self.path(dataset_id, version), Pin(self._pin_path(dataset_id, version))
+        try:
+            with self.local.lock(dataset_id, version):
+                self._update(dataset_id, version, manifest_bytes, manifest, wanted, fill)
+                return folder, Pin(self._pin_path(dataset_id, version), touch=True)
+        except StorageError as exc:
+            if os.access(self.root, os.W_OK) and not _read_only(self.root):
+                raise
+            raise StorageError(
+                f"the local cache {self.root} is read-only and does not hold {dataset_id}:"
+                f"{version} as published now (chunks missing, or an older build): make it "
+                "writable, or give the storage another local_cache"
+            ) from exc
+
+    def _pinned_if_current(
+        self,
+        dataset_id: str,
+        version: str,
+        manifest_bytes: bytes,
+        manifest: Manifest,
+        wanted: Sequence[int],
+    ) -> Pin | None:
+        """A pin on the local copy if it is this manifest's with ``wanted`` present, else None;
+        takes no lock and writes nothing but the pin's time of last use."""
+        folder = self.path(dataset_id, version)
+        if _read_bytes(os.path.join(folder, MANIFEST_NAME)) != manifest_bytes:
+            return None
+        if _unnamed_builds(folder, manifest):
+            # Old builds nobody reads any more: removed before we pin the copy ourselves.
+            lock = FileLock(self._lock_path(dataset_id, version), thread_local=False)
+            with contextlib.suppress(Timeout, OSError), lock.acquire(timeout=0):
+                self._drop_unnamed_builds(dataset_id, version, manifest)
+        try:
+            pin = Pin(self._pin_path(dataset_id, version), touch=True)
+        except PinGone:
+            return None  # being evicted right now
+        current = _read_bytes(os.path.join(folder, MANIFEST_NAME)) == manifest_bytes
+        if current and not _missing(folder, manifest, wanted):
+            return pin
+        pin.release()
+        return None
 
     def adopt(
         self, dataset_id: str, version: str, manifest_bytes: bytes, manifest: Manifest, built: str
@@ -96,8 +123,9 @@ class LocalCache:
                 target = os.path.join(folder, info.file)
                 os.makedirs(os.path.dirname(target), exist_ok=True)
                 os.replace(os.path.join(built, os.path.basename(info.file)), target)
+                stamp(target, info.sha256)  # our own file, checked when it was written
 
-        with self.local._builder_lock(dataset_id, version):
+        with self.local.lock(dataset_id, version):
             everything = range(len(manifest.chunks))
             self._update(dataset_id, version, manifest_bytes, manifest, everything, fill)
 
@@ -112,20 +140,15 @@ class LocalCache:
     ) -> None:
         """Under the version's lock: bring the copy to ``manifest_bytes`` with ``wanted`` present.
 
-        A first copy is built in staging and renamed into place. An existing copy is updated in
-        place: each build's chunks live in their own ``b-<build>/`` folder, so the new build's
-        files go next to the old ones, the manifest is replaced atomically, and the old build's
-        files are removed only when no process is reading them (processes that opened the old
-        manifest keep reading the old files).
+        Each build's chunks live in their own ``b-<build>/`` folder, so a new build's files go
+        next to the old ones, the manifest is written (or replaced) atomically once they are
+        all there, and the old build's files are removed only when no process is reading them
+        (processes that opened the old manifest keep reading the old files). A folder without
+        a manifest is no copy yet: a crash while filling it leaves nothing anyone reads.
         """
         folder = self.path(dataset_id, version)
+        os.makedirs(folder, exist_ok=True)
         current = _read_bytes(os.path.join(folder, MANIFEST_NAME))
-        if current is None:
-            self._make_room(_size(manifest, wanted), keep=(dataset_id, version))
-            with self.local._staging(dataset_id, version, replace=False) as new:
-                fill(new, list(wanted))
-                write_durably(os.path.join(new, MANIFEST_NAME), manifest_bytes)
-            return
         _remove_partial_downloads(folder)
         missing = _missing(folder, manifest, wanted)
         if missing:
@@ -137,15 +160,11 @@ class LocalCache:
 
     def _drop_unnamed_builds(self, dataset_id: str, version: str, manifest: Manifest) -> None:
         """Remove build folders the manifest does not name, if no process reads this copy."""
-        folder = self.path(dataset_id, version)
-        named = {c.file.split("/", 1)[0] for c in manifest.chunks if "/" in c.file}
-        stale = [e.path for e in os.scandir(folder) if e.is_dir() and e.name not in named]
+        stale = _unnamed_builds(self.path(dataset_id, version), manifest)
         if not stale:
             return
-        with open(self._pin_path(dataset_id, version), "a+b") as pin:
-            try:
-                fcntl.flock(pin.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
+        with exclusively(self._pin_path(dataset_id, version)) as free:
+            if not free:
                 return  # someone reads the old build: the next update removes it
             for path in stale:
                 shutil.rmtree(path, ignore_errors=True)
@@ -170,8 +189,10 @@ class LocalCache:
                 with contextlib.suppress(FileNotFoundError):
                     os.remove(part)
             raise
-        for _, part in jobs:
-            os.replace(part, part[: -len(_PART)])
+        for info, part in jobs:
+            final = part[: -len(_PART)]
+            os.replace(part, final)
+            stamp(final, info.sha256)  # checked as it was downloaded
 
     def copies(self) -> Iterator[tuple[str, str, int, float]]:
         """(dataset_id, version, bytes present, last use) of every local copy."""
@@ -212,27 +233,33 @@ class LocalCache:
 
     def _evict(self, dataset_id: str, version: str) -> bool:
         """Remove one copy if no process is pulling or reading it; whether it was removed."""
-        lock = FileLock(os.path.join(self.root, dataset_id, "+lock." + version), thread_local=False)
+        lock = FileLock(self._lock_path(dataset_id, version), thread_local=False)
         try:
             lock.acquire(timeout=0)
         except Timeout:
             return False
         try:
-            with open(self._pin_path(dataset_id, version), "a+b") as pin:
-                try:
-                    fcntl.flock(pin.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    return False
-                self.local.discard(dataset_id, version)
-                return True
+            with exclusively(self._pin_path(dataset_id, version)) as free:
+                if free:
+                    self.local.discard(dataset_id, version)
+                return free
         finally:
             lock.release()
 
     def remove(self, dataset_id: str, version: str) -> None:
         """Drop the local copy if there is one (readers with open files keep reading them)."""
-        with self.local._builder_lock(dataset_id, version):
+        with self.local.lock(dataset_id, version):
             if os.path.isdir(self.path(dataset_id, version)):
                 self.local.discard(dataset_id, version)
+
+
+def _unnamed_builds(folder: str, manifest: Manifest) -> list[str]:
+    """The build folders of a local copy that its manifest does not name."""
+    named = {c.file.split("/", 1)[0] for c in manifest.chunks if "/" in c.file}
+    try:
+        return [e.path for e in os.scandir(folder) if e.is_dir() and e.name not in named]
+    except OSError:
+        return []
 
 
 def _tree_bytes(folder: str) -> int:
@@ -278,3 +305,10 @@ def _missing(folder: str, manifest: Manifest, wanted: Sequence[int]) -> list[int
 
 def _size(manifest: Manifest, numbers: Sequence[int]) -> int:
     return sum(manifest.chunks[n].bytes for n in numbers)
+
+
+def _read_only(path: str) -> bool:
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False

@@ -26,7 +26,8 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from yogadl_plus.cache.manifest import MANIFEST_NAME, ChunkInfo, Manifest, check_chunk
+from yogadl_plus.cache.integrity import check_chunk
+from yogadl_plus.cache.manifest import MANIFEST_NAME, ChunkInfo, Manifest
 from yogadl_plus.checks import check_int
 from yogadl_plus.dataref import DataRef
 from yogadl_plus.errors import CacheCorrupted, DatasetNotFound, StorageError
@@ -110,11 +111,7 @@ class RemoteStorage(Storage):
                 f"published: {self.list() or 'none'}"
             )
         data, token = found
-        try:
-            text = data.decode("utf-8")
-        except UnicodeDecodeError:
-            raise CacheCorrupted(f"{self.url}/{key}: the manifest is not UTF-8 text") from None
-        manifest = Manifest.from_json(text, f"{self.url}/{key}")
+        manifest = Manifest.parse(data, f"{self.url}/{key}")
         if (manifest.dataset_id, manifest.version) != (dataset_id, version):
             raise CacheCorrupted(
                 f"{self.url}/{key} describes {manifest.dataset_id}:{manifest.version}, "
@@ -173,9 +170,8 @@ class RemoteStorage(Storage):
                 ):
                     raise
                 continue
-            dataref = DataRef(folder, manifest)
-            dataref._pin = pin  # held while the DataRef (or a copy in a worker) lives
-            return dataref
+            # The pin is held while the DataRef (or a copy in a worker) lives.
+            return DataRef(folder, manifest, hold=pin)
         raise AssertionError("unreachable")
 
     def _download_all(self, base: str, jobs: list[tuple[ChunkInfo, str]]) -> None:
@@ -335,7 +331,7 @@ class RemoteStorage(Storage):
         now = stamps.get(base + MANIFEST_NAME, max((t for _, t in listing), default=0.0))
         live = {
             c.file.split("/", 1)[0]
-            for c in Manifest.from_json(published[0].decode("utf-8"), base).chunks
+            for c in Manifest.parse(published[0], base).chunks
             if "/" in c.file
         }
         newest: dict[str, float] = {}

@@ -12,7 +12,8 @@ import os
 import shutil
 from collections.abc import Callable
 
-from yogadl_plus.cache.manifest import Manifest, check_chunk
+from yogadl_plus.cache.integrity import verify_and_stamp
+from yogadl_plus.cache.manifest import Manifest
 from yogadl_plus.dataref import DataRef
 from yogadl_plus.errors import CacheCorrupted
 from yogadl_plus.storage.base import Storage
@@ -35,9 +36,9 @@ def copy_version(
 
     Every chunk is checked against the source manifest's sha256 on the way, so a damaged copy
     is never spread: CacheCorrupted names the chunk and nothing is published. The new manifest
-    equals the source's (fingerprint, creation time, library version) but for the chunk file
-    names, which are flat in the target. A remote source is pulled into its local cache first
-    (again, if that copy turns out damaged).
+    equals the source's (fingerprint, creation time, library version, chunk ids) but for the
+    build folder the chunk files are in, which is the target's own. A remote source is pulled
+    into its local cache first (again, if that copy turns out damaged).
     ``progress(n)`` is called with each chunk's size in bytes once it is placed and checked.
     """
 
@@ -78,7 +79,7 @@ def _place_chunks(
             _link_or_copy(original, placed)
         except FileNotFoundError:
             raise CacheCorrupted(f"chunk {original} is missing") from None
-        check_chunk(placed, info, where=original)
+        verify_and_stamp(placed, info, where=original)
         chunks.append(dataclasses.replace(info, file=name))
         if progress is not None:
             progress(info.bytes)

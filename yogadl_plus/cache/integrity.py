@@ -1,0 +1,145 @@
+"""Whether a chunk file still holds the bytes its manifest describes, at the cost of one ``stat``.
+
+A chunk is hashed in full (sha256, against the manifest) once: by the builder that wrote it, by
+the pull that downloaded it, or by the first reader that finds no valid stamp. The result is
+kept in a small *stamp* file beside the chunk (``<chunk>.verified``) naming the file's state at
+that moment: device, inode, size, mtime and ctime (nanoseconds). A later reader trusts the chunk
+without hashing it only if the file's state is still exactly that one. Any write to the file, a
+truncation, a copy or a file moved into its place changes at least the inode or the ctime, which
+no user can set, so the chunk is hashed again before a record of it is served.
+
+A stamp is a cache of a verification, never a source of truth: a missing, torn or foreign one
+costs a re-hash, nothing else. Stamps are written without fsync for that reason.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import uuid
+from typing import NamedTuple
+
+from yogadl_plus.cache.manifest import ChunkInfo
+from yogadl_plus.errors import CacheCorrupted, unreadable
+
+__all__ = [
+    "STAMP_SUFFIX",
+    "FileState",
+    "check_chunk",
+    "file_sha256",
+    "file_state",
+    "stamp",
+    "trusted",
+    "verify_and_stamp",
+]
+
+STAMP_SUFFIX = ".verified"
+_DAMAGED = "the version is damaged: delete it and build it again"
+
+
+class FileState(NamedTuple):
+    """What changes whenever a file's contents can have changed (ctime cannot be set by users)."""
+
+    device: int
+    inode: int
+    size: int
+    mtime_ns: int
+    ctime_ns: int
+
+
+def file_state(path: str) -> FileState:
+    st = os.stat(path)
+    return FileState(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def file_sha256(path: str, block: int = 1 << 22) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(block):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def check_chunk(
+    path: str, info: ChunkInfo, where: str | None = None, damaged: str = _DAMAGED
+) -> None:
+    """Raise CacheCorrupted unless the file at ``path`` has the size and sha256 of ``info``.
+
+    The message names the chunk as ``where`` (default: ``path``), the place a user can act on,
+    and ends with ``damaged``: what to do about it. A file that cannot be read for another
+    reason than damage (permissions) is a StorageError saying so.
+    """
+    where = where or path
+    try:
+        found = os.path.getsize(path)
+        if found != info.bytes:
+            raise CacheCorrupted(
+                f"chunk {where} has {found} bytes, the manifest says {info.bytes}; {damaged}"
+            )
+        digest = file_sha256(path)
+    except FileNotFoundError:
+        raise CacheCorrupted(f"chunk {where} is missing; {damaged}") from None
+    except IsADirectoryError:
+        raise CacheCorrupted(f"chunk {where} is a directory, not a chunk file; {damaged}") from None
+    except OSError as exc:
+        raise unreadable(where, exc) from None
+    if digest != info.sha256:
+        raise CacheCorrupted(
+            f"chunk {where} has sha256 {digest}, the manifest says {info.sha256}: its bytes "
+            f"changed after it was written; {damaged}"
+        )
+
+
+def verify_and_stamp(
+    path: str, info: ChunkInfo, where: str | None = None, damaged: str = _DAMAGED
+) -> FileState:
+    """Hash the file (check_chunk), then stamp it; its state, unchanged during the hash."""
+    before = _state_or_none(path)
+    check_chunk(path, info, where, damaged)
+    state = _state_or_none(path)
+    if state is None or state != before:
+        raise CacheCorrupted(
+            f"chunk {where or path} changed while it was being verified; {damaged}"
+        )
+    _write_stamp(path, state, info.sha256)
+    return state
+
+
+def _state_or_none(path: str) -> FileState | None:
+    try:
+        return file_state(path)
+    except OSError:
+        return None  # check_chunk says what is wrong with it
+
+
+def stamp(path: str, sha256: str) -> FileState:
+    """Record that the file at ``path`` (which the caller has just written or checked, and
+    nobody else writes) has ``sha256``; its state."""
+    state = file_state(path)
+    _write_stamp(path, state, sha256)
+    return state
+
+
+def trusted(path: str, state: FileState, sha256: str) -> bool:
+    """True if a stamp beside ``path`` says a file in exactly ``state`` had ``sha256``."""
+    try:
+        with open(path + STAMP_SUFFIX, "rb") as f:
+            body = json.loads(f.read(4096))
+        return bool(body["sha256"] == sha256 and FileState(*body["state"]) == state)
+    except (OSError, ValueError, KeyError, TypeError):
+        return False  # no stamp, or not one of ours: hash the chunk
+
+
+def _write_stamp(path: str, state: FileState, sha256: str) -> None:
+    """Best effort: a read-only or full disk only costs the next reader a hash."""
+    body = json.dumps({"sha256": sha256, "state": list(state)}).encode()
+    temp = f"{path}{STAMP_SUFFIX}.{uuid.uuid4().hex[:8]}.tmp"
+    try:
+        with open(temp, "wb") as f:
+            f.write(body)
+        os.replace(temp, path + STAMP_SUFFIX)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.remove(temp)
