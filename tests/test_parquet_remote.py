@@ -90,3 +90,53 @@ def test_s3_parquet_url_uses_the_standard_chain(
 def test_mixed_filesystems_are_refused(tmp_path: Path) -> None:
     with pytest.raises(ydl.YogaError, match="one filesystem"):
         ydl.sources.ParquetSource(["s3://b/x.parquet", str(tmp_path / "y.parquet")])
+
+
+# --------------------------------------------------------------------------- hive partitions
+
+
+def filesystem_of(kind: str, request: pytest.FixtureRequest) -> tuple[Any, str]:
+    """(a pyarrow filesystem on a fresh bucket of the real test server, the bucket's name)."""
+    server = request.getfixturevalue("s3_server" if kind == "s3" else "gcs_server")
+    bucket = server.make_bucket()
+    return (s3_filesystem(server) if kind == "s3" else gcs_filesystem(server)), bucket
+
+
+def rows_of(ref: ydl.DataRef) -> list[dict[str, Any]]:
+    batch = ref.get_batch(list(range(len(ref))))
+    return [{k: v[i] for k, v in batch.items()} for i in range(len(ref))]
+
+
+@pytest.mark.parametrize("kind", ["s3", "gs"])
+def test_hive_partitioned_parquet_in_a_bucket_keeps_its_partition_columns(
+    kind: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    filesystem, bucket = filesystem_of(kind, request)
+    n = 90
+    data = pa.table(
+        {
+            "x": np.arange(n, dtype=np.float64),
+            "day": pa.array([None if i % 10 == 9 else i % 3 for i in range(n)], pa.int64()),
+            "tag": [["a", "b/c"][i % 2] for i in range(n)],
+        }
+    )
+    root = f"{bucket}/hive"
+    pq.write_to_dataset(
+        data, root, partition_cols=["day", "tag"], filesystem=filesystem, row_group_size=8
+    )
+    with filesystem.open_output_stream(f"{root}/_SUCCESS") as f:
+        f.write(b"")
+    with filesystem.open_output_stream(f"{root}/_temporary/0/day=1/tag=a/part-0.parquet") as f:
+        pq.write_table(pa.table({"x": [-1.0]}), f)  # a failed attempt's leftover: no data
+
+    source = ydl.sources.ParquetSource(f"{kind}://{root}", filesystem=filesystem)
+    storage = ydl.LocalStorage(tmp_path / "store")
+    serial = ydl.cache_dataset(source, "hive", "serial", storage, progress=False)
+    parallel = ydl.cache_dataset(source, "hive", "parallel", storage, progress=False, workers=2)
+    assert serial.schema.names == ("x", "day", "tag")
+    assert serial.schema["day"].dtype == np.int32 and serial.schema["day"].nullable
+    got = rows_of(serial)
+    assert got == rows_of(parallel)
+    expected = {r["x"]: (r["day"], r["tag"]) for r in data.to_pylist()}
+    assert {r["x"]: (r["day"], r["tag"]) for r in got} == expected and len(got) == n
+    assert serial.manifest.source_fingerprint == source.fingerprint()
