@@ -94,6 +94,8 @@ def test_mixed_filesystems_are_refused(tmp_path: Path) -> None:
 
 # --------------------------------------------------------------------------- hive partitions
 
+DATA = Path(__file__).parent / "data"
+
 
 def filesystem_of(kind: str, request: pytest.FixtureRequest) -> tuple[Any, str]:
     """(a pyarrow filesystem on a fresh bucket of the real test server, the bucket's name)."""
@@ -140,3 +142,26 @@ def test_hive_partitioned_parquet_in_a_bucket_keeps_its_partition_columns(
     expected = {r["x"]: (r["day"], r["tag"]) for r in data.to_pylist()}
     assert {r["x"]: (r["day"], r["tag"]) for r in got} == expected and len(got) == n
     assert serial.manifest.source_fingerprint == source.fingerprint()
+
+
+@pytest.mark.parametrize("kind", ["s3", "gs"])
+def test_a_partitioned_petastorm_store_in_a_bucket(
+    kind: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """The store Petastorm and Spark's partitionBy wrote (tests/data), uploaded as it is."""
+    filesystem, bucket = filesystem_of(kind, request)
+    store = DATA / "petastorm_partitioned"
+    for path in store.rglob("*"):
+        if path.is_file():
+            with filesystem.open_output_stream(f"{bucket}/p/{path.relative_to(store)}") as f:
+                f.write(path.read_bytes())
+    with np.load(DATA / "petastorm_partitioned_expected.npz", allow_pickle=False) as saved:
+        expected = {name: saved[name] for name in saved.files}
+
+    source = ydl.sources.PetastormSource(f"{kind}://{bucket}/p", filesystem=filesystem)
+    ref = ydl.cache_dataset(source, "p", "v1", ydl.LocalStorage(tmp_path / "s"), workers=2)
+    assert ref.manifest.source_kind == "petastorm" and len(ref) == 24
+    rows = sorted(rows_of(ref), key=lambda r: r["id"])
+    assert [r["station"] for r in rows] == expected["station"].tolist()
+    assert [-1 if r["day"] is None else r["day"] for r in rows] == expected["day"].tolist()
+    assert np.array_equal(np.stack([r["matrix"] for r in rows]), expected["matrix"])

@@ -1,6 +1,7 @@
 """Petastorm datasets as a source: a store written by Petastorm 0.13.1 (tests/data, made by
 tests/data/make_petastorm_dataset.py in the side venv) caches as the tensors Petastorm's own
-reader decodes, and a hostile schema pickle is refused without running anything."""
+reader decodes; a store partitioned by Spark (make_petastorm_partitioned.py) keeps its
+partition columns; and a hostile schema pickle is refused without running anything."""
 
 from __future__ import annotations
 
@@ -36,9 +37,7 @@ def by_id(ref: ydl.DataRef) -> dict[str, list]:
 
 
 @pytest.mark.parametrize("workers", [None, 2])
-def test_a_petastorm_store_caches_the_tensors_petastorm_decodes(
-    expected, local_storage, workers
-):
+def test_a_petastorm_store_caches_the_tensors_petastorm_decodes(expected, local_storage, workers):
     ref = ydl.cache_dataset(str(STORE), "sensors", "v1", local_storage, workers=workers)
     assert ref.manifest.source_kind == "petastorm" and len(ref) == 40
     got = by_id(ref)
@@ -67,7 +66,10 @@ def test_unischema_fields_map_to_our_codecs_dtypes_and_shapes():
     for name, (dtype, shape, codec, nullable) in expect.items():
         field = schema[name]
         assert (field.dtype, field.shape, type(field.codec), field.nullable) == (
-            dtype, shape, codec, nullable
+            dtype,
+            shape,
+            codec,
+            nullable,
         ), name
 
 
@@ -183,3 +185,80 @@ def test_unischemas_pickled_with_old_protocols_load(monkeypatch, protocol):
 
     ours, how = our_field(loaded, "old-store")  # cached in the machine's byte order
     assert (ours.dtype, ours.shape, how) == (np.dtype("f4"), (2, None), "npy")
+
+
+# --------------------------------------------------------------------------- partitioned stores
+
+PARTITIONED = DATA / "petastorm_partitioned"
+
+
+@pytest.mark.parametrize("workers", [None, 2])
+def test_a_store_partitioned_by_spark_caches_its_partition_columns(local_storage, workers):
+    """Petastorm's materialize_dataset + Spark's partitionBy("station", "day") (tests/data):
+    the files hold neither column; the folders do, day=__HIVE_DEFAULT_PARTITION__ for a null."""
+    with np.load(DATA / "petastorm_partitioned_expected.npz", allow_pickle=False) as saved:
+        expected = {name: saved[name] for name in saved.files}
+    ref = ydl.cache_dataset(str(PARTITIONED), "readings", "v1", local_storage, workers=workers)
+    assert ref.manifest.source_kind == "petastorm" and len(ref) == 24
+    assert ref.schema.names == ("id", "station", "day", "reading", "matrix")  # the Unischema's
+    assert ref.schema["station"].kind == "str" and not ref.schema["station"].nullable
+    assert ref.schema["day"].dtype == np.int32 and ref.schema["day"].nullable
+    got = by_id(ref)
+    assert got["station"] == expected["station"].tolist()
+    assert [-1 if d is None else d for d in got["day"]] == expected["day"].tolist()
+    assert np.array_equal(np.stack(got["matrix"]), expected["matrix"])
+    assert np.array_equal(got["reading"], expected["reading"])
+    picked = ydl.sources.PetastormSource(PARTITIONED, columns=["day", "id"])
+    ref = ydl.cache_dataset(picked, "readings", "picked", local_storage, workers=workers)
+    assert ref.schema.names == ("day", "id") and by_id(ref)["day"] == got["day"]
+
+
+def partitioned_copy(tmp_path: Path, by: list[str], rename: dict[str, str] | None = None) -> Path:
+    """The sensors store as Spark's partitionBy(*by) writes it: each file's rows split into
+    key=value folders (``rename`` changes folder names), the columns ``by`` taken out of the
+    files, _common_metadata (the Unischema) kept."""
+    store = tmp_path / "partitioned"
+    store.mkdir()
+    shutil.copy(STORE / "_common_metadata", store)
+    for number, path in enumerate(sorted(STORE.glob("*.parquet"))):
+        data = pq.read_table(path)
+        keys = sorted({tuple(row[c] for c in by) for row in data.select(by).to_pylist()})
+        for values in keys:
+            mask = np.all([np.asarray(data[c]) == v for c, v in zip(by, values)], axis=0)
+            folder = store.joinpath(*(f"{c}={v}" for c, v in zip(by, values)))
+            for old, new in (rename or {}).items():
+                folder = Path(str(folder).replace(old, new))
+            folder.mkdir(parents=True, exist_ok=True)
+            name = f"part-{number:05d}-e7bcf242.c000.snappy.parquet"
+            pq.write_table(data.filter(mask).drop_columns(by), folder / name)
+    (store / "_SUCCESS").write_bytes(b"")
+    return store
+
+
+@pytest.mark.parametrize("workers", [None, 2])
+def test_partition_values_take_the_unischemas_types(expected, tmp_path, local_storage, workers):
+    """Before: a raw pyarrow ArrowInvalid (no field 'station' in the files)."""
+    store = partitioned_copy(tmp_path, ["station", "id"])
+    source = ydl.sources.PetastormSource(store)
+    assert source.arrow_schema.field("id").type == pa.int64()  # int32 by the folders alone
+    ref = ydl.cache_dataset(source, "sensors", "v1", local_storage, workers=workers)
+    assert ref.schema["id"].dtype == np.int64 and ref.schema["station"].kind == "str"
+    got = by_id(ref)
+    for name in ("id", "level", "station", "matrix", "image_png", "mask_png", "photo"):
+        assert np.array_equal(np.stack(got[name]), expected[name]), name
+
+
+def test_a_null_partition_of_a_field_that_is_not_nullable_is_named(tmp_path):
+    store = partitioned_copy(
+        tmp_path, ["station"], {"station=east": "station=__HIVE_DEFAULT_PARTITION__"}
+    )
+    with pytest.raises(ydl.SchemaError, match="partition column 'station' has a null partition"):
+        ydl.sources.PetastormSource(store)
+
+
+def test_partition_columns_the_unischema_does_not_list_are_kept(tmp_path, local_storage):
+    store = partitioned_copy(tmp_path, ["level"], {"level=": "batch=7/level="})
+    ref = ydl.cache_dataset(str(store), "sensors", "v1", local_storage)
+    assert ref.schema.names[-1] == "batch" and ref.schema["batch"].dtype == np.int32
+    assert {r for r in ref.get_batch(range(len(ref)), fields=["batch"])["batch"]} == {7}
+    assert sorted(ref.get_batch(range(40), fields=["id"])["id"].tolist()) == list(range(40))

@@ -5,6 +5,9 @@ The Unischema is read with a restricted unpickler: it knows the few Petastorm, n
 and standard-library names a Unischema is made of and builds plain stand-ins of them; any other
 name is refused before anything is called, so a hostile store cannot run code. Petastorm itself
 is not needed. Values are decoded with numpy (``allow_pickle=False``) and Pillow.
+
+Spark's ``partitionBy`` folders (``station=north/``) are read as the partition columns of
+ParquetSource, with the types of the Unischema's fields of the same names.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import collections
 import io
 import os
 import pickle
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -21,7 +24,13 @@ import numpy as np
 from yogadl_plus import codecs
 from yogadl_plus.errors import SchemaError
 from yogadl_plus.schema import Field, Schema
-from yogadl_plus.sources.parquet import ParquetSource, column_values, resolve_paths
+from yogadl_plus.sources.parquet import (
+    NULL_PARTITION,
+    ParquetSource,
+    arrow_to_schema,
+    column_values,
+    resolve_paths,
+)
 
 __all__ = ["UNISCHEMA_KEY", "PetastormSource", "load_unischema", "parquet_source"]
 
@@ -249,7 +258,9 @@ class PetastormSource(ParquetSource):
     tensors under our own schema: NdarrayCodec and CompressedNdarrayCodec fields become numeric
     fields (``codecs.Raw`` / ``codecs.Compressed``), PNG images ``codecs.Image("png")``, JPEG
     images their decoded pixels, scalars plain fields; Unischema shapes, dtypes and
-    nullability carry over. ``columns`` and ``filesystem`` as for ParquetSource."""
+    nullability carry over. ``columns``, ``filesystem`` and ``partitioning`` as for
+    ParquetSource: partition folders (Spark's ``partitionBy``) become the Unischema's fields of
+    those names, with their types, or fields of their own after the Unischema's."""
 
     kind = "petastorm"
 
@@ -258,25 +269,57 @@ class PetastormSource(ParquetSource):
         url: str | os.PathLike[str],
         columns: Sequence[str] | None = None,
         filesystem: Any = None,
+        partitioning: str | Mapping[str, Any] | None = "hive",
     ) -> None:
-        super().__init__(url, columns=columns, filesystem=filesystem)
-        where = os.fspath(url)
-        unischema = _read_unischema(self.filesystem, resolve_paths(url, self.filesystem)[1][0])
+        self._where = where = os.fspath(url)
+        filesystem, named = resolve_paths(url, filesystem)
+        unischema = _read_unischema(filesystem, named[0])
         if unischema is None:
             raise SchemaError(
                 f"{where}: no Petastorm schema (no _common_metadata with "
                 f"{UNISCHEMA_KEY.decode()}): read it as plain Parquet with ParquetSource"
             )
-        fields = {f.name: f for f in load_unischema(unischema, where)}
-        names = self.columns if self.columns is not None else list(fields)
-        missing = [n for n in names if n not in fields]
+        self._unischema = {f.name: f for f in load_unischema(unischema, where)}
+        super().__init__(url, columns=columns, filesystem=filesystem, partitioning=partitioning)
+        import pyarrow as pa
+
+        # Partition columns the Unischema does not list are data too: fields of their own.
+        extra = [f for f in self.partitions.fields if f.name not in self._unischema]
+        own = {f.name: f for f in arrow_to_schema(pa.schema(extra))} if extra else {}
+        names = self.columns if self.columns is not None else [*self._unischema, *own]
+        missing = [n for n in names if n not in self._unischema and n not in own]
         if missing:
             raise SchemaError(
-                f"{where}: columns {missing} are not in the Petastorm schema {list(fields)}"
+                f"{where}: columns {missing} are not in the Petastorm schema "
+                f"{[*self._unischema, *own]}"
             )
-        made = [our_field(fields[n], where) for n in names]
+        made = [(own[n], "") if n in own else our_field(self._unischema[n], where) for n in names]
         self._petastorm_schema = Schema([f for f, _ in made])
         self.values = _PetastormColumns({f.name: how for f, how in made if how})
+
+    def _partition_type(self, name: str, texts: Sequence[str | None]) -> Any:
+        """The type of the Unischema's field ``name``: a partition folder holds a scalar."""
+        field = self._unischema.get(name)
+        if field is None:
+            return super()._partition_type(name, texts)
+        ours, how = our_field(field, self._where)
+        if how or ours.shape:
+            raise SchemaError(
+                f"{self._where}: partition column {name!r} is {ours.describe()} in the "
+                "Petastorm schema, but a partition folder holds one scalar value"
+            )
+        if None in texts and not ours.nullable:
+            raise SchemaError(
+                f"{self._where}: partition column {name!r} has a null partition "
+                f"({name}={NULL_PARTITION}), but the Petastorm schema says it is not nullable"
+            )
+        import pyarrow as pa
+
+        if ours.kind == "str":
+            return pa.string()
+        if ours.kind == "bytes":
+            return pa.binary()
+        return pa.from_numpy_dtype(ours.dtype)
 
     @property
     def schema(self) -> Schema:
