@@ -1,13 +1,20 @@
 """Petastorm datasets as a source: a store written by Petastorm 0.13.1 (tests/data, made by
 tests/data/make_petastorm_dataset.py in the side venv) caches as the tensors Petastorm's own
 reader decodes; a store partitioned by Spark (make_petastorm_partitioned.py) keeps its
-partition columns; and a hostile schema pickle is refused without running anything."""
+partition columns; a hostile schema pickle is refused without running anything, and cannot
+make the allowed names build big things."""
 
 from __future__ import annotations
 
+import collections
+import json
 import os
 import pickle
+import re
 import shutil
+import subprocess
+import sys
+import types
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +24,7 @@ import pytest
 
 import yogadl_plus as ydl
 from yogadl_plus import codecs
-from yogadl_plus.sources.petastorm import UNISCHEMA_KEY, load_unischema
+from yogadl_plus.sources.petastorm import UNISCHEMA_KEY, load_unischema, our_field
 
 DATA = Path(__file__).parent / "data"
 STORE = DATA / "petastorm_sensors"
@@ -173,16 +180,22 @@ def test_unischemas_pickled_with_old_protocols_load(monkeypatch, protocol):
         monkeypatch.setitem(sys.modules, module.__name__, module)
     schema = Unischema()
     field = UnischemaField("x", np.dtype(">f4"), (2, None), NdarrayCodec(), True)
-    schema._name, schema._fields = "Old", collections.OrderedDict(x=field)
+    text = UnischemaField("t", np.str_, (), None, False)
+    raw = UnischemaField("r", np.bytes_, (), None, False)
+    schema._name, schema._fields = "Old", collections.OrderedDict(x=field, t=text, r=raw)
     data = pickle.dumps(schema, protocol=protocol)
     for name in ("petastorm", "petastorm.unischema", "petastorm.codecs"):
         monkeypatch.delitem(sys.modules, name)
+    if protocol < 4:  # as numpy 1 named them
+        data = data.replace(b"numpy\nstr_\n", b"numpy\nunicode_\n")
+        data = data.replace(b"numpy\nbytes_\n", b"numpy\nstring_\n")
+        assert b"unicode_" in data and b"string_" in data
 
-    (loaded,) = load_unischema(data, "old-store")
+    loaded, loaded_text, loaded_raw = load_unischema(data, "old-store")
+    assert our_field(loaded_text, "old-store")[0].kind == "str"
+    assert our_field(loaded_raw, "old-store")[0].kind == "bytes"
     assert (loaded.name, loaded.shape, loaded.nullable) == ("x", (2, None), True)
     assert loaded.numpy_dtype.dtype == np.dtype(">f4")  # the byte order survives
-    from yogadl_plus.sources.petastorm import our_field
-
     ours, how = our_field(loaded, "old-store")  # cached in the machine's byte order
     assert (ours.dtype, ours.shape, how) == (np.dtype("f4"), (2, None), "npy")
 
@@ -262,3 +275,123 @@ def test_partition_columns_the_unischema_does_not_list_are_kept(tmp_path, local_
     assert ref.schema.names[-1] == "batch" and ref.schema["batch"].dtype == np.int32
     assert {r for r in ref.get_batch(range(len(ref)), fields=["batch"])["batch"]} == {7}
     assert sorted(ref.get_batch(range(40), fields=["id"])["id"].tolist()) == list(range(40))
+
+
+# --------------------------------------------------------------------------- schema pickle bombs
+
+
+class Call:
+    """Pickles as a call of ``func(*args)`` (REDUCE), made when the pickle is loaded."""
+
+    def __init__(self, func, *args) -> None:
+        self.func, self.args = func, args
+
+    def __reduce__(self):
+        return (self.func, self.args)
+
+
+def bytes_by_newobj(size: int) -> bytes:
+    """``bytes.__new__(bytes, size)`` (NEWOBJ, protocol 2), as no object pickles itself."""
+    return b"\x80\x02cbuiltins\nbytes\nJ" + size.to_bytes(4, "little") + b"\x85\x81."
+
+
+def ordered_dict_copies() -> bytes:
+    """10**4 OrderedDicts, each a copy of the same 10**4 pairs: 1.7 MB that unpickle to 10**8
+    dict entries (several GB), unless OrderedDict may only be called as its pickles call it."""
+    pairs = [(i, i) for i in range(10**4)]
+    return pickle.dumps([Call(collections.OrderedDict, pairs) for _ in range(10**4)])
+
+
+def state_copies(monkeypatch: pytest.MonkeyPatch) -> bytes:
+    """10**4 codecs, each given the same 10**4-attribute state: 10**8 attributes set."""
+    codecs_module = types.ModuleType("petastorm.codecs")
+
+    class ScalarCodec:
+        def __getstate__(self):
+            return STATE
+
+    STATE = {f"a{i}": i for i in range(10**4)}
+    ScalarCodec.__module__, ScalarCodec.__qualname__ = codecs_module.__name__, "ScalarCodec"
+    codecs_module.ScalarCodec = ScalarCodec
+    monkeypatch.setitem(sys.modules, "petastorm", types.ModuleType("petastorm"))
+    monkeypatch.setitem(sys.modules, "petastorm.codecs", codecs_module)
+    return pickle.dumps([ScalarCodec() for _ in range(10**4)])
+
+
+LOAD_IN_A_SMALL_PROCESS = """
+import json, resource, sys
+from yogadl_plus.sources.petastorm import load_unischema
+data = sys.stdin.buffer.read()
+page = resource.getpagesize()
+size = int(open("/proc/self/statm").read().split()[0]) * page
+resource.setrlimit(resource.RLIMIT_AS, (size + 2**30, size + 2**30))  # a bomb: MemoryError
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+try:
+    load_unischema(data, "store")
+    outcome = ["loaded", ""]
+except BaseException as exc:
+    outcome = [type(exc).__name__, str(exc)[:300]]
+grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+print(json.dumps([*outcome, grown // 1024]))
+"""
+
+
+BOMBS = {  # name: (payload, what the error says)
+    "bytes": (
+        lambda mp: pickle.dumps(Call(bytes, 10**9)),
+        r"to call builtins\.bytes\(1000000000\)",
+    ),
+    "bytes-newobj": (lambda mp: bytes_by_newobj(10**9), r"NEWOBJ class argument must be a type"),
+    "str-of-bytes": (lambda mp: pickle.dumps(Call(str, Call(bytes, 10**8))), r"builtins\.bytes"),
+    "tuple-of-bytes": (lambda mp: pickle.dumps(Call(tuple, Call(bytes, 10**8))), r"\.bytes"),
+    "numpy-bytes_": (lambda mp: pickle.dumps(Call(np.bytes_, 10**9)), r"to call numpy\.bytes_\("),
+    "numpy-str_": (lambda mp: pickle.dumps(Call(np.str_, Call(bytes, 10**8))), r"builtins\.bytes"),
+    "numpy-zeros": (
+        lambda mp: pickle.dumps(Call(np.zeros, (10**5,) * 2)),
+        r"unpickle numpy\.zeros",
+    ),
+    "bytearray": (lambda mp: pickle.dumps(Call(bytearray, 10**9)), r"unpickle builtins\.bytearray"),
+    "ordered-dict-copies": (lambda mp: ordered_dict_copies(), r"to call collections\.OrderedDict"),
+    "state-copies": (state_copies, r"the Petastorm schema is not a Unischema: \[<"),
+}
+
+
+@pytest.mark.parametrize("bomb", list(BOMBS))
+def test_a_schema_pickle_cannot_make_big_things(monkeypatch, bomb):
+    """Before: bytes(10**9) was built (a 1 GB request peaked at 7.6 GB RSS, with the repr of
+    the error message), and allowed callables copied the pickle's own containers over and
+    over. Loaded in a process of its own that may grow by at most 1 GiB: each is refused, and
+    grows it by less than 100 MB. (A pickle calls, it does no arithmetic: ``"x" * n`` cannot
+    be written in one.)"""
+    make, refused = BOMBS[bomb]
+    payload = make(monkeypatch)
+    assert len(payload) < 2_000_000
+    run = subprocess.run(
+        [sys.executable, "-c", LOAD_IN_A_SMALL_PROCESS],
+        input=payload,
+        capture_output=True,
+        timeout=120,
+        cwd=Path(ydl.__file__).parent.parent,  # the same yogadl_plus as this process
+    )
+    assert run.returncode == 0, run.stderr.decode()[-2000:]
+    error, message, grown_mb = json.loads(run.stdout)
+    assert error == "SchemaError" and re.search(refused, message), (error, message)
+    assert grown_mb < 100, f"loading grew the process by {grown_mb} MB"
+
+
+def test_a_dtype_in_a_schema_is_one_plain_type():
+    def unischema_with_dtype(spec: str) -> bytes:
+        good = pickle.dumps(np.dtype("<f4"), protocol=2)
+        return good.replace(
+            b"X\x02\x00\x00\x00f4", b"X" + len(spec).to_bytes(4, "little") + spec.encode()
+        )
+
+    assert b"X\x02\x00\x00\x00f4" in pickle.dumps(np.dtype("<f4"), protocol=2)
+    for spec, why in [
+        ("(1000000000,)u1", "one plain type"),
+        ("f4,i8", "one plain type"),
+        ("O", "one plain type"),
+        ("f" * 100, "short string"),
+    ]:
+        with pytest.raises(ydl.SchemaError, match=rf"refusing to call numpy\.dtype.*{why}"):
+            load_unischema(unischema_with_dtype(spec), "store")

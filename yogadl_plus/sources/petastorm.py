@@ -3,8 +3,12 @@ whose binary columns hold tensors in Petastorm's codecs.
 
 The Unischema is read with a restricted unpickler: it knows the few Petastorm, numpy, pyspark
 and standard-library names a Unischema is made of and builds plain stand-ins of them; any other
-name is refused before anything is called, so a hostile store cannot run code. Petastorm itself
-is not needed. Values are decoded with numpy (``allow_pickle=False``) and Pillow.
+name is refused before anything is called, so a hostile store cannot run code. Types a Unischema
+only names (``numpy.int64`` as a field's dtype, ``tuple`` as a reconstructor's base) come back as
+names that cannot be called, so a pickle cannot make them build anything (``bytes(10**9)``);
+what may be called builds only small things: empty stand-ins keeping the attributes read here,
+a field from its five values, an empty OrderedDict, a plain ``numpy.dtype``. Petastorm itself is
+not needed. Values are decoded with numpy (``allow_pickle=False``) and Pillow.
 
 Spark's ``partitionBy`` folders (``station=north/``) are read as the partition columns of
 ParquetSource, with the types of the Unischema's fields of the same names.
@@ -40,9 +44,28 @@ UNISCHEMA_KEY = b"dataset-toolkit.unischema.v1"
 # --------------------------------------------------------------------------- stand-ins
 
 
-class _Unischema:
+class _StandIn:
+    """An object a pickle builds from nothing, then gives its attributes (BUILD). Only the
+    attributes read here are kept, so that a state handed to many objects is never copied."""
+
+    #: The attributes kept from a pickled state (others, such as a Unischema's attribute per
+    #: field, are not needed).
+    _KEPT: tuple[str, ...] = ()
+
+    def __setstate__(self, state: Any) -> None:
+        if isinstance(state, tuple) and len(state) == 2 and state[1] is None:
+            state = state[0]  # (dict state, no slot state), as protocol 2+ may write it
+        if not isinstance(state, dict):
+            raise _Refused(f"{type(self).__name__}.__setstate__(...)", "a state is a dict")
+        for name in self._KEPT:
+            if name in state:
+                setattr(self, name, state[name])
+
+
+class _Unischema(_StandIn):
     """Petastorm's Unischema: a name and an ordered dict of fields (set by the pickle)."""
 
+    _KEPT = ("_name", "_fields")
     _name: str
     _fields: dict[str, Any]
 
@@ -55,7 +78,7 @@ class _UnischemaField(NamedTuple):
     nullable: bool = False
 
 
-class _Codec:
+class _Codec(_StandIn):
     """A Petastorm codec: only its class and attributes matter here."""
 
 
@@ -72,11 +95,12 @@ class _CompressedNdarrayCodec(_Codec):
 
 
 class _CompressedImageCodec(_Codec):
+    _KEPT = ("_image_codec", "_quality")
     _image_codec: str = ".png"
     _quality: int = 80
 
 
-class _SparkType:
+class _SparkType(_StandIn):
     """A pyspark.sql.types type: the numpy dtype of the field says what we need."""
 
 
@@ -87,24 +111,67 @@ _SPARK_TYPES = (
 )
 
 
+def _ordered_dict(*args: Any, **kwargs: Any) -> collections.OrderedDict[Any, Any]:
+    """``collections.OrderedDict()`` as its pickles call it: empty (the items follow), so
+    that no other container of the pickle can be copied into one."""
+    if args or kwargs:
+        raise _Refused("collections.OrderedDict(...)", "an OrderedDict is pickled empty")
+    return collections.OrderedDict()
+
+
 class _Dtype:
-    """``numpy.dtype(spec)`` as a pickle rebuilds it (then BUILD with its byte order)."""
+    """``numpy.dtype(spec)`` as a pickle rebuilds it (then BUILD with its byte order): a plain
+    dtype only, from a short spec (no fields, no shape inside, no Python objects)."""
 
     def __init__(self, spec: str, align: bool = False, copy: bool = False) -> None:
-        self.dtype = np.dtype(spec)
+        if not isinstance(spec, str) or len(spec) > _DTYPE_SPEC_CHARS:
+            raise _Refused(f"numpy.dtype({spec!r:.40})", "a dtype is named by a short string")
+        try:
+            dtype = np.dtype(spec)
+        except (TypeError, ValueError):
+            raise _Refused(f"numpy.dtype({spec!r})", "numpy does not know it") from None
+        if dtype.fields is not None or dtype.subdtype is not None or dtype.kind not in "biufcmMSU":
+            raise _Refused(f"numpy.dtype({spec!r})", "a field's dtype is one plain type")
+        self.dtype = dtype
 
     def __setstate__(self, state: tuple[Any, ...]) -> None:
         if len(state) > 1 and state[1] in ("<", ">"):
             self.dtype = self.dtype.newbyteorder(state[1])
 
 
-def _reconstructor(cls: type, base: type, state: Any) -> Any:
+class _Refused(Exception):
+    """A call the pickle asked for that a Unischema never needs."""
+
+    def __init__(self, call: str, why: str) -> None:
+        super().__init__(call, why)
+        self.call, self.why = call, why
+
+
+class _Name:
+    """A type a Unischema only names, never calls: ``numpy.int64`` as a field's dtype,
+    ``tuple`` as the base of a reconstructed namedtuple. Calling it is refused, so a pickle
+    cannot make it build anything."""
+
+    __slots__ = ("name", "type")
+
+    def __init__(self, name: str, kind: type) -> None:
+        self.name, self.type = name, kind
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        shown = ", ".join([*(f"{a!r:.40}" for a in args), *(f"{k}=..." for k in kwargs)])
+        raise _Refused(f"{self.name}({shown})", "a Unischema only names this type")
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+def _reconstructor(cls: type, base: Any, state: Any) -> Any:
     """copyreg._reconstructor of protocol-0/1 pickles, for our stand-ins only: a plain object,
     or a UnischemaField (a namedtuple) from its values."""
-    if cls is _UnischemaField and base is tuple and isinstance(state, tuple):
+    if cls is _UnischemaField and base is _TUPLE and isinstance(state, tuple) and len(state) <= 5:
         return _UnischemaField(*state)
-    if cls not in _STAND_INS or base is not object or state is not None:
-        raise SchemaError(f"refusing to rebuild {cls!r} from {base!r} in a Petastorm schema")
+    if cls not in _STAND_INS or base is not _OBJECT or state is not None:
+        raise _Refused(f"copyreg._reconstructor({cls!r}, {base!r}, ...)", "not a stand-in")
     return object.__new__(cls)
 
 
@@ -115,10 +182,21 @@ _STAND_INS: tuple[type, ...] = (
     _CompressedNdarrayCodec,
     _CompressedImageCodec,
 )
-_NUMPY_TYPES = (
-    *("bool_", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"),
-    *("float16", "float32", "float64", "str_", "unicode_", "bytes_", "string_", "datetime64"),
-)
+_DTYPE_SPEC_CHARS = 16
+_NUMPY_TYPES = {
+    **{t: getattr(np, t) for t in ("bool_", "int8", "int16", "int32", "int64", "uint8")},
+    **{t: getattr(np, t) for t in ("uint16", "uint32", "uint64", "float16", "float32")},
+    **{t: getattr(np, t) for t in ("float64", "str_", "bytes_", "datetime64")},
+    "unicode_": np.str_,  # the numpy 1 names of str_ and bytes_, in old pickles
+    "string_": np.bytes_,
+}
+_BUILTIN_TYPES = {t.__name__: t for t in (str, bytes, int, float, bool, tuple, object)}
+# One name per type, whichever module spelling the pickle used (builtins or __builtin__).
+_NAMES = {
+    **{("builtins", n): _Name(f"builtins.{n}", t) for n, t in _BUILTIN_TYPES.items()},
+    **{("numpy", n): _Name(f"numpy.{n}", t) for n, t in _NUMPY_TYPES.items()},
+}
+_TUPLE, _OBJECT = _NAMES[("builtins", "tuple")], _NAMES[("builtins", "object")]
 
 _ALLOWED: dict[tuple[str, str], Any] = {
     ("petastorm.unischema", "Unischema"): _Unischema,
@@ -127,17 +205,12 @@ _ALLOWED: dict[tuple[str, str], Any] = {
     ("petastorm.codecs", "NdarrayCodec"): _NdarrayCodec,
     ("petastorm.codecs", "CompressedNdarrayCodec"): _CompressedNdarrayCodec,
     ("petastorm.codecs", "CompressedImageCodec"): _CompressedImageCodec,
-    ("collections", "OrderedDict"): collections.OrderedDict,
+    ("collections", "OrderedDict"): _ordered_dict,
     ("numpy", "dtype"): _Dtype,
     **{(m, "_reconstructor"): _reconstructor for m in ("copyreg", "copy_reg")},
-    **{(m, "object"): object for m in ("builtins", "__builtin__")},
-    **{
-        (m, t.__name__): t
-        for m in ("builtins", "__builtin__")
-        for t in (str, bytes, int, float, bool, tuple)
-    },
+    **_NAMES,
+    **{("__builtin__", n): _NAMES[("builtins", n)] for n in _BUILTIN_TYPES},
     **{("pyspark.sql.types", t): type(t, (_SparkType,), {}) for t in _SPARK_TYPES},
-    **{("numpy", t): getattr(np, t) for t in _NUMPY_TYPES if hasattr(np, t)},
 }
 
 
@@ -163,14 +236,41 @@ def load_unischema(data: bytes, where: str) -> list[_UnischemaField]:
         found = _RestrictedUnpickler(data, where).load()
     except SchemaError:
         raise
+    except _Refused as refused:
+        raise SchemaError(
+            f"{where}: refusing to call {refused.call} from the Petastorm schema ({refused.why}): "
+            "a Unischema is made of Petastorm, numpy and pyspark type names and plain values "
+            "(a store from an untrusted source?)"
+        ) from None
     except Exception as exc:
-        raise SchemaError(f"{where}: cannot read the Petastorm schema ({exc!r})") from exc
+        raise SchemaError(f"{where}: cannot read the Petastorm schema ({exc!r:.200})") from exc
     fields = getattr(found, "_fields", None)
     if not isinstance(found, _Unischema) or not isinstance(fields, dict):
-        raise SchemaError(f"{where}: the Petastorm schema is not a Unischema: {found!r}")
-    if not all(isinstance(f, _UnischemaField) for f in fields.values()):
-        raise SchemaError(f"{where}: the Petastorm schema has fields that are not UnischemaFields")
+        raise SchemaError(f"{where}: the Petastorm schema is not a Unischema: {found!r:.100}")
+    for field in fields.values():
+        _check_field(field, where)
     return list(fields.values())
+
+
+def _check_field(field: Any, where: str) -> None:
+    """A UnischemaField of plain values: a str name, a tuple shape of sizes or None, a dtype
+    the unpickler built or named, a stand-in codec or None, a bool nullable."""
+    if not isinstance(field, _UnischemaField) or not isinstance(field.name, str):
+        raise SchemaError(f"{where}: the Petastorm schema has a field that is no UnischemaField")
+    shape = field.shape
+    plain = (
+        isinstance(shape, tuple)
+        and all(d is None or (type(d) is int and d >= 0) for d in shape)
+        and isinstance(field.numpy_dtype, (_Name, _Dtype))
+        and hasattr(field.numpy_dtype, "type" if isinstance(field.numpy_dtype, _Name) else "dtype")
+        and (field.codec is None or isinstance(field.codec, _Codec))
+        and isinstance(getattr(field.codec, "_image_codec", ""), str)
+        and isinstance(field.nullable, bool)
+    )
+    if not plain:
+        raise SchemaError(
+            f"{where}: field {field.name!r} of the Petastorm schema is malformed: {field!r:.200}"
+        )
 
 
 # --------------------------------------------------------------------------- our schema
@@ -180,6 +280,8 @@ def _dtype(field: _UnischemaField, where: str) -> Any:
     kind = field.numpy_dtype
     if isinstance(kind, _Dtype):
         kind = kind.dtype
+    elif isinstance(kind, _Name):
+        kind = kind.type
     if kind in (str, np.str_) or getattr(kind, "kind", "") == "U":
         return str
     if kind in (bytes, np.bytes_) or getattr(kind, "kind", "") == "S":
