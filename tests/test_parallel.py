@@ -91,7 +91,15 @@ def assert_same_records(a: ydl.DataRef, b: ydl.DataRef) -> None:
 
 
 def version_files(storage: ydl.LocalStorage, dataset_id: str, version: str) -> set[str]:
-    return set(os.listdir(storage.path(dataset_id, version)))
+    """The manifest and the chunk files of a version (paths inside its folder): nothing else a
+    build left behind (verification stamps and the build's pin aside)."""
+    folder = storage.path(dataset_id, version)
+    found = set()
+    for dirpath, _, names in os.walk(folder):
+        for name in names:
+            if not name.endswith((".verified", "+pin")):
+                found.add(os.path.relpath(os.path.join(dirpath, name), folder))
+    return found
 
 
 # ----------------------------------------------------------------- process pool
