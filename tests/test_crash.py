@@ -284,19 +284,6 @@ def test_version_folder_without_manifest_does_not_exist(tmp_path, storage):
     assert names == sorted(["manifest.json", *builds])
 
 
-def test_crash_between_the_renames_of_an_overwrite_leaves_no_version(tmp_path, storage):
-    # An overwrite moves the old version to +trash, then the new one into place; a crash in
-    # between leaves a whole old version in +trash and a whole new one in +staging.
-    ydl.cache_dataset(Source(50, seed=1), "ds", "v1", storage, progress=False)
-    parent = Path(storage.root) / "ds"
-    os.rename(parent / "v1", parent / "+trash.v1.0123456789ab")
-    ydl.cache_dataset(Source(60, seed=2), "ds", "v2", storage, progress=False)
-    os.rename(parent / "v2", parent / "+staging.v1.ba9876543210")
-    assert storage.list() == []
-    assert_no_version(storage)
-    assert_clean_rebuild(storage)
-
-
 def test_killed_overwrite_keeps_the_published_version(tmp_path, storage, builders):
     n_old = 300
     ydl.cache_dataset(Source(n_old, seed=3), "ds", "v1", storage, progress=False)
