@@ -49,11 +49,15 @@ def build(storage: ydl.LocalStorage, version: str = "v1", seed: int = 0, **kwarg
     )
 
 
-def value_offset(path: Path, text: str) -> int:
+def damage_value(path: Path, text: str) -> None:
+    """Flip a byte inside every copy of ``text`` in the file (LMDB may keep an old copy of a
+    page among its free pages: which one is live is LMDB's business)."""
     data = path.read_bytes()
     at = data.find(text.encode())
-    assert at >= 0 and data.find(text.encode(), at + 1) < 0
-    return at
+    assert at >= 0
+    while at >= 0:
+        flip_byte(path, at + len(text) - 1)
+        at = data.find(text.encode(), at + 1)
 
 
 READERS = {
@@ -77,6 +81,7 @@ def storage(tmp_path: Path) -> ydl.LocalStorage:
 def strict(monkeypatch: pytest.MonkeyPatch) -> None:
     """Open chunks re-checked before every read (the default re-checks at most every 10 ms)."""
     monkeypatch.setattr(reader, "RECHECK_SECONDS", 0.0, raising=False)
+    monkeypatch.setattr(reader, "_RECHECK_SHARE", 0, raising=False)
 
 
 # --- a byte flipped in a record's value ---------------------------------------------------------
@@ -84,12 +89,11 @@ def strict(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.parametrize("read", READERS)
 def test_a_flipped_byte_in_a_value_is_never_served(storage, read):
-    build(storage)
-    ref = storage.fetch("ds", "v1")
-    path = chunk_path(ref)
-    flip_byte(path, value_offset(path, "rec-0-000007") + 11)
+    path = chunk_path(build(storage))
+    damage_value(path, "rec-0-000007")
+    # Found when the version is opened (its first chunk is checked then), or at the first read.
     with pytest.raises(ydl.CacheCorrupted, match=r"chunk .*chunk-00000\.mdb of ds:v1 .*sha256"):
-        READERS[read](ref)
+        READERS[read](storage.fetch("ds", "v1"))
     # Every later read fails the same way: nothing of the chunk is served.
     with pytest.raises(ydl.CacheCorrupted):
         READERS[read](storage.fetch("ds", "v1"))
@@ -101,7 +105,7 @@ def test_a_byte_flipped_while_a_reader_has_the_chunk_open(storage, strict, read)
     before = ref[7]
     assert before["s"] == "rec-0-000007"
     path = chunk_path(ref)
-    flip_byte(path, value_offset(path, "rec-0-000007") + 11)
+    damage_value(path, "rec-0-000007")
     with pytest.raises(ydl.CacheCorrupted, match="sha256"):
         READERS[read](ref)
 
@@ -110,7 +114,7 @@ def test_by_default_an_open_chunk_is_rechecked_within_ten_milliseconds(storage):
     ref = build(storage)
     assert ref[7]["s"] == "rec-0-000007"
     path = chunk_path(ref)
-    flip_byte(path, value_offset(path, "rec-0-000007") + 11)
+    damage_value(path, "rec-0-000007")
     time.sleep(2 * getattr(reader, "RECHECK_SECONDS", 0.01))
     with pytest.raises(ydl.CacheCorrupted, match="sha256"):
         ref[7]
@@ -142,7 +146,7 @@ def test_a_chunk_replaced_while_open_is_refused(storage, strict):
 def test_head_exits_1_on_a_damaged_chunk(storage, capsys):
     build(storage)
     path = chunk_path(storage.fetch("ds", "v1"))
-    flip_byte(path, value_offset(path, "rec-0-000002") + 3)
+    damage_value(path, "rec-0-000002")
     assert main(["head", "ds", "v1", "--storage", storage.root]) == 1
     err = capsys.readouterr().err
     assert "error: chunk" in err and "sha256" in err and "rec-0" not in err
@@ -165,10 +169,9 @@ def test_a_chunk_of_another_version_of_the_same_size_is_refused(storage, how):
     else:  # the chunk and its stamp: the stamp names another file's state
         shutil.copyfile(theirs, mine)
         shutil.copyfile(str(theirs) + STAMP_SUFFIX, str(mine) + STAMP_SUFFIX)
-    ref = storage.fetch("ds", "v1")
     for read in ("getitem", "get_batch", "batches"):
         with pytest.raises(ydl.CacheCorrupted, match=r"chunk-00000\.mdb of ds:v1"):
-            READERS[read](ref)
+            READERS[read](storage.fetch("ds", "v1"))
 
 
 def test_a_chunk_with_a_forged_stamp_is_still_refused_by_its_identity(storage):
@@ -188,8 +191,7 @@ def test_a_chunk_with_a_forged_stamp_is_still_refused_by_its_identity(storage):
 
 
 def test_a_flipped_value_in_a_whole_chunk_column_is_refused(storage):
-    build(storage)
-    ref = storage.fetch("ds", "v1")
+    ref = build(storage)
     assert "id" in ref.manifest.chunks[0].columns
     path = chunk_path(ref)
     data = path.read_bytes()
@@ -199,6 +201,7 @@ def test_a_flipped_value_in_a_whole_chunk_column_is_refused(storage):
     with open(path, "r+b") as f:  # the column says record 7 has id 71; the record says 7
         f.seek(at + 7 * 8)
         f.write(np.int64(71).tobytes())
+    time.sleep(2 * getattr(reader, "RECHECK_SECONDS", 0.01))
     with pytest.raises(ydl.CacheCorrupted):
         ref.get_batch([7], fields=["id"])
     with pytest.raises(ydl.CacheCorrupted):
@@ -206,14 +209,15 @@ def test_a_flipped_value_in_a_whole_chunk_column_is_refused(storage):
 
 
 @pytest.mark.parametrize("keep", [0, 4096, -1])
-def test_a_truncated_chunk_is_refused(storage, keep):
-    build(storage)
-    ref = storage.fetch("ds", "v1")
+def test_a_truncated_chunk_is_refused(storage, strict, keep):
+    ref = build(storage)
     path = chunk_path(ref)
     size = path.stat().st_size
     os.truncate(path, size - 1 if keep == -1 else keep)
+    with pytest.raises(ydl.CacheCorrupted, match=r"was cut to \d+ bytes"):
+        ref.get_batch([0, 5])  # opened before the cut
     with pytest.raises(ydl.CacheCorrupted, match="bytes, the manifest says"):
-        ref[0]
+        storage.fetch("ds", "v1")[0]
 
 
 CHILD = textwrap.dedent(
@@ -223,8 +227,8 @@ CHILD = textwrap.dedent(
     import yogadl_plus as ydl
     root, page, forge = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1"
     storage = ydl.LocalStorage(root)
-    ref = storage.fetch("ds", "v1")
-    path = os.path.join(ref.directory, ref.manifest.chunks[0].file)
+    manifest = json.load(open(os.path.join(root, "ds", "v1", "manifest.json")))
+    path = os.path.join(root, "ds", "v1", manifest["chunks"][0]["file"])
     with open(path, "r+b") as f:
         f.seek(page * 4096)
         f.write(bytes(4096))
@@ -232,11 +236,15 @@ CHILD = textwrap.dedent(
         # Bit rot that leaves the file's metadata as it was: the stamp still vouches for it.
         st = os.stat(path)
         state = [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
-        sha = ref.manifest.chunks[0].sha256
+        sha = manifest["chunks"][0]["sha256"]
         with open(path + ".verified", "w") as f:
             json.dump({"sha256": sha, "state": state}, f)
-    ref = storage.fetch("ds", "v1")
     outcomes = []
+    try:
+        ref = storage.fetch("ds", "v1")
+    except ydl.CacheCorrupted as exc:
+        print(json.dumps(["CacheCorrupted: " + str(exc)[:300]]))
+        sys.exit(0)
     for attempt in range(3):
         # With a forged stamp, shuffled reads only: they look records up one by one, while LMDB
         # may abort on a cursor walking into a damaged page (see docs/guarantees.md).
@@ -306,9 +314,9 @@ def test_a_pulled_copy_damaged_after_the_pull_is_refused_and_verify_repairs_it(
     pulled.close()
     del pulled
     path = next((tmp_path / "other-machine").rglob("chunk-00000.mdb"))
-    flip_byte(path, value_offset(path, "rec-0-000007") + 11)
+    damage_value(path, "rec-0-000007")
     with pytest.raises(ydl.CacheCorrupted, match="sha256"):
-        reader_side.fetch("ds", "v1").get_batch([7])
+        reader_side.fetch("ds", "v1").get_batch([7])  # checked as it is opened
     reader_side.verify("ds", "v1")  # pulls the damaged chunk again
     assert reader_side.fetch("ds", "v1")[7]["s"] == "rec-0-000007"
 

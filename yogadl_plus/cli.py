@@ -23,7 +23,7 @@ import numpy as np
 
 import yogadl_plus as ydl
 from yogadl_plus.build import ENGINES
-from yogadl_plus.cache.integrity import check_chunk
+from yogadl_plus.cache.integrity import verify_and_stamp
 from yogadl_plus.storage import copy_version
 from yogadl_plus.storage.remote import RemoteStorage
 
@@ -242,21 +242,21 @@ def cmd_head(args: argparse.Namespace) -> int:
 
 def cmd_verify(args: argparse.Namespace) -> int:
     storage = _storage(args)
-    ref = storage.fetch(args.dataset_id, args.version)
-    chunks = ref.manifest.chunks
     try:
+        ref = storage.fetch(args.dataset_id, args.version)
+        chunks = ref.manifest.chunks
         with _progress(
             args, f"verifying {ref.dataset_id}:{ref.version}", len(chunks), " chunk"
         ) as advance:
             for info in chunks:
-                check_chunk(os.path.join(ref.directory, info.file), info)
+                verify_and_stamp(os.path.join(ref.directory, info.file), info)
                 advance(1)
     except ydl.CacheCorrupted:
         if isinstance(storage, ydl.LocalStorage):
             raise
         # A remote storage pulls a damaged local copy again: only a damaged remote one fails.
-        ref.close()
         storage.verify(args.dataset_id, args.version)
+        ref = storage.fetch(args.dataset_id, args.version)
     summary = {**_summary(storage, ref), "verified": True}
     _emit(args, summary, f"{_describe(summary)}: every chunk matches its checksum")
     return 0

@@ -33,6 +33,7 @@ class DataRef:
         self.manifest = manifest
         self._hold = hold
         self._chunks = ChunkSet(directory, manifest)
+        self._chunks.open_first()
         self._layout = RecordLayout(manifest.schema)
         self._len = manifest.num_records
         self._columns = self._chunks.columns()

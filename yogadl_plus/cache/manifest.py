@@ -45,6 +45,9 @@ _FORMAT_NAME = "yogadl_plus.cache"
 # A chunk file name, optionally inside one build folder ("b-1f2e/chunk-00000.mdb"): a manifest
 # read from a remote store must not name a path outside its version.
 _CHUNK_FILE = re.compile(r"(?:[A-Za-z0-9_-][A-Za-z0-9._-]*/)?[A-Za-z0-9_-][A-Za-z0-9._-]*")
+# The name a chunk is written under (ChunkWriter; tasks of parallel builds prefix their part
+# and attempt): chunks follow one another in the manifest in the order of these names.
+_WRITTEN_NAME = re.compile(r"(?:p(\d+)-[0-9a-f]+-)?chunk-(\d+)\.mdb")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _CHUNK_ID = re.compile(r"[0-9a-f]{32}")
 _CHUNK_KEYS = {"file", "records", "bytes", "sha256", "columns", "id"}
@@ -219,6 +222,8 @@ class _Checker:
             raise self.fail("chunks", "a list", chunks_json)
         columns_allowed = {f.name for f in schema if f.fixed and f.shape == ()}
         chunks = [self.chunk(c, i, version, columns_allowed) for i, c in enumerate(chunks_json)]
+        if version >= 2:
+            self.in_written_order(chunks)
         for attribute in ("file", "id"):
             seen: dict[str, int] = {}
             for i, c in enumerate(chunks):
@@ -258,6 +263,22 @@ class _Checker:
             created=self.text(self.get(body, "created", "created"), "created"),
             format_version=version,
         )
+
+    def in_written_order(self, chunks: list[ChunkInfo]) -> None:
+        """Chunks are listed in the order they were written (their names say it, and each
+        chunk holds its name): records cannot be reordered by reordering the list."""
+        last: tuple[int, int] | None = None
+        for i, c in enumerate(chunks):
+            written = _WRITTEN_NAME.fullmatch(c.file.rsplit("/", 1)[-1])
+            if written is None:
+                raise self.fail(f"chunks[{i}].file", "a chunk file name as written", c.file)
+            key = (int(written.group(1) or -1), int(written.group(2)))
+            if last is not None and key <= last:
+                raise CacheCorrupted(
+                    f"{self.where}: chunks[{i}] ({c.file}) is listed after a chunk written after "
+                    "it: the chunk list was reordered; rebuild the version (or pull it again)"
+                )
+            last = key
 
     def chunk(self, c: Any, i: int, version: int, allowed: set[str]) -> ChunkInfo:
         name = f"chunks[{i}]"

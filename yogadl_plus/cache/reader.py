@@ -244,6 +244,15 @@ class ChunkSet:
                 "manifest edited by hand); build or pull the version again"
             )
 
+    def open_first(self) -> None:
+        """Open (and so check) the first chunk on disk now: a manifest whose schema or chunk
+        list does not match the chunks fails here, before anyone reads a field by its name.
+        (Chunks a sharded pull left out are skipped.)"""
+        for number, info in enumerate(self.chunks):
+            if os.path.exists(os.path.join(self.directory, info.file)):
+                self._env(number)
+                return
+
     def check_files(self) -> None:
         """Raise CacheCorrupted if an open chunk's file changed since it was checked, unless
         it still hashes to the manifest's sha256 (then it is trusted in its new state)."""
@@ -275,7 +284,12 @@ class ChunkSet:
                 self._forget(number)
                 raise
         self._forget(number)
-        what = "was removed" if current is None else "was replaced by another file"
+        if current is None:
+            what = "was removed"
+        elif current[:2] == state[:2]:
+            what = f"was cut to {current.size} bytes (the manifest says {state.size})"
+        else:
+            what = "was replaced by another file"
         raise CacheCorrupted(
             f"chunk {where} {what} while it was open: the version is damaged (or was changed by "
             "hand); nothing more is read from it. Open the version again to read what is "

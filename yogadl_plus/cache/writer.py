@@ -43,9 +43,16 @@ def record_key(local_index: int) -> bytes:
 
 
 def chunk_identity(info: ChunkInfo, schema: str) -> dict[str, Any]:
-    """What a chunk says of itself under IDENTITY_KEY (JSON): the id and counts its manifest
-    must name, and the digest of the schema its records were encoded with."""
-    return {"id": info.id, "records": info.records, "columns": list(info.columns), "schema": schema}
+    """What a chunk says of itself under IDENTITY_KEY (JSON): the id, name (as written) and
+    counts its manifest must give it, and the digest of the schema its records were encoded
+    with."""
+    return {
+        "id": info.id,
+        "file": os.path.basename(info.file),
+        "records": info.records,
+        "columns": list(info.columns),
+        "schema": schema,
+    }
 
 
 def column_key(name: str) -> bytes:

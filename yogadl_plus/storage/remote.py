@@ -134,15 +134,23 @@ class RemoteStorage(Storage):
     def verify(self, dataset_id: str, version: str) -> None:
         """Check the local copy against the manifest; a damaged one is pulled again (every
         download is sha256-checked), so CacheCorrupted means the remote version is damaged."""
-        dataref = self.fetch(dataset_id, version)
-        try:
-            dataref.verify()
+        if self._local_copy_is_whole(dataset_id, version):
             return
-        except CacheCorrupted:
-            dataref.close()
-            del dataref  # let go of its pin, so the copy can be dropped
         self.local_cache.remove(dataset_id, version)
         self.fetch(dataset_id, version).verify()
+
+    def _local_copy_is_whole(self, dataset_id: str, version: str) -> bool:
+        """Whether the local copy (pulled first if missing) has every chunk's checksum; the
+        DataRef, and its pin, are gone when this returns, so a damaged copy can be dropped."""
+        try:
+            dataref = self.fetch(dataset_id, version)
+            try:
+                dataref.verify()
+            finally:
+                dataref.close()
+        except CacheCorrupted:
+            return False
+        return True
 
     def _open(self, dataset_id: str, version: str) -> DataRef:
         return self._pull(dataset_id, version, None)
