@@ -178,8 +178,15 @@ class LocalStorage(Storage):
         except OSError as exc:
             raise unwritable(folder, exc) from None
         # A fresh FileLock (its own file descriptor) per call, so threads exclude each other too.
-        with FileLock(self.lock_path(dataset_id, version), thread_local=False):
+        lock = FileLock(self.lock_path(dataset_id, version), thread_local=False)
+        try:
+            lock.acquire()
+        except OSError as exc:
+            raise unwritable(lock.lock_file, exc) from None
+        try:
             yield
+        finally:
+            lock.release()
 
     @contextlib.contextmanager
     def _staging(self, dataset_id: str, version: str, replace: bool) -> Iterator[str]:
@@ -301,6 +308,11 @@ class LocalStorage(Storage):
                     os.path.join(folder, version, MANIFEST_NAME)
                 ):
                     yield dataset_id, version
+
+    def delete(self, dataset_id: str, version: str) -> None:
+        """Remove a published version; readers of it read on (see the module's docstring)."""
+        self._check_root()  # the lock would make the folder again
+        super().delete(dataset_id, version)
 
     def _remove(self, dataset_id: str, version: str) -> None:
         """Unpublish in one step (remove the manifest); builds go once nobody reads them."""
