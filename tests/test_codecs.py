@@ -171,3 +171,48 @@ def test_bad_codec_arguments(make, message):
 def test_codec_field_mismatch_is_reported_at_schema_time(field, message):
     with pytest.raises(ydl.SchemaError, match=message):
         field()
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        # 2**32 elements of one byte: no memory behind them (a zero-strided view)
+        (
+            ydl.Field("a", np.uint8, (None,), codec=ydl.codecs.Compressed()),
+            np.broadcast_to(np.zeros(1, np.uint8), (2**32,)),
+        ),
+        (ydl.Field("a", np.uint8, (None, None)), np.zeros((2**32, 0), np.uint8)),
+    ],
+)
+def test_dims_a_stored_shape_cannot_say_are_schema_errors(field, value):
+    with pytest.raises(
+        ydl.SchemaError,
+        match=r"^record 7: field 'a': got shape \(4294967296, ?0?\), whose dims over 4294967295 "
+        r"a stored shape cannot say",
+    ):
+        RecordLayout(ydl.Schema([field])).encode({"a": value}, 7)
+
+
+@pytest.mark.parametrize(
+    "codec, shape, message",
+    [
+        ("png", (0, 5), r"got shape \(0, 5\), an image without pixels"),
+        ("jpeg", (4, 0, 3), r"got shape \(4, 0, 3\), an image without pixels"),
+        (
+            "jpeg",
+            (1, 70000, 3),
+            r"got shape .*; JPEG images are at most 65500 pixels high and wide",
+        ),
+        (
+            "jpeg",
+            (65501, 1, 1),
+            r"got shape .*; JPEG images are at most 65500 pixels high and wide",
+        ),
+    ],
+)
+def test_images_a_format_cannot_store_are_schema_errors(codec, shape, message):
+    field = ydl.Field("img", np.uint8, (None, None, None), codec=ydl.codecs.Image(codec))
+    if len(shape) == 2:
+        field = ydl.Field("img", np.uint8, (None, None), codec=ydl.codecs.Image(codec))
+    with pytest.raises(ydl.SchemaError, match=r"^record 2: field 'img': " + message):
+        RecordLayout(ydl.Schema([field])).encode({"img": np.zeros(shape, np.uint8)}, 2)

@@ -63,7 +63,15 @@ class Codec:
 def _pack_dims(field: Field, shape: tuple[int, ...]) -> bytes:
     """The variable dims of ``shape`` (the ones the schema leaves as None), as uint32s."""
     variable = [d for d, f in zip(shape, field.shape) if f is None]
-    return struct.pack(f"<{len(variable)}I", *variable) if variable else b""
+    if not variable:
+        return b""
+    try:
+        return struct.pack(f"<{len(variable)}I", *variable)
+    except struct.error:
+        raise SchemaError(
+            f"field {field.name!r}: got shape {shape}, whose dims over {2**32 - 1} a stored "
+            "shape cannot say; split the value across records"
+        ) from None
 
 
 def _unpack_dims(field: Field, data: memoryview | bytes) -> tuple[tuple[int, ...], int]:
@@ -165,6 +173,7 @@ class Image(Codec):
 
     name = "image"
     _CHANNELS: ClassVar[dict[str, tuple[int, ...]]] = {"png": (1, 3, 4), "jpeg": (1, 3)}
+    _JPEG_MAX_SIDE: ClassVar[int] = 65500  # libjpeg's limit, below the format's 65535
 
     def __init__(self, format: str = "png", quality: int = 90) -> None:
         fmt = format.lower().replace("jpg", "jpeg")
@@ -208,12 +217,30 @@ class Image(Codec):
                 f"field {field.name!r}: codecs.Image({self.format!r}) cannot store "
                 f"{array.shape[2]} channels"
             )
+        height, width = array.shape[:2]
+        if not height or not width:
+            raise SchemaError(
+                f"field {field.name!r}: got shape {value.shape}, an image without pixels; "
+                "leave the record out, or use codecs.Raw() for this field"
+            )
+        if self.format == "jpeg" and max(height, width) > self._JPEG_MAX_SIDE:
+            raise SchemaError(
+                f"field {field.name!r}: got shape {value.shape}; JPEG images are at most "
+                f"{self._JPEG_MAX_SIDE} pixels high and wide: use codecs.Image('png') or "
+                "split the image"
+            )
         out = io.BytesIO()
         image = PILImage.fromarray(np.ascontiguousarray(array))
-        if self.format == "png":
-            image.save(out, format="PNG", compress_level=1)
-        else:
-            image.save(out, format="JPEG", quality=self.quality)
+        try:
+            if self.format == "png":
+                image.save(out, format="PNG", compress_level=1)
+            else:
+                image.save(out, format="JPEG", quality=self.quality)
+        except (OSError, ValueError) as exc:
+            raise SchemaError(
+                f"field {field.name!r}: {self.format.upper()} cannot store an image of shape "
+                f"{value.shape} ({exc})"
+            ) from None
         return out.getvalue()
 
     def decode(self, field: Field, data: memoryview | bytes) -> np.ndarray:
@@ -250,7 +277,16 @@ class String(Codec):
         field.require_kind(self, "str")
 
     def encode(self, field: Field, value: str) -> bytes:
-        return value.encode("utf-8")
+        try:
+            return value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            bad = value[exc.start : exc.end]
+            raise SchemaError(
+                f"field {field.name!r}: got a str holding {bad!r} at position {exc.start}, "
+                f"which UTF-8 cannot store ({exc.reason}: text decoded with "
+                "errors='surrogateescape'?); repair the text, or store the original bytes in a "
+                "bytes field"
+            ) from None
 
     def decode(self, field: Field, data: memoryview | bytes) -> str:
         return str(data, "utf-8")

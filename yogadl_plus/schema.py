@@ -7,7 +7,9 @@ came, instead of producing a cache that decodes to garbage later.
 
 from __future__ import annotations
 
+import functools
 import math
+import numbers
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from dataclasses import field as dataclass_field
@@ -160,74 +162,308 @@ class Field:
     def converter(self) -> Callable[[Any], Any]:
         """A function value -> value in this field's exact type, raising ValueError if it cannot.
 
-        Numbers are converted only when no information is lost: numpy values by numpy's 'safe'
-        casting rules (int32 -> int64, float32 -> float64, big-endian -> little-endian), Python
-        scalars and lists when converting back gives the same values.
+        Numbers are converted only when no value changes: numpy values by numpy's 'safe'
+        casting rules (int32 -> int64, float32 -> float64, big-endian -> little-endian) and,
+        where those rules can still round or overflow (int64 -> float64, datetime64[s] ->
+        datetime64[ns]), only when every value comes through exactly; Python scalars and lists
+        when converting back gives the same values. The ValueError says what came and what to
+        do; the caller adds the record and the field.
         """
         if self.kind == "str":
-            return _convert_text(str, self.name)
+            return _convert_text(str)
         if self.kind == "bytes":
-            return _convert_text(bytes, self.name)
+            return _convert_text(bytes)
         return _numeric_converter(self)
 
 
-def _convert_text(kind: type, name: str) -> Callable[[Any], Any]:
+_BYTES_LIKE = (bytes, bytearray, memoryview, np.bytes_)
+
+
+def _convert_text(kind: type) -> Callable[[Any], Any]:
     def convert(value: Any) -> Any:
         if type(value) is kind:
             return value
         if kind is str and isinstance(value, (str, np.str_)):
             return str(value)
-        if kind is bytes and isinstance(value, (bytes, bytearray, memoryview, np.bytes_)):
+        if kind is bytes and isinstance(value, _BYTES_LIKE):
             return bytes(value)
-        if kind is str and isinstance(value, bytes):
+        if kind is str and isinstance(value, _BYTES_LIKE):
             raise ValueError("got bytes; decode it to str first, or declare the field as bytes")
-        raise ValueError(f"got {type(value).__name__}")
+        if kind is bytes and isinstance(value, (str, np.str_)):
+            raise ValueError(
+                "got str; encode it to bytes first (value.encode()), or declare the field as str"
+            )
+        raise ValueError(f"got {_describe_value(value)}")
 
     return convert
 
 
-def _holds_none(value: Any) -> bool:
-    if isinstance(value, (list, tuple)):
-        return any(v is None or _holds_none(v) for v in value)
+def _holds_none(value: Any, depth: int = 0) -> bool:
+    if isinstance(value, np.ndarray) and value.dtype == object:
+        value = value.ravel().tolist()
+    if isinstance(value, (list, tuple)) and depth <= _MAX_DIMS:
+        return any(v is None or _holds_none(v, depth + 1) for v in value)
     return False
 
 
-def _numeric_converter(field: Field) -> Callable[[Any], np.ndarray]:
+_MAX_DIMS = 64  # numpy's: lists nested deeper are no array, and are not walked further
+
+# What to do about a ragged value, said once for the build and for inference.
+_RAGGED_FIX = (
+    "a field's value is one rectangular array (None dims may differ between records, not "
+    "inside one): pad the rows to one length, or store each row in a record of its own"
+)
+
+
+def _ragged(value: Any) -> str | None:
+    """Where nested lists stop being rectangular ('item [1] has length 1 where item [0] has
+    length 2'), or None when they are rectangular."""
+
+    def say(where: tuple[int, ...], shape: tuple[int, ...]) -> str:
+        item = "item " + "".join(f"[{i}]" for i in where)
+        if not shape:
+            return f"{item} is a single value"
+        return f"{item} has " + (f"length {shape[0]}" if len(shape) == 1 else f"shape {shape}")
+
+    def shape_of(v: Any, where: tuple[int, ...], depth: int) -> tuple[int, ...] | str:
+        if isinstance(v, np.ndarray) and v.dtype != object:
+            return v.shape
+        if isinstance(v, np.ndarray) and v.ndim == 0:
+            return ()
+        if not isinstance(v, (list, tuple, np.ndarray)) or depth > _MAX_DIMS:
+            return ()  # a single value
+        first: tuple[int, ...] | None = None
+        for i, item in enumerate(v):
+            got = shape_of(item, (*where, i), depth + 1)
+            if isinstance(got, str):
+                return got
+            if first is None:
+                first = got
+            elif got != first:
+                return f"{say((*where, i), got)} where {say((*where, 0), first)}"
+        return (len(v), *(first or ()))
+
+    found = shape_of(value, (), 0)
+    return found if isinstance(found, str) else None
+
+
+def _first_non_number(value: Any, where: tuple[int, ...] = ()) -> str | None:
+    """'str '7' at [1]' for the first leaf of nested lists that is not a number, else None."""
+    if isinstance(value, np.ndarray) and value.dtype == object and value.ndim == 0:
+        value = value.item()
+    if len(where) > _MAX_DIMS:
+        return None
+    if isinstance(value, (list, tuple)) or (
+        isinstance(value, np.ndarray) and value.dtype == object
+    ):
+        for i, item in enumerate(value):
+            found = _first_non_number(item, (*where, i))
+            if found:
+                return found
+        return None
+    if isinstance(value, np.ndarray) and value.dtype.kind in "biufcmM":
+        return None
+    if isinstance(value, (numbers.Number, np.bool_, np.datetime64, np.timedelta64)):
+        return None
+    at = f" at {''.join(f'[{i}]' for i in where)}" if where else ""
+    return f"{_describe_value(value)}{at}"
+
+
+def _text_hint(dtype: np.dtype) -> str:
+    if dtype.kind in "mM":
+        return "convert it with np.datetime64(...) / np.timedelta64(...) first"
+    return "parse it into numbers first, or declare the field as str"
+
+
+@functools.lru_cache(maxsize=256)
+def _cast_can_change(src: np.dtype, dst: np.dtype) -> bool:
+    """True for numpy 'safe' casts that can still change a value: wide ints into floats (which
+    round them) and datetimes/timedeltas into finer units (which overflow int64 silently)."""
+    if src.kind in "iu" and dst.kind in "fc":
+        info = np.iinfo(src)
+        return max(-int(info.min), int(info.max)) > 2 ** (np.finfo(dst).nmant + 1)
+    if src.kind in "mM" and dst.kind in "mM":
+        return np.datetime_data(src) != np.datetime_data(dst)
+    return False
+
+
+def _first_changed(array: np.ndarray, src: np.ndarray) -> int | None:
+    """The flat index of the first value ``array`` does not hold exactly as in ``src`` (same
+    shape), or None when every value came through.
+
+    numpy compares int64 with floats as float64, rounding ints beyond 2**53 first, which hides
+    the very rounding asked about, and casts datetimes modulo 2**64: such ints meet floats as
+    Python numbers (which compare exactly) and datetimes are compared after the way back.
+    """
+    if src.dtype.kind in "mM":
+        with np.errstate(over="ignore", invalid="ignore"):
+            back = array.astype(src.dtype)
+        changed = np.flatnonzero(back.view(np.uint64) != src.view(np.uint64))
+        return int(changed[0]) if changed.size else None
+    ints = src if src.dtype.kind in "iu" else array if array.dtype.kind in "iu" else None
+    if src.dtype.kind != "O" and (
+        ints is None or not ints.size or (ints.min() >= -(2**53) and ints.max() <= 2**53)
+    ):
+        with np.errstate(invalid="ignore"):
+            same = array == src
+            if array.dtype.kind in "fc" and src.dtype.kind in "fc":
+                same |= np.isnan(array) & np.isnan(src)  # NaN stays NaN
+        changed = np.flatnonzero(~same)
+        return int(changed[0]) if changed.size else None
+    got = np.ravel(array).tolist()
+    want = np.ravel(np.asarray(src, dtype=object)).tolist()
+    for i, (a, b) in enumerate(zip(got, want)):
+        if isinstance(b, np.generic):
+            b = b.item()
+        if not (a == b or (a != a and b != b)):
+            return i
+    return None
+
+
+def _not_convertible(value: Any, dtype: np.dtype, exc: BaseException) -> ValueError:
+    held = ""
+    if dtype.kind in "iu" and isinstance(exc, OverflowError):
+        info = np.iinfo(dtype)
+        held = f" ({dtype} holds [{info.min}, {info.max}])"
+    return ValueError(f"got {_describe_value(value)}, not convertible to {dtype}: {exc}{held}")
+
+
+def _not_exact(value: Any, dtype: np.dtype, src: np.ndarray, array: np.ndarray, at: int) -> str:
+    was, stored = np.ravel(src)[at], np.ravel(array)[at]
+    holding = f" holding {was} at flat index {at}" if src.ndim else ""
+    return (
+        f"got {_describe_value(value)}{holding}, which {dtype} cannot hold exactly "
+        f"(it would be stored as {stored})"
+    )
+
+
+def _numeric_converter(field: Field) -> Callable[[Any], Any]:
     dtype: np.dtype = field.dtype
+    scalar_type = dtype.type
     shape = field.shape
     fixed_shape = None not in shape
     ndim = len(shape)
+    # Python ints (and floats into floats) for a shape-() field: one numpy scalar, checked
+    # exactly, instead of two arrays built and compared.
+    python_ints = shape == () and dtype.kind in "iuf"
+    python_floats = shape == () and dtype.kind == "f"
+    largest = float(np.finfo(dtype).max) if dtype.kind == "f" and dtype.itemsize < 8 else None
+    # Kinds of numpy values whose 'safe' cast into this dtype may still change values.
+    recheck = "iu" if dtype.kind in "fc" else "mM" if dtype.kind in "mM" else ""
 
     def shape_ok(got: tuple[int, ...]) -> bool:
         if fixed_shape:
             return got == shape
         return len(got) == ndim and all(e is None or e == g for e, g in zip(shape, got))
 
-    def convert(value: Any) -> np.ndarray:
-        if isinstance(value, (np.ndarray, np.generic)):
-            array = np.asarray(value)
-            if array.dtype != dtype:
-                if not np.can_cast(array.dtype, dtype, "safe"):
-                    raise ValueError(
-                        f"got dtype {array.dtype} which does not cast to {dtype} without loss; "
-                        f"convert it yourself or declare the field as {array.dtype}"
-                    )
-                array = array.astype(dtype)
-        elif isinstance(value, (bool, int, float, complex, list, tuple)):
-            try:
-                array = np.asarray(value, dtype=dtype)
-                same = np.array_equal(array, np.asarray(value), equal_nan=dtype.kind in "fc")
-            except (OverflowError, ValueError, TypeError) as exc:
-                same, problem = False, f", not convertible to {dtype}: {exc}"
-            else:
-                problem = f" which is not exactly representable as {dtype}"
-            if not same and _holds_none(value):
+    def from_python_scalar(value: int | float) -> np.generic:
+        if largest is not None and largest < abs(value) < math.inf:
+            # Refused before numpy overflows to inf and warns about it.
+            raise ValueError(
+                f"got {_describe_value(value)}, over the largest {dtype} ({largest:g})"
+            )
+        try:
+            number = scalar_type(value)
+            same = number.item() == value or value != value  # NaN stays NaN
+        except (OverflowError, ValueError, TypeError, RuntimeWarning) as exc:
+            raise _not_convertible(value, dtype, exc) from None
+        if not same:
+            raise ValueError(
+                f"got {_describe_value(value)}, which {dtype} cannot hold exactly "
+                f"(it would be stored as {number.item()!r})"
+            )
+        return number
+
+    def cast(src: np.ndarray) -> np.ndarray:
+        if src.dtype.kind == "O":
+            return from_python(src)
+        if src.dtype.kind not in "biufcmM":
+            what = _describe_value(src[()] if src.ndim == 0 else src)
+            if src.dtype.kind in "US":
+                raise ValueError(f"got {what}, not numbers: {_text_hint(dtype)}")
+            raise ValueError(
+                f"got {what}, not numbers: store each of its fields as a field of its own"
+            )
+        if not np.can_cast(src.dtype, dtype, "safe"):
+            raise ValueError(
+                f"got dtype {src.dtype} which does not cast to {dtype} without loss; "
+                f"convert it yourself or declare the field as {src.dtype}"
+            )
+        array = src.astype(dtype)
+        if src.dtype.kind in recheck and _cast_can_change(src.dtype, dtype):
+            changed = _first_changed(array, src)
+            if changed is not None:
+                raise ValueError(
+                    f"{_not_exact(src, dtype, src, array, changed)}; declare the field as "
+                    f"{src.dtype}, or convert the values yourself"
+                )
+        return array
+
+    def from_python(value: Any) -> np.ndarray:
+        try:
+            src = np.asarray(value)
+        except (ValueError, TypeError, OverflowError) as exc:
+            ragged = _ragged(value)
+            if ragged is not None:
+                raise ValueError(f"got a ragged nested list: {ragged}; {_RAGGED_FIX}") from None
+            raise ValueError(f"got {_describe_value(value)}, not convertible: {exc}") from None
+        if src.dtype.kind not in "biufcmM":
+            if _holds_none(value):
                 raise ValueError(
                     f"got {_describe_value(value)} with a null (None) inside; fill it, or "
                     "leave the record out"
                 )
-            if not same:
-                raise ValueError(f"got {_describe_value(value)}{problem}")
+            odd = _first_non_number(value)
+            if odd is not None:
+                raise ValueError(
+                    f"got {_describe_value(value)} holding {odd}, not a number: "
+                    + _text_hint(dtype)
+                )
+        try:
+            with np.errstate(over="ignore", invalid="ignore"):
+                array = np.asarray(value, dtype=dtype)
+        except (OverflowError, ValueError, TypeError, RuntimeWarning) as exc:
+            raise _not_convertible(value, dtype, exc) from None
+        if src.dtype.kind in "fc" and src.size and np.abs(src).max() >= 2**53:
+            # numpy made floats of the list, maybe of ints beyond 2**53 among floats (which
+            # it rounds): compare with the list's own values.
+            src = np.asarray(value, dtype=object)
+        if src.dtype != dtype:
+            changed = _first_changed(array, src)
+            if changed is not None:
+                raise ValueError(_not_exact(value, dtype, src, array, changed))
+        return array
+
+    def convert(value: Any) -> Any:
+        kind = type(value)
+        if kind is np.ndarray:
+            array = value if value.dtype == dtype else cast(value)
+        elif (kind is int and python_ints) or (kind is float and python_floats):
+            return from_python_scalar(value)
+        elif isinstance(value, (np.ndarray, np.generic)):
+            if isinstance(value, np.ma.MaskedArray) and np.ma.is_masked(value):
+                raise ValueError(
+                    f"got a masked array with {np.ma.count_masked(value)} masked value(s); "
+                    "fill them (value.filled(...)) or leave the record out"
+                )
+            array = np.asarray(value)
+            if array.dtype != dtype:
+                array = cast(array)
+        elif isinstance(value, (bool, int, float, complex, list, tuple)):
+            array = from_python(value)
+        elif isinstance(value, (str, np.str_)):
+            raise ValueError(f"got {_describe_value(value)}, not a number: {_text_hint(dtype)}")
+        elif isinstance(value, _BYTES_LIKE):
+            raise ValueError(
+                f"got {type(value).__name__} of {memoryview(value).nbytes} bytes, not numbers: "
+                f"np.frombuffer(value, {dtype.name!r}) reads bytes that hold an array, or "
+                "declare the field as bytes"
+            )
+        elif isinstance(value, Mapping):
+            raise ValueError(
+                f"got a dict (keys {sorted(map(str, value))[:8]}); a field holds one array, "
+                "not a nested record: make each key a field of its own"
+            )
         else:
             raise ValueError(f"got {_describe_value(value)}")
         if not shape_ok(array.shape):
@@ -238,8 +474,14 @@ def _numeric_converter(field: Field) -> Callable[[Any], np.ndarray]:
 
 
 def _describe_value(value: Any) -> str:
-    if isinstance(value, (np.ndarray, np.generic)):
-        return f"{value.dtype}{list(np.shape(value))}"
+    if isinstance(value, np.ndarray) and value.ndim == 0:
+        value = value[()]
+    if isinstance(value, (np.str_, np.bytes_)):
+        return f"{'str' if isinstance(value, np.str_) else 'bytes'} {value.item()!r}"[:80]
+    if isinstance(value, np.generic):
+        return f"{value.dtype} {value}"[:80]
+    if isinstance(value, np.ndarray):
+        return f"{value.dtype}{list(value.shape)}"
     if isinstance(value, (list, tuple)):
         return f"a {type(value).__name__} of length {len(value)}"
     return f"{type(value).__name__} {value!r}"[:80]
@@ -306,7 +548,7 @@ class Schema:
         return cls(Field.from_json(s) for s in spec)
 
 
-def _infer_value(name: str, value: Any) -> tuple[str, np.dtype | None, tuple[int, ...]]:
+def _infer_value(name: str, value: Any, index: int) -> tuple[str, np.dtype | None, tuple[int, ...]]:
     if isinstance(value, (str, np.str_)):
         return "str", None, ()
     if isinstance(value, (bytes, bytearray, memoryview, np.bytes_)):
@@ -317,15 +559,40 @@ def _infer_value(name: str, value: Any) -> tuple[str, np.dtype | None, tuple[int
         return "numeric", np.dtype(np.int64), ()
     if isinstance(value, float):
         return "numeric", np.dtype(np.float64), ()
+    where = f"record {index}, field {name!r}"
     if isinstance(value, (np.ndarray, np.generic, list, tuple)):
-        array = np.asarray(value)
-        if array.dtype.kind in "biufcmM":
-            return "numeric", array.dtype, array.shape
-        if array.dtype.kind in "US" and array.ndim == 0:
-            return ("str" if array.dtype.kind == "U" else "bytes"), None, ()
+        try:
+            array = np.asarray(value)
+        except (ValueError, TypeError, OverflowError) as exc:
+            ragged = _ragged(value)
+            if ragged is not None:
+                raise SchemaError(
+                    f"{where}: cannot infer a field from a ragged nested list: {ragged}; "
+                    f"{_RAGGED_FIX}"
+                ) from None
+            raise SchemaError(
+                f"{where}: cannot infer a field from {_describe_value(value)} ({exc}); "
+                "pass schema= to cache_dataset"
+            ) from None
+        else:
+            if array.dtype.kind in "biufcmM":
+                return "numeric", array.dtype, array.shape
+            if array.dtype.kind in "US" and array.ndim == 0:
+                return ("str" if array.dtype.kind == "U" else "bytes"), None, ()
+    if isinstance(value, Mapping):
+        raise SchemaError(
+            f"{where}: cannot infer a field from a dict (keys {sorted(map(str, value))[:8]}); "
+            "a field holds one array, not a nested record: make each key a field of its own"
+        )
+    what = _describe_value(value)
+    if isinstance(value, (list, tuple)) or (
+        isinstance(value, np.ndarray) and value.dtype == object
+    ):
+        odd = "a null (None)" if _holds_none(value) else _first_non_number(value)
+        what += f" holding {odd or 'numbers no one numpy dtype holds (ints beyond 64 bits?)'}"
     raise SchemaError(
-        f"field {name!r}: cannot infer a field from {_describe_value(value)}; records hold numpy "
-        "arrays or scalars, Python numbers, str or bytes. Pass schema= to cache_dataset."
+        f"{where}: cannot infer a field from {what}; records hold numpy arrays or scalars, "
+        "Python numbers or lists of them, str or bytes. Pass schema= to cache_dataset."
     )
 
 
@@ -353,7 +620,7 @@ def infer_schema(records: Sequence[Mapping[str, Any]]) -> Schema:
             if value is None:
                 nullable[name] = True
             else:
-                seen[name].append(_infer_value(name, value))
+                seen[name].append(_infer_value(name, value, index))
     fields = []
     for name, found in seen.items():
         if not found:
@@ -365,9 +632,17 @@ def infer_schema(records: Sequence[Mapping[str, Any]]) -> Schema:
         if kind != "numeric":
             fields.append(Field(name, kind, (), nullable=nullable[name]))
             continue
-        dtype = found[0][1]
-        for _, other, _ in found[1:]:
-            dtype = np.promote_types(dtype, other)  # type: ignore[arg-type]
+        dtypes = [d for _, d, _ in found if d is not None]
+        dtype = dtypes[0]
+        for other in dtypes[1:]:
+            wider = np.promote_types(dtype, other)
+            if dtype.kind in "iu" and other.kind in "iu" and wider.kind not in "iu":
+                # int64 with uint64: numpy's common type is float64, which rounds big values.
+                raise SchemaError(
+                    f"field {name!r} holds both {dtype} and {other} values, and no integer "
+                    "dtype holds both; pass schema= with the dtype to store"
+                )
+            dtype = wider
         shapes = {s for _, _, s in found}
         ranks = {len(s) for s in shapes}
         if len(ranks) > 1:

@@ -23,12 +23,20 @@ from typing import Any
 
 import numpy as np
 
+from yogadl_plus import codecs
 from yogadl_plus.errors import CacheCorrupted, SchemaError
 from yogadl_plus.schema import Field, Schema
 
-__all__ = ["RecordLayout"]
+__all__ = ["MAX_RECORD_BYTES", "RecordLayout"]
 
 _U32 = struct.Struct("<I")
+#: The most bytes one record's value may take: LMDB refuses larger values (MDB_MAXDATASIZE), and
+#: the layout's uint32 end offsets could not point past it.
+MAX_RECORD_BYTES = 2**32 - 1
+_TOO_LARGE_FIX = (
+    "split the value across records or fields, or store it elsewhere (a file or object store) "
+    "and cache a reference to it (its path or URL)"
+)
 # Unselected bytes a bulk copy may carry along before per-field copies become cheaper.
 _SPAN_SLACK_BYTES = 4096
 
@@ -71,6 +79,14 @@ class RecordLayout:
         self.var_index = {f.name: i for i, f in enumerate(self.variable)}
         self.var_table = struct.Struct(f"<{len(self.variable)}I") if self.variable else None
         self.payload_start = self.fixed_end + 4 * len(self.variable)
+        if self.payload_start > MAX_RECORD_BYTES:
+            sizes = ", ".join(f"{f.name!r} {f.nbytes}" for f in self.fixed)
+            raise SchemaError(
+                f"the fixed-shape fields take {self.fixed_end} bytes per record ({sizes}), over "
+                f"the {MAX_RECORD_BYTES} bytes one record can hold; {_TOO_LARGE_FIX}"
+            )
+        # The most bytes the variable fields of one record may take together.
+        self._payload_limit = MAX_RECORD_BYTES - self.payload_start
         self._names = set(schema.names)
         self._num_fields = len(schema)
         self._encoders = [(f.name, f, self._field_encoder(f)) for f in schema]
@@ -89,7 +105,8 @@ class RecordLayout:
         convert = field.converter()
         if field.fixed:
             dtype, shape = field.dtype, field.shape
-            scalar_type = dtype.type
+            # A datetime64 or timedelta64 scalar can have any unit: only the converter knows.
+            scalar_type = dtype.type if dtype.kind not in "mM" else None
 
             def encode_fixed(value: Any) -> bytes:
                 kind = type(value)
@@ -100,6 +117,22 @@ class RecordLayout:
                 return convert(value).tobytes()
 
             return encode_fixed
+
+        if isinstance(codec, codecs.Raw):
+            limit = self._payload_limit
+
+            def encode_raw(value: Any) -> bytes:
+                array = convert(value)
+                if array.nbytes > limit:  # refused before its bytes are copied
+                    raise SchemaError(
+                        f"field {field.name!r}: got {array.dtype}{list(array.shape)}, "
+                        f"{array.nbytes} bytes, over the {limit} bytes a record of this schema "
+                        f"can give it (one record holds at most {MAX_RECORD_BYTES} bytes); "
+                        f"{_TOO_LARGE_FIX}"
+                    )
+                return codec.encode(field, array)
+
+            return encode_raw
 
         def encode_variable(value: Any) -> bytes:
             return codec.encode(field, convert(value))
@@ -118,7 +151,7 @@ class RecordLayout:
         except (KeyError, TypeError, ValueError):
             # Rare path (a None, a bad value, a missing field): find the problem and say it.
             return self._encode_checked(record, index)
-        return self._pack(0, fixed, variable)
+        return self._pack(0, fixed, variable, index)
 
     def _encode_checked(self, record: Mapping[str, Any], index: int) -> bytes:
         if not isinstance(record, Mapping):
@@ -151,9 +184,9 @@ class RecordLayout:
                     f"record {index}, field {name!r}: expected {field.describe()}, {exc}"
                 ) from None
             (fixed if field.fixed else variable).append(data)
-        return self._pack(bitmap, fixed, variable)
+        return self._pack(bitmap, fixed, variable, index)
 
-    def _pack(self, bitmap: int, fixed: list[bytes], variable: list[bytes]) -> bytes:
+    def _pack(self, bitmap: int, fixed: list[bytes], variable: list[bytes], index: int) -> bytes:
         head = bitmap.to_bytes(self.bitmap_bytes, "little") if self.bitmap_bytes else b""
         if not variable:
             return head + b"".join(fixed)
@@ -162,8 +195,22 @@ class RecordLayout:
         for data in variable:
             end += len(data)
             ends.append(end)
+        if end > self._payload_limit:
+            self._raise_too_large(variable, index)
         table = self.var_table.pack(*ends)  # type: ignore[union-attr]
         return b"".join([head, *fixed, table, *variable])
+
+    def _raise_too_large(self, variable: list[bytes], index: int) -> None:
+        total = self.payload_start + sum(len(data) for data in variable)
+        sizes = sorted(
+            ((len(data), f.name) for f, data in zip(self.variable, variable)),
+            key=lambda size_name: -size_name[0],
+        )
+        named = ", ".join(f"{name!r} {size}" for size, name in sizes if size)
+        raise SchemaError(
+            f"record {index}: {total} bytes encoded, over the {MAX_RECORD_BYTES} bytes one "
+            f"record can hold (field bytes: {named}); {_TOO_LARGE_FIX}"
+        )
 
     def _raise_field_mismatch(self, record: Mapping[str, Any], index: int) -> None:
         missing = sorted(self._names.difference(record))
