@@ -1,5 +1,5 @@
-"""Helpers for tests that damage caches the way users meet it: find a chunk file, flip a byte,
-compare manifests across builds."""
+"""Helpers for tests that look at caches on disk or damage them the way users meet it: find a
+chunk file, list a version's files, flip a byte, compare manifests across builds."""
 
 from __future__ import annotations
 
@@ -35,3 +35,20 @@ def without_builds(manifest: Any) -> dict[str, Any]:
     for chunk in body["chunks"]:
         chunk["file"] = os.path.basename(chunk["file"])
     return body
+
+
+def version_files(storage: ydl.LocalStorage, dataset_id: str, version: str) -> set[str]:
+    """The manifest and the chunk files of a version (paths inside its folder): nothing else a
+    build left behind (verification stamps and the build's pin aside)."""
+    folder = storage.path(dataset_id, version)
+    found = set()
+    for dirpath, _, names in os.walk(folder):
+        for name in names:
+            if not name.endswith((".verified", "+pin")):
+                found.add(os.path.relpath(os.path.join(dirpath, name), folder))
+    return found
+
+
+def written_names(ref: ydl.DataRef) -> set[str]:
+    """The names a version's chunks were written under (without the build folder)."""
+    return {os.path.basename(c.file) for c in ref.manifest.chunks}

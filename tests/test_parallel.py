@@ -15,6 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from damage import version_files
 
 import yogadl_plus as ydl
 from yogadl_plus.cache.manifest import MANIFEST_NAME, ChunkInfo
@@ -88,18 +89,6 @@ def assert_same_records(a: ydl.DataRef, b: ydl.DataRef) -> None:
             assert all(np.array_equal(u, v) for u, v in zip(x[name], y[name])), name
         else:
             assert np.array_equal(x[name], y[name]), name
-
-
-def version_files(storage: ydl.LocalStorage, dataset_id: str, version: str) -> set[str]:
-    """The manifest and the chunk files of a version (paths inside its folder): nothing else a
-    build left behind (verification stamps and the build's pin aside)."""
-    folder = storage.path(dataset_id, version)
-    found = set()
-    for dirpath, _, names in os.walk(folder):
-        for name in names:
-            if not name.endswith((".verified", "+pin")):
-                found.add(os.path.relpath(os.path.join(dirpath, name), folder))
-    return found
 
 
 # ----------------------------------------------------------------- process pool
