@@ -45,6 +45,9 @@ class Pin:
             # Someone is removing what this pins right now.
             self.release()
             raise PinGone(path) from None
+        except OSError:
+            self.release()  # no flock here (some network filesystems): read unpinned
+            return
         if touch:
             with contextlib.suppress(OSError):
                 os.utime(self._fd)
@@ -112,7 +115,7 @@ def exclusively(path: str) -> Iterator[bool]:
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        except OSError:  # held by a reader (or no flock here: then never remove)
             yield False
             return
         yield True
