@@ -25,6 +25,7 @@ from yogadl_plus.cache.manifest import ChunkInfo
 from yogadl_plus.errors import CacheCorrupted, unreadable
 
 __all__ = [
+    "DAMAGED",
     "STAMP_SUFFIX",
     "FileState",
     "check_chunk",
@@ -36,7 +37,11 @@ __all__ = [
 ]
 
 STAMP_SUFFIX = ".verified"
-_DAMAGED = "the version is damaged: delete it and build it again"
+# What to do about a damaged chunk, wherever it is found.
+DAMAGED = (
+    "the version is damaged: rebuild it (overwrite=True); a local copy of a bucket's version is "
+    "pulled again by storage.verify()"
+)
 
 
 class FileState(NamedTuple):
@@ -63,7 +68,7 @@ def file_sha256(path: str, block: int = 1 << 22) -> str:
 
 
 def check_chunk(
-    path: str, info: ChunkInfo, where: str | None = None, damaged: str = _DAMAGED
+    path: str, info: ChunkInfo, where: str | None = None, damaged: str = DAMAGED
 ) -> None:
     """Raise CacheCorrupted unless the file at ``path`` has the size and sha256 of ``info``.
 
@@ -93,7 +98,7 @@ def check_chunk(
 
 
 def verify_and_stamp(
-    path: str, info: ChunkInfo, where: str | None = None, damaged: str = _DAMAGED
+    path: str, info: ChunkInfo, where: str | None = None, damaged: str = DAMAGED
 ) -> FileState:
     """Hash the file (check_chunk), then stamp it; its state, unchanged during the hash."""
     before = _state_or_none(path)

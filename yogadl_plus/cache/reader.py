@@ -25,7 +25,13 @@ from typing import Any, cast
 import lmdb
 import numpy as np
 
-from yogadl_plus.cache.integrity import FileState, file_state, trusted, verify_and_stamp
+from yogadl_plus.cache.integrity import (
+    DAMAGED,
+    FileState,
+    file_state,
+    trusted,
+    verify_and_stamp,
+)
 from yogadl_plus.cache.manifest import ChunkInfo, Manifest, schema_digest
 from yogadl_plus.cache.writer import IDENTITY_KEY, chunk_identity, column_key, record_key
 from yogadl_plus.errors import CacheCorrupted, unreadable
@@ -177,26 +183,25 @@ class ChunkSet:
         info = self.chunks[number]
         path = os.path.join(self.directory, info.file)
         where = self._where(number)
-        damaged = "the version is damaged: delete it and build (or pull) it again"
         try:
             state = file_state(path)
         except FileNotFoundError:
-            raise CacheCorrupted(f"chunk {where} is missing; {damaged}") from None
+            raise CacheCorrupted(f"chunk {where} is missing; {DAMAGED}") from None
         except OSError as exc:
             raise unreadable(path, exc) from None
         if state.size != info.bytes:
             raise CacheCorrupted(
-                f"chunk {where} has {state.size} bytes, the manifest says {info.bytes}; {damaged}"
+                f"chunk {where} has {state.size} bytes, the manifest says {info.bytes}; {DAMAGED}"
             )
         if not trusted(path, state, info.sha256):
-            state = verify_and_stamp(path, info, where, damaged)
+            state = verify_and_stamp(path, info, where)
         try:
             key, env = _ENVIRONMENTS.acquire(path)
         except lmdb.Error as exc:
             if "ermission denied" in str(exc):
                 raise unreadable(path, PermissionError(13, "Permission denied")) from None
             raise CacheCorrupted(
-                f"chunk {where} is not a readable LMDB file: {exc}; {damaged}"
+                f"chunk {where} is not a readable LMDB file: {exc}; {DAMAGED}"
             ) from None
         except OSError as exc:
             raise unreadable(path, exc) from None
@@ -204,7 +209,7 @@ class ChunkSet:
         try:
             self._check_structure(number, env)
             if key != (state.device, state.inode) or file_state(path) != state:
-                raise CacheCorrupted(f"chunk {where} changed while it was being opened; {damaged}")
+                raise CacheCorrupted(f"chunk {where} changed while it was being opened; {DAMAGED}")
         except BaseException:
             self._held.remove(key)
             _ENVIRONMENTS.release([key])
@@ -224,11 +229,11 @@ class ChunkSet:
             with env.begin(buffers=False) as txn:
                 stored = txn.get(IDENTITY_KEY) if identity else None
         except lmdb.Error as exc:
-            raise CacheCorrupted(f"chunk {where}: LMDB cannot read it ({exc})") from None
+            raise CacheCorrupted(f"chunk {where}: LMDB cannot read it ({exc}); {DAMAGED}") from None
         if entries != info.records + len(info.columns) + identity:
             raise CacheCorrupted(
                 f"chunk {where} holds {entries} entries, the manifest says {info.records} "
-                f"records and {len(info.columns)} columns"
+                f"records and {len(info.columns)} columns; {DAMAGED}"
             )
         if not identity:
             return
@@ -241,7 +246,7 @@ class ChunkSet:
             raise CacheCorrupted(
                 f"chunk {where} is not the chunk the manifest names: it says it is {found}, the "
                 f"manifest expects {want} (a chunk file of another build or version, or a "
-                "manifest edited by hand); build or pull the version again"
+                f"manifest edited by hand); {DAMAGED}"
             )
 
     def open_first(self) -> None:
@@ -291,9 +296,8 @@ class ChunkSet:
         else:
             what = "was replaced by another file"
         raise CacheCorrupted(
-            f"chunk {where} {what} while it was open: the version is damaged (or was changed by "
-            "hand); nothing more is read from it. Open the version again to read what is "
-            "there now (it is checked then)"
+            f"chunk {where} {what} while it was open: nothing more is read from it; open the "
+            f"version again to read what is there now (it is checked then). {DAMAGED}"
         )
 
     def _forget(self, number: int) -> None:
@@ -320,8 +324,7 @@ class ChunkSet:
                 del views[key]
         where = f"chunk {self._where(number)}" if number is not None else f"a chunk of {self.name}"
         return CacheCorrupted(
-            f"{where}: LMDB could not read {what} ({type(exc).__name__}: {exc}); the version is "
-            "damaged: run storage.verify() and build (or pull) it again"
+            f"{where}: LMDB could not read {what} ({type(exc).__name__}: {exc}); {DAMAGED}"
         )
 
     def txn(self, number: int) -> lmdb.Transaction:
