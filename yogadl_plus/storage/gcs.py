@@ -4,11 +4,19 @@ from __future__ import annotations
 
 import contextlib
 import os
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
 from yogadl_plus.errors import StorageError, YogaError
-from yogadl_plus.storage.objects import ObjectStore, TransientStorageError, object_gone
+from yogadl_plus.storage.objects import (
+    DEFAULT_RETRY_TIMEOUT,
+    ObjectStore,
+    Retries,
+    TransientStorageError,
+    object_gone,
+    retried,
+)
 from yogadl_plus.storage.remote import (
     DEFAULT_LEASE_TTL,
     DEFAULT_TRANSFERS,
@@ -18,104 +26,132 @@ from yogadl_plus.storage.remote import (
 
 __all__ = ["GCSStorage"]
 
+_TRANSIENT_STATUS = {408, 429, 500, 502, 503, 504}
+
 
 class _GCSObjects(ObjectStore):
-    def __init__(self, client: Any, bucket: str, prefix: str, timeout: float) -> None:
-        from google.cloud.storage.retry import DEFAULT_RETRY
-
-        # How long one call may keep retrying transient failures (an unreachable endpoint too).
-        self.retry = DEFAULT_RETRY.with_timeout(timeout)
+    def __init__(self, client: Any, bucket: str, prefix: str, retries: Retries) -> None:
         self.client = client
         self.bucket_name = bucket
         self.bucket = client.bucket(bucket)
         self.prefix = prefix
+        self.retries = retries
         self.url = f"gs://{bucket}/{prefix}".rstrip("/")
+        # Every call is one try (retry=None) bounded by these; trying again is ours (@retried).
+        self.once: dict[str, Any] = {"retry": None, "timeout": retries.request_timeouts()}
 
     @contextlib.contextmanager
     def _errors(self, what: str, key: str = "", missing_is_bucket: bool = True) -> Iterator[None]:
-        """google-cloud failures as StorageError naming the URL and what to check."""
+        """google-cloud failures as StorageError naming the URL and what to check; those worth
+        another try (see ``retried``) as TransientStorageError."""
+        where = f"{self.url}/{key}" if key else self.url
+        try:
+            yield
+        except YogaError:
+            raise
+        except Exception as exc:  # anything from the client, named by its URL
+            raise self._failure(exc, what, where, missing_is_bucket) from exc
+
+    def _failure(
+        self, exc: Exception, what: str, where: str, missing_is_bucket: bool
+    ) -> StorageError:
         import requests
         from google import auth
         from google.api_core import exceptions as gx
         from google.auth.exceptions import DefaultCredentialsError
-        from google.resumable_media import common as rmx
+
+        try:
+            from google.resumable_media import DataCorruption, InvalidResponse
+        except ImportError:  # google-cloud-storage 3 without the old package
+            from google.cloud.storage.exceptions import (  # type: ignore[no-redef]
+                DataCorruption,
+                InvalidResponse,
+            )
+
+        from urllib3.exceptions import NewConnectionError
 
         gax = auth.exceptions
-
-        where = f"{self.url}/{key}" if key else self.url
-        try:
-            try:
-                yield
-            except gx.RetryError as exc:
-                if exc.cause is None:
-                    raise StorageError(f"{where}: {what} timed out: {exc}") from exc
-                raise exc.cause from exc
-        except gx.NotFound as exc:
-            if not missing_is_bucket:
-                raise
-            raise StorageError(
+        if isinstance(exc, gx.NotFound) and missing_is_bucket:
+            return StorageError(
                 f"{where}: bucket {self.bucket_name!r} does not exist (or the object vanished "
                 f"during {what}): check the bucket name and project"
-            ) from exc
-        except (gx.Forbidden, gx.Unauthorized) as exc:
-            raise StorageError(
+            )
+        if isinstance(exc, (gx.Forbidden, gx.Unauthorized)):
+            return StorageError(
                 f"{where}: access denied to {what}: check the credentials "
                 "(GOOGLE_APPLICATION_CREDENTIALS, gcloud auth application-default login, or "
                 "client=) and the bucket's IAM roles"
-            ) from exc
-        except DefaultCredentialsError as exc:
-            raise StorageError(
+            )
+        if isinstance(exc, DefaultCredentialsError):
+            return StorageError(
                 f"{where}: no Google credentials found: set GOOGLE_APPLICATION_CREDENTIALS, run "
                 "`gcloud auth application-default login`, or pass client="
-            ) from exc
-        except (gx.TooManyRequests, gx.ServerError) as exc:
-            raise TransientStorageError(f"{where}: {what} failed: {exc}") from exc
-        except requests.exceptions.ConnectionError as exc:
-            endpoint = getattr(getattr(self.client, "_connection", None), "API_BASE_URL", "?")
-            raise StorageError(
-                f"{where}: cannot reach {endpoint}: check the endpoint (client_options, "
-                "STORAGE_EMULATOR_HOST), the network and any proxy"
-            ) from exc
-        except (
-            requests.exceptions.RequestException,
-            rmx.InvalidResponse,
-            rmx.DataCorruption,
-            gax.TransportError,
-        ) as exc:
-            raise TransientStorageError(f"{where}: {what} was cut off: {exc}") from exc
-        except gax.RefreshError as exc:
-            raise StorageError(
+            )
+        if isinstance(exc, gax.RefreshError):
+            return StorageError(
                 f"{where}: the Google credentials could not be refreshed ({exc}): check "
                 "GOOGLE_APPLICATION_CREDENTIALS or run `gcloud auth application-default login`"
-            ) from exc
-        except YogaError:
-            raise
-        except Exception as exc:  # anything else from the client, still named by its URL
-            raise StorageError(f"{where}: {what} failed: {type(exc).__name__}: {exc}") from exc
+            )
+        if isinstance(exc, gx.GoogleAPICallError):
+            status = exc.code
+        elif isinstance(exc, InvalidResponse):  # from uploads and downloads
+            status = getattr(getattr(exc, "response", None), "status_code", None)
+        else:
+            status = None
+        if status in _TRANSIENT_STATUS:
+            return TransientStorageError(f"{where}: {what} failed: {exc}")
+        if isinstance(exc, requests.exceptions.SSLError):  # a certificate will not mend itself
+            return StorageError(f"{where}: TLS with {self._endpoint()} failed: {exc}")
+        if isinstance(exc, requests.exceptions.ConnectTimeout) or isinstance(
+            getattr(exc.args[0] if exc.args else None, "reason", None), NewConnectionError
+        ):  # refused, unresolved, no answer to connect
+            return TransientStorageError(
+                f"{where}: cannot reach {self._endpoint()} ({type(exc).__name__}): check the "
+                "endpoint (client_options, STORAGE_EMULATOR_HOST), the network and any proxy"
+            )
+        # Dropped connections, read timeouts, downloads that failed their checksum.
+        cut_off = (
+            requests.exceptions.ConnectionError,
+            requests.exceptions.Timeout,
+            requests.exceptions.ChunkedEncodingError,
+            DataCorruption,
+            gax.TransportError,
+            ConnectionError,
+            TimeoutError,
+        )
+        if isinstance(exc, cut_off):
+            return TransientStorageError(f"{where}: {what} was cut off: {exc}")
+        return StorageError(f"{where}: {what} failed: {type(exc).__name__}: {exc}")
 
+    def _endpoint(self) -> str:
+        return str(getattr(self.client, "api_endpoint", None) or "?")
+
+    @retried
     def read(self, key: str) -> tuple[bytes, str] | None:
         from google.api_core.exceptions import NotFound
 
         blob = self.bucket.blob(self.prefix + key)
         with self._errors("read", key, missing_is_bucket=False):
             try:
-                data = blob.download_as_bytes(retry=self.retry)
+                data = blob.download_as_bytes(**self.once)
             except NotFound:
                 return None
         return data, str(blob.generation)
 
+    @retried
     def token(self, key: str) -> str | None:
         with self._errors("head", key, missing_is_bucket=False):
-            blob = self.bucket.get_blob(self.prefix + key, retry=self.retry)
+            blob = self.bucket.get_blob(self.prefix + key, **self.once)
         return None if blob is None else str(blob.generation)
 
+    @retried
     def _write(self, key: str, data: bytes, generation: int) -> str | None:
         from google.api_core.exceptions import NotFound, PreconditionFailed
 
         blob = self.bucket.blob(self.prefix + key)
         with self._errors("conditional write", key):
             try:
-                blob.upload_from_string(data, if_generation_match=generation, retry=self.retry)
+                blob.upload_from_string(data, if_generation_match=generation, **self.once)
             except PreconditionFailed:
                 return None
             except NotFound:
@@ -130,56 +166,66 @@ class _GCSObjects(ObjectStore):
     def replace(self, key: str, data: bytes, token: str) -> str | None:
         return self._write(key, data, int(token))
 
+    @retried
     def delete(self, key: str, token: str | None = None) -> None:
         from google.api_core.exceptions import NotFound, PreconditionFailed
 
         blob = self.bucket.blob(self.prefix + key)
+        generation = None if token is None else int(token)
         with self._errors("delete", key), contextlib.suppress(NotFound, PreconditionFailed):
-            blob.delete(if_generation_match=None if token is None else int(token), retry=self.retry)
+            blob.delete(if_generation_match=generation, **self.once)
 
+    @retried
     def upload(self, key: str, path: str) -> None:
         with self._errors("upload", key):
-            self.bucket.blob(self.prefix + key).upload_from_filename(path, retry=self.retry)
+            self.bucket.blob(self.prefix + key).upload_from_filename(path, **self.once)
 
+    @retried
     def download(self, key: str, path: str) -> None:
         from google.api_core.exceptions import NotFound
 
         with self._errors("download", key, missing_is_bucket=False):
             try:
-                self.bucket.blob(self.prefix + key).download_to_filename(path, retry=self.retry)
+                self.bucket.blob(self.prefix + key).download_to_filename(path, **self.once)
             except NotFound:
                 with contextlib.suppress(FileNotFoundError):
                     os.remove(path)  # the client leaves an empty file behind
                 raise object_gone(self.url, key) from None
 
-    def keys(self, prefix: str) -> Iterator[tuple[str, float]]:
+    @retried
+    def keys(self, prefix: str) -> list[tuple[str, float]]:
         with self._errors("list", prefix):
-            for blob in self.client.list_blobs(
-                self.bucket_name, prefix=self.prefix + prefix, retry=self.retry
-            ):
-                yield blob.name[len(self.prefix) :], blob.updated.timestamp()
+            return [
+                (blob.name[len(self.prefix) :], blob.updated.timestamp())
+                for blob in self.client.list_blobs(
+                    self.bucket_name, prefix=self.prefix + prefix, **self.once
+                )
+            ]
 
+    @retried
     def folders(self, prefix: str) -> list[str]:
         start = len(self.prefix + prefix)
         with self._errors("list", prefix):
             listing = self.client.list_blobs(
-                self.bucket_name, prefix=self.prefix + prefix, delimiter="/", retry=self.retry
+                self.bucket_name, prefix=self.prefix + prefix, delimiter="/", **self.once
             )
             for _ in listing.pages:
                 pass
             return sorted(p[start:].rstrip("/") for p in listing.prefixes)
 
+    @retried
     def check(self) -> None:
         with self._errors("the bucket"):
-            self.client.get_bucket(self.bucket_name, retry=self.retry)
+            self.client.get_bucket(self.bucket_name, **self.once)
 
 
 class GCSStorage(RemoteStorage):
     """Versions in ``gs://bucket/prefix``, pulled into ``local_cache`` to be read.
 
     Credentials come from google-auth's standard chain (and ``STORAGE_EMULATOR_HOST`` for an
-    emulator); ``client=`` injects a ready ``google.cloud.storage.Client``. ``timeout`` bounds
-    how long one call keeps retrying transient failures, an unreachable endpoint included.
+    emulator); ``client=`` injects a ready ``google.cloud.storage.Client``. ``retry_timeout``
+    (seconds) is how long each call keeps trying while the store is unreachable or failing
+    transiently, before it fails with a StorageError (``timeout=`` is its old name).
     """
 
     def __init__(
@@ -192,9 +238,16 @@ class GCSStorage(RemoteStorage):
         local_cache_limit: int | None = None,
         lease_ttl: float = DEFAULT_LEASE_TTL,
         max_transfers: int = DEFAULT_TRANSFERS,
-        timeout: float = 120.0,
+        retry_timeout: float = DEFAULT_RETRY_TIMEOUT,
+        timeout: float | None = None,
     ) -> None:
         bucket, prefix = check_location(bucket, prefix)
+        if timeout is not None:
+            warnings.warn(
+                "GCSStorage(timeout=) is now retry_timeout=", DeprecationWarning, stacklevel=2
+            )
+            retry_timeout = timeout
+        retries = Retries(timeout=retry_timeout)
         if client is None:
             try:
                 from google.cloud import storage
@@ -214,7 +267,7 @@ class GCSStorage(RemoteStorage):
             make_client = None
         self.bucket = bucket
         self.prefix = prefix
-        objects = _GCSObjects(client, bucket, prefix, timeout)
+        objects = _GCSObjects(client, bucket, prefix, retries)
         if make_client is not None:
-            objects.remake = (make_client, (bucket, prefix, timeout))
+            objects.remake = (make_client, (bucket, prefix, retries))
         super().__init__(objects, local_cache, local_cache_limit, lease_ttl, max_transfers)

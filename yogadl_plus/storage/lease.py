@@ -7,6 +7,11 @@ seconds belongs to a dead (or cut off) holder, and the waiter takes it over with
 replace on that token, so of several waiters exactly one wins. No clocks are compared between
 machines.
 
+Every call rides out outages (the store's retries): taking the lease for the store's whole
+retry_timeout, each renewal for at most ``ttl`` (after that a waiter may have taken over; the
+holder warns and tries again at the next beat), releasing it briefly (an unreleased lease
+expires after ``ttl``). An outage shorter than ``ttl`` loses nothing.
+
 The lease saves duplicate work; it is not what keeps a version whole. A holder that was cut off
 and lost its lease may still finish: its chunks live under its own build folder, and the
 manifest is published with a conditional write, so one build wins and nothing is mixed.
@@ -23,10 +28,10 @@ import threading
 import time
 import uuid
 import warnings
-from functools import partial
 from types import TracebackType
 
-from yogadl_plus.storage.objects import ObjectStore, with_retries
+from yogadl_plus.errors import StorageError
+from yogadl_plus.storage.objects import ObjectStore
 
 __all__ = ["BuildLease"]
 
@@ -62,11 +67,11 @@ class BuildLease:
     def __enter__(self) -> BuildLease:
         seen: tuple[str, float] | None = None  # (token, when we first saw it)
         while True:
-            token = with_retries(lambda: self.store.create(self.key, self._body()))
+            token = self.store.create(self.key, self._body())
             if token is None:
-                token = self._ours()  # our create landed but its reply was lost
+                token = self._ours(self.store)  # our create landed but its reply was lost
             if token is None:
-                current = with_retries(lambda: self.store.token(self.key))
+                current = self.store.token(self.key)
                 now = time.monotonic()
                 if current is None:
                     continue  # released between our two calls: try again at once
@@ -74,9 +79,7 @@ class BuildLease:
                     seen = (current, now)
                 elif now - seen[1] > self.ttl:
                     # Silent for a whole ttl: its holder is gone. One taker wins the replace.
-                    token = with_retries(
-                        partial(self.store.replace, self.key, self._body(), current)
-                    )
+                    token = self.store.replace(self.key, self._body(), current)
                     seen = None
             if token is not None:
                 self._token = token
@@ -87,9 +90,9 @@ class BuildLease:
                 return self
             time.sleep(self.poll * (0.5 + random.random()))
 
-    def _ours(self) -> str | None:
+    def _ours(self, store: ObjectStore) -> str | None:
         """The lease's token if the lease in the bucket is ours, else None."""
-        found = with_retries(lambda: self.store.read(self.key))
+        found = store.read(self.key)
         if found is None:
             return None
         try:
@@ -99,22 +102,27 @@ class BuildLease:
         return found[1] if holder == self.holder else None
 
     def _renew(self) -> None:
+        # Retrying past ttl would not keep a waiter from taking over; released, stop waiting.
+        store = self.store.retrying(self.store.retries.at_most(self.ttl), self._stop)
         while not self._stop.wait(self.ttl / 3):
             with self._token_lock:
                 token = self._token
                 if token is None:
                     return
                 try:
-                    new = with_retries(partial(self.store.replace, self.key, self._body(), token))
+                    new = store.replace(self.key, self._body(), token)
+                    if new is None:
+                        new = self._ours(store)  # our beat landed but its reply was lost
                 except Exception as exc:  # keep trying: the next beat may get through
+                    if self._stop.is_set():
+                        return
                     warnings.warn(
-                        f"could not renew the build lease {self.store.url}/{self.key}: {exc}",
+                        f"could not renew the build lease {self.store.url}/{self.key}: {exc}; "
+                        f"after lease_ttl ({self.ttl:g} s) another builder may take it over",
                         RuntimeWarning,
                         stacklevel=1,
                     )
                     continue
-                if new is None:
-                    new = self._ours()  # our beat landed but its reply was lost
                 if new is None:
                     self.lost = True  # taken over: the conditional manifest write decides
                     self._token = None
@@ -133,6 +141,9 @@ class BuildLease:
         with self._token_lock:
             token, self._token = self._token, None
         if token is not None:
-            # An undeleted lease expires after ttl; never hide the block's own error.
+            # An undeleted lease expires after ttl: after the store failed the block, one try
+            # is enough; never hide the block's own error.
+            budget = 0.0 if isinstance(exc, StorageError) else self.ttl / 3
+            store = self.store.retrying(self.store.retries.at_most(budget))
             with contextlib.suppress(Exception):
-                with_retries(partial(self.store.delete, self.key, token))
+                store.delete(self.key, token)

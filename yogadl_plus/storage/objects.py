@@ -3,25 +3,116 @@
 Keys are relative to the storage's prefix. A *token* is what the store gives each written
 object (an S3 ETag, a GCS generation): conditional writes compare it, so exactly one of two
 racing writers wins, whatever the clocks say.
+
+Every operation of a store rides out outages by itself (``@retried``): a try that fails
+transiently (a refused or dropped connection, a timeout, a 5xx, throttling) is made again with
+jittered exponential backoff until the store's ``Retries.timeout`` has passed, then the call
+fails with a StorageError naming the URL and how long it tried. A conditional write whose reply
+was lost is tried again too: the store then answers "already there" / "changed", and the caller
+reads the object to learn whether the write that landed was its own.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import math
 import random
+import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 from yogadl_plus.errors import StorageError, YogaError
 
-__all__ = ["ObjectStore", "TransientStorageError", "object_gone", "with_retries"]
+__all__ = [
+    "DEFAULT_RETRY_TIMEOUT",
+    "ObjectStore",
+    "Retries",
+    "TransientStorageError",
+    "object_gone",
+    "retried",
+    "with_retries",
+]
 
 T = TypeVar("T")
+
+DEFAULT_RETRY_TIMEOUT = 120.0  # seconds: rides out a restart of the store, a network blip
 
 
 class TransientStorageError(StorageError):
     """A failure worth retrying: a dropped connection, a 5xx, throttling."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Retries:
+    """How long and how often a remote storage tries a call again while it fails transiently.
+
+    A call is tried again, after a jittered exponential backoff (``first_delay`` doubling up to
+    ``max_delay``), until ``timeout`` seconds have passed since its first try; then it fails
+    with a StorageError. One try lasts at most about ``connect_timeout + read_timeout`` (the
+    time to connect, and the longest silence while waiting for the server), both capped at
+    ``timeout`` so that a short budget also notices a hung server early: a call gives up at
+    most about ``timeout + request_timeouts()`` after it started.
+    """
+
+    timeout: float = DEFAULT_RETRY_TIMEOUT
+    first_delay: float = 0.2
+    max_delay: float = 5.0
+    connect_timeout: float = 10.0
+    read_timeout: float = 60.0
+
+    def __post_init__(self) -> None:
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            name = "retry_timeout" if field.name == "timeout" else field.name  # its keyword
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or not (math.isfinite(value) and value >= 0)
+            ):
+                raise ValueError(f"{name} must be a finite number of seconds >= 0, got {value!r}")
+
+    def at_most(self, seconds: float) -> Retries:
+        """These settings, trying for no longer than ``seconds``."""
+        return dataclasses.replace(self, timeout=min(self.timeout, seconds))
+
+    def request_timeouts(self) -> tuple[float, float]:
+        """(connect, read) timeouts of one try, in seconds."""
+        cap = max(self.timeout, 1.0)
+        return min(self.connect_timeout, cap), min(self.read_timeout, cap)
+
+    def call(self, attempt: Callable[[], T], interrupt: threading.Event | None = None) -> T:
+        """``attempt()``, tried again while it raises TransientStorageError, until ``timeout``
+        has passed (or ``interrupt`` is set); then StorageError saying how long it tried."""
+        start = time.monotonic()
+        tries = 0
+        while True:
+            tries += 1
+            try:
+                return attempt()
+            except TransientStorageError as exc:
+                left = self.timeout - (time.monotonic() - start)
+                delay = min(self.max_delay, self.first_delay * 2 ** min(tries - 1, 30))
+                delay = min(delay * (0.5 + random.random() / 2), max(left, 0.0))
+                if interrupt is None:
+                    time.sleep(delay)
+                if left <= 0 or (interrupt is not None and interrupt.wait(delay)):
+                    raise StorageError(
+                        f"{exc} (gave up after {tries} {'try' if tries == 1 else 'tries'} in "
+                        f"{time.monotonic() - start:.0f} s; retry_timeout={self.timeout:g} s)"
+                    ) from exc
+
+
+def retried(method: Callable[..., T]) -> Callable[..., T]:
+    """An ObjectStore method made to ride out outages, under its store's ``retries``."""
+
+    @functools.wraps(method)
+    def call(self: ObjectStore, *args: Any, **kwargs: Any) -> T:
+        return self.retries.call(lambda: method(self, *args, **kwargs), self.interrupt)
+
+    return call
 
 
 def object_gone(url: str, key: str) -> StorageError:
@@ -38,10 +129,24 @@ class ObjectStore(ABC):
     It travels to other processes (the tasks of a parallel build) by making its client again
     there: ``remake`` is (a picklable function returning a new client, the constructor's other
     arguments); it is None for a ready client the user passed, which cannot travel.
+
+    Its operations are ``@retried`` under ``retries``; ``interrupt``, when set, ends the waits
+    between tries early (see ``retrying``).
     """
 
     url: str  # "s3://bucket/prefix", for messages
     remake: tuple[Callable[[], Any], tuple[Any, ...]] | None = None
+    retries: Retries = Retries()
+    interrupt: threading.Event | None = None
+
+    def retrying(self, retries: Retries, interrupt: threading.Event | None = None) -> ObjectStore:
+        """This store (the same client) with other retry settings, e.g. a build lease's,
+        which retries no longer than the lease lasts and stops waiting when released."""
+        view = object.__new__(type(self))  # not copy.copy: that would pickle (remake) it
+        view.__dict__.update(vars(self))
+        view.retries = retries
+        view.interrupt = interrupt
+        return view
 
     def __reduce__(self) -> tuple[Any, ...]:
         if self.remake is None:
@@ -82,9 +187,9 @@ class ObjectStore(ABC):
         can); StorageError if the object is gone."""
 
     @abstractmethod
-    def keys(self, prefix: str) -> Iterator[tuple[str, float]]:
+    def keys(self, prefix: str) -> list[tuple[str, float]]:
         """(key, last modified as a POSIX time on the server's clock) of every key under
-        ``prefix``, recursively."""
+        ``prefix``, recursively (a listing cut off midway is tried again from its start)."""
 
     @abstractmethod
     def folders(self, prefix: str) -> list[str]:
@@ -103,13 +208,7 @@ def _remade(
     return store
 
 
-def with_retries(call: Callable[[], T], attempts: int = 5, base_delay: float = 0.2) -> T:
-    """``call()``, retried with jittered exponential backoff while it fails transiently."""
-    for attempt in range(attempts):
-        try:
-            return call()
-        except Exception as exc:
-            if attempt == attempts - 1 or not isinstance(exc, TransientStorageError):
-                raise
-            time.sleep(base_delay * 2**attempt * (0.5 + random.random()))
-    raise AssertionError("unreachable")
+def with_retries(call: Callable[[], T], retries: Retries = Retries()) -> T:
+    """``call()``, tried again under ``retries`` while it fails transiently (the operations of
+    an ObjectStore already are: they fail for good with a plain StorageError)."""
+    return retries.call(call)

@@ -9,7 +9,14 @@ from collections.abc import Iterator
 from typing import Any
 
 from yogadl_plus.errors import StorageError, YogaError
-from yogadl_plus.storage.objects import ObjectStore, TransientStorageError, object_gone
+from yogadl_plus.storage.objects import (
+    DEFAULT_RETRY_TIMEOUT,
+    ObjectStore,
+    Retries,
+    TransientStorageError,
+    object_gone,
+    retried,
+)
 from yogadl_plus.storage.remote import (
     DEFAULT_LEASE_TTL,
     DEFAULT_TRANSFERS,
@@ -36,69 +43,82 @@ def _code(exc: Any) -> str:
 
 
 class _S3Objects(ObjectStore):
-    def __init__(self, client: Any, bucket: str, prefix: str, max_transfers: int) -> None:
+    def __init__(
+        self, client: Any, bucket: str, prefix: str, max_transfers: int, retries: Retries
+    ) -> None:
         from boto3.s3.transfer import TransferConfig
 
         self.client = client
         self.bucket = bucket
         self.prefix = prefix
+        self.retries = retries
         self.url = f"s3://{bucket}/{prefix}".rstrip("/")
         self.endpoint = getattr(getattr(client, "meta", None), "endpoint_url", "?")
         self.transfer = TransferConfig(
             multipart_threshold=_PART_BYTES,
             multipart_chunksize=_PART_BYTES,
             max_concurrency=_THREADS_PER_OBJECT,
+            # One try is one pass; trying again (with backoff, within retries.timeout) is ours.
+            num_download_attempts=1,
         )
 
     @contextlib.contextmanager
     def _errors(self, what: str, key: str = "") -> Iterator[None]:
-        """Botocore failures as StorageError naming the URL and what to check."""
-        from boto3 import exceptions as b3x
-        from botocore import exceptions as bx
-
-        # Dropped connections and transfers boto3 gave up on (it wraps their causes).
-        cut_off = (
-            bx.ConnectionClosedError,
-            bx.ReadTimeoutError,
-            bx.IncompleteReadError,
-            getattr(bx, "ResponseStreamingError", bx.IncompleteReadError),
-            b3x.S3UploadFailedError,
-            b3x.RetriesExceededError,
-        )
-
+        """Botocore failures as StorageError naming the URL and what to check; those worth
+        another try (see ``retried``) as TransientStorageError."""
         where = f"{self.url}/{key}" if key else self.url
         try:
             yield
-        except bx.ClientError as exc:
-            code = _code(exc)
-            if code == "NoSuchBucket" or (what == "the bucket" and code in _MISSING):
-                raise StorageError(
-                    f"{where}: bucket {self.bucket!r} does not exist at {self.endpoint}: check "
-                    "the bucket name, the region and endpoint_url"
-                ) from exc
-            if code in _DENIED:
-                raise StorageError(
-                    f"{where}: access denied ({code}) to {what}: check the credentials "
-                    "(AWS_PROFILE, AWS_ACCESS_KEY_ID, or client=) and the bucket's policy"
-                ) from exc
-            error = TransientStorageError if code in _TRANSIENT else StorageError
-            raise error(f"{where}: {what} failed: {exc}") from exc
-        except bx.NoCredentialsError as exc:
-            raise StorageError(
-                f"{where}: no AWS credentials found: set AWS_PROFILE or AWS_ACCESS_KEY_ID and "
-                "AWS_SECRET_ACCESS_KEY, or pass client="
-            ) from exc
-        except bx.EndpointConnectionError as exc:
-            raise StorageError(
-                f"{where}: cannot reach {self.endpoint}: check endpoint_url, the network and "
-                "any proxy"
-            ) from exc
-        except cut_off as exc:
-            raise TransientStorageError(f"{where}: {what} was cut off: {exc}") from exc
         except YogaError:
             raise
-        except Exception as exc:  # anything else from the client, still named by its URL
-            raise StorageError(f"{where}: {what} failed: {type(exc).__name__}: {exc}") from exc
+        except Exception as exc:  # anything from the client, named by its URL
+            raise self._failure(exc, what, where) from exc
+
+    def _failure(self, exc: Exception, what: str, where: str) -> StorageError:
+        from boto3 import exceptions as b3x
+        from botocore import exceptions as bx
+
+        if isinstance(exc, b3x.S3UploadFailedError) and isinstance(exc.__context__, bx.ClientError):
+            exc = exc.__context__  # boto3 raised it while handling this error of a part
+        if isinstance(exc, bx.ClientError):
+            code = _code(exc)
+            if code == "NoSuchBucket" or (what == "the bucket" and code in _MISSING):
+                return StorageError(
+                    f"{where}: bucket {self.bucket!r} does not exist at {self.endpoint}: check "
+                    "the bucket name, the region and endpoint_url"
+                )
+            if code in _DENIED:
+                return StorageError(
+                    f"{where}: access denied ({code}) to {what}: check the credentials "
+                    "(AWS_PROFILE, AWS_ACCESS_KEY_ID, or client=) and the bucket's policy"
+                )
+            error = TransientStorageError if code in _TRANSIENT else StorageError
+            return error(f"{where}: {what} failed: {exc}")
+        if isinstance(exc, bx.NoCredentialsError):
+            return StorageError(
+                f"{where}: no AWS credentials found: set AWS_PROFILE or AWS_ACCESS_KEY_ID and "
+                "AWS_SECRET_ACCESS_KEY, or pass client="
+            )
+        if isinstance(exc, bx.SSLError):  # a certificate will not mend itself
+            return StorageError(f"{where}: TLS with {self.endpoint} failed: {exc}")
+        if isinstance(exc, bx.EndpointConnectionError):  # refused, unresolved, connect timeout
+            return TransientStorageError(
+                f"{where}: cannot reach {self.endpoint} ({type(exc).__name__}): check "
+                "endpoint_url, the network and any proxy"
+            )
+        # Dropped connections, read timeouts, transfers boto3 gave up on (it wraps their causes).
+        cut_off = (
+            bx.ConnectionError,
+            bx.HTTPClientError,
+            bx.IncompleteReadError,
+            b3x.S3UploadFailedError,
+            b3x.RetriesExceededError,
+            ConnectionError,
+            TimeoutError,
+        )
+        if isinstance(exc, cut_off):
+            return TransientStorageError(f"{where}: {what} was cut off: {exc}")
+        return StorageError(f"{where}: {what} failed: {type(exc).__name__}: {exc}")
 
     def _missing_or_lost(self, call: Any, lost: set[str]) -> Any:
         from botocore.exceptions import ClientError
@@ -110,6 +130,7 @@ class _S3Objects(ObjectStore):
                 return None
             raise
 
+    @retried
     def read(self, key: str) -> tuple[bytes, str] | None:
         with self._errors("read", key):
             got = self._missing_or_lost(
@@ -120,6 +141,7 @@ class _S3Objects(ObjectStore):
                 return None
             return got["Body"].read(), got["ETag"]
 
+    @retried
     def token(self, key: str) -> str | None:
         with self._errors("head", key):
             got = self._missing_or_lost(
@@ -128,6 +150,7 @@ class _S3Objects(ObjectStore):
             )
             return None if got is None else str(got["ETag"])
 
+    @retried
     def create(self, key: str, data: bytes) -> str | None:
         with self._errors("conditional create", key):
             got = self._missing_or_lost(
@@ -138,6 +161,7 @@ class _S3Objects(ObjectStore):
             )
             return None if got is None else str(got["ETag"])
 
+    @retried
     def replace(self, key: str, data: bytes, token: str) -> str | None:
         with self._errors("conditional replace", key):
             got = self._missing_or_lost(
@@ -148,6 +172,7 @@ class _S3Objects(ObjectStore):
             )
             return None if got is None else str(got["ETag"])
 
+    @retried
     def delete(self, key: str, token: str | None = None) -> None:
         extra = {} if token is None else {"IfMatch": token}
         with self._errors("delete", key):
@@ -158,10 +183,12 @@ class _S3Objects(ObjectStore):
                 _PRECONDITION | _MISSING,
             )
 
+    @retried
     def upload(self, key: str, path: str) -> None:
         with self._errors("upload", key):
             self.client.upload_file(path, self.bucket, self.prefix + key, Config=self.transfer)
 
+    @retried
     def download(self, key: str, path: str) -> None:
         from botocore.exceptions import ClientError
 
@@ -175,27 +202,31 @@ class _S3Objects(ObjectStore):
                     raise
                 raise object_gone(self.url, key) from exc
 
-    def keys(self, prefix: str) -> Iterator[tuple[str, float]]:
-        with self._errors("list", prefix):
-            pages = self.client.get_paginator("list_objects_v2").paginate(
-                Bucket=self.bucket, Prefix=self.prefix + prefix
-            )
-            for page in pages:
-                for item in page.get("Contents", []):
-                    yield item["Key"][len(self.prefix) :], item["LastModified"].timestamp()
+    def _pages(self, prefix: str, **options: Any) -> Iterator[dict[str, Any]]:
+        return self.client.get_paginator("list_objects_v2").paginate(
+            Bucket=self.bucket, Prefix=self.prefix + prefix, **options
+        )
 
+    @retried
+    def keys(self, prefix: str) -> list[tuple[str, float]]:
+        with self._errors("list", prefix):
+            return [
+                (item["Key"][len(self.prefix) :], item["LastModified"].timestamp())
+                for page in self._pages(prefix)
+                for item in page.get("Contents", [])
+            ]
+
+    @retried
     def folders(self, prefix: str) -> list[str]:
         with self._errors("list", prefix):
-            pages = self.client.get_paginator("list_objects_v2").paginate(
-                Bucket=self.bucket, Prefix=self.prefix + prefix, Delimiter="/"
-            )
             start = len(self.prefix + prefix)
             return [
                 p["Prefix"][start:].rstrip("/")
-                for page in pages
+                for page in self._pages(prefix, Delimiter="/")
                 for p in page.get("CommonPrefixes", [])
             ]
 
+    @retried
     def check(self) -> None:
         with self._errors("the bucket"):
             self.client.head_bucket(Bucket=self.bucket)
@@ -206,7 +237,9 @@ class S3Storage(RemoteStorage):
 
     Credentials come from boto3's standard chain; ``endpoint_url`` points at an S3-compatible
     store (MinIO, SeaweedFS, Ceph); ``client=`` injects a ready boto3 client; other keywords go
-    to ``boto3.client("s3", ...)``.
+    to ``boto3.client("s3", ...)`` (a ``config=`` there is merged over ours). ``retry_timeout``
+    (seconds) is how long each call keeps trying while the store is unreachable or failing
+    transiently, before it fails with a StorageError.
     """
 
     def __init__(
@@ -220,21 +253,29 @@ class S3Storage(RemoteStorage):
         local_cache_limit: int | None = None,
         lease_ttl: float = DEFAULT_LEASE_TTL,
         max_transfers: int = DEFAULT_TRANSFERS,
+        retry_timeout: float = DEFAULT_RETRY_TIMEOUT,
         **client_kwargs: Any,
     ) -> None:
         bucket, prefix = check_location(bucket, prefix)
+        retries = Retries(timeout=retry_timeout)
         if client is None:
             try:
                 import boto3
                 from botocore.config import Config
             except ImportError:
                 raise ImportError("S3Storage needs boto3: pip install 'yogadl_plus[s3]'") from None
-            client_kwargs.setdefault(
-                "config",
-                Config(
-                    retries={"mode": "standard", "max_attempts": 5},
-                    max_pool_connections=_THREADS_PER_OBJECT * max_transfers + 8,
-                ),
+            connect_timeout, read_timeout = retries.request_timeouts()
+            config = Config(
+                # One try is one request: trying again, with backoff, for retry_timeout seconds
+                # is ours, so that the whole of a call is bounded by that budget.
+                retries={"mode": "standard", "total_max_attempts": 1},
+                connect_timeout=connect_timeout,
+                read_timeout=read_timeout,
+                max_pool_connections=_THREADS_PER_OBJECT * max_transfers + 8,
+            )
+            theirs = client_kwargs.get("config")
+            client_kwargs["config"] = (
+                config.merge(theirs) if isinstance(theirs, Config) else (theirs or config)
             )
             make_client = functools.partial(
                 boto3.client, "s3", endpoint_url=endpoint_url, **client_kwargs
@@ -246,7 +287,7 @@ class S3Storage(RemoteStorage):
             make_client = None
         self.bucket = bucket
         self.prefix = prefix
-        objects = _S3Objects(client, bucket, prefix, max_transfers)
+        objects = _S3Objects(client, bucket, prefix, max_transfers, retries)
         if make_client is not None:
-            objects.remake = (make_client, (bucket, prefix, max_transfers))
+            objects.remake = (make_client, (bucket, prefix, max_transfers, retries))
         super().__init__(objects, local_cache, local_cache_limit, lease_ttl, max_transfers)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import os
 import re
 import tempfile
@@ -21,7 +20,7 @@ from collections.abc import Iterator, Sequence
 
 from yogadl_plus.cache.manifest import ChunkInfo
 from yogadl_plus.errors import CacheCorrupted
-from yogadl_plus.storage.objects import ObjectStore, with_retries
+from yogadl_plus.storage.objects import ObjectStore
 
 __all__ = ["ChunkSink", "FolderSink", "UploadSink", "part_prefix"]
 
@@ -98,9 +97,7 @@ class UploadSink(ChunkSink):
 
     def deliver(self, folder: str, chunk: ChunkInfo) -> ChunkInfo:
         path = os.path.join(folder, chunk.file)
-        with_retries(
-            functools.partial(self.objects.upload, f"{self.base}{self.build}/{chunk.file}", path)
-        )
+        self.objects.upload(f"{self.base}{self.build}/{chunk.file}", path)  # rides out outages
         os.remove(path)  # a task needs disk for one chunk at a time, not for its whole part
         return dataclasses.replace(chunk, file=f"{self.build}/{chunk.file}")
 
@@ -115,9 +112,12 @@ class UploadSink(ChunkSink):
                 "not in the bucket"
             )
         for key in sorted(present - named):
-            with_retries(functools.partial(self.objects.delete, key))
+            self.objects.delete(key)
 
     def abort(self) -> None:
-        with contextlib.suppress(Exception):  # what stays is collected by the next build
-            for key, _ in list(self.objects.keys(f"{self.base}{self.build}/")):
-                with_retries(functools.partial(self.objects.delete, key))
+        # One try each: the build failed (perhaps the store did); what stays is collected by
+        # the next build.
+        objects = self.objects.retrying(self.objects.retries.at_most(0.0))
+        with contextlib.suppress(Exception):
+            for key, _ in objects.keys(f"{self.base}{self.build}/"):
+                objects.delete(key)
