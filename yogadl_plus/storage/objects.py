@@ -39,6 +39,7 @@ __all__ = [
 T = TypeVar("T")
 
 DEFAULT_RETRY_TIMEOUT = 120.0  # seconds: rides out a restart of the store, a network blip
+MIN_TRY_TIMEOUT = 5.0  # a healthy server is never this long silent; a short budget stops here
 
 
 class TransientStorageError(StorageError):
@@ -53,8 +54,9 @@ class Retries:
     ``max_delay``), until ``timeout`` seconds have passed since its first try; then it fails
     with a StorageError. One try lasts at most about ``connect_timeout + read_timeout`` (the
     time to connect, and the longest silence while waiting for the server), both capped at
-    ``timeout`` so that a short budget also notices a hung server early: a call gives up at
-    most about ``timeout + request_timeouts()`` after it started.
+    ``timeout`` (but not below MIN_TRY_TIMEOUT) so that a short budget also notices a hung
+    server early: a call gives up at most about ``timeout + sum(request_timeouts())`` after it
+    started.
     """
 
     timeout: float = DEFAULT_RETRY_TIMEOUT
@@ -80,7 +82,7 @@ class Retries:
 
     def request_timeouts(self) -> tuple[float, float]:
         """(connect, read) timeouts of one try, in seconds."""
-        cap = max(self.timeout, 1.0)
+        cap = max(self.timeout, MIN_TRY_TIMEOUT)
         return min(self.connect_timeout, cap), min(self.read_timeout, cap)
 
     def call(self, attempt: Callable[[], T], interrupt: threading.Event | None = None) -> T:
