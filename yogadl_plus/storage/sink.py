@@ -18,6 +18,7 @@ import tempfile
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 
+from yogadl_plus.cache.integrity import STAMP_SUFFIX
 from yogadl_plus.cache.manifest import ChunkInfo
 from yogadl_plus.errors import CacheCorrupted
 from yogadl_plus.storage.objects import ObjectStore
@@ -79,6 +80,8 @@ class FolderSink(ChunkSink):
         for entry in os.listdir(self.path):
             if _PART_FILE.fullmatch(entry) and entry not in named:
                 os.remove(os.path.join(self.path, entry))
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(os.path.join(self.path, entry + STAMP_SUFFIX))
 
 
 class UploadSink(ChunkSink):
@@ -98,7 +101,10 @@ class UploadSink(ChunkSink):
     def deliver(self, folder: str, chunk: ChunkInfo) -> ChunkInfo:
         path = os.path.join(folder, chunk.file)
         self.objects.upload(f"{self.base}{self.build}/{chunk.file}", path)  # rides out outages
-        os.remove(path)  # a task needs disk for one chunk at a time, not for its whole part
+        # A task needs disk for one chunk at a time, not for its whole part.
+        os.remove(path)
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(path + STAMP_SUFFIX)
         return dataclasses.replace(chunk, file=f"{self.build}/{chunk.file}")
 
     def settle(self, chunks: Sequence[ChunkInfo]) -> None:
