@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import numpy as np
@@ -301,3 +302,106 @@ def test_memory_does_not_grow_across_epochs(ref, worker_type):
         list(stream)
     stream.close()
     assert rss_bytes() - settled < 8 << 20, "memory grew across epochs"
+
+
+# --- every worker failure is WorkerDied or TransformError, naming the records ---
+
+
+def exit_at_123(record):
+    if int(record["i"]) == 123:
+        os._exit(3)
+    return record
+
+
+def lock_at_77(item):
+    # A window is a dict of offsets; a record a dict of fields.
+    first = item.get(0, item)
+    return {**item, "lock": threading.Lock()} if int(first["i"]) == 77 else item
+
+
+@pytest.mark.parametrize("transform", [None, add_square])
+def test_a_worker_killed_while_batches_are_consumed_is_worker_died(ref, transform):
+    # Batches: the death is noticed when the next unit is handed to the pool as well as when a
+    # result is awaited (before: a bare BrokenProcessPool from submit).
+    args = dict(shuffle=True, shuffle_seed=6, batch_size=8, transform=transform)
+    stream = ref.stream(num_workers=2, worker_type="process", **args)
+    it = iter(stream)
+    got = flatten(itertools.islice(it, 3))
+    os.kill(children()[0].pid, signal.SIGKILL)
+    time.sleep(0.5)  # the death is known before the next unit is handed out
+    with pytest.raises(ydl.WorkerDied, match=r"killed by SIGKILL.*positions \d+ to \d+") as info:
+        for batch in it:
+            got += flatten([batch])
+    assert "resume from stream.offset" in str(info.value)
+    expected = flatten(ref.stream(**args))
+    assert got == expected[: len(got)]
+    assert got + flatten(ref.stream(start_offset=stream.offset, **args)) == expected
+    stream.close()
+    assert children() == []
+
+
+def test_a_worker_that_exits_in_the_transform_names_the_records_it_held(ref):
+    stream = ref.stream(num_workers=2, worker_type="process", transform=exit_at_123, batch_size=7)
+    with pytest.raises(
+        ydl.WorkerDied, match=r"exit status 3.*records 119, 120, 121, 122, 123, 124, 125\)"
+    ):
+        list(stream)
+    stream.close()
+
+
+@pytest.mark.parametrize("batch_size", [None, 7])
+@pytest.mark.parametrize("windows", [False, True])
+def test_an_unpicklable_result_is_a_transform_error_naming_the_record(ref, batch_size, windows):
+    what = "record"
+    args: dict = dict(batch_size=batch_size, transform=lock_at_77)
+    if windows:
+        args["ngram"] = ydl.NGram({0: ["i"], 1: ["i"]}, delta_threshold=1, timestamp_field="i")
+        what = "window anchored at record"
+    stream = ref.stream(num_workers=2, worker_type="process", **args)
+    with pytest.raises(TransformError, match=rf"result for {what} 77 cannot be sent back .*lock"):
+        list(stream)
+    stream.close()
+
+
+@pytest.mark.parametrize("worker_type", ["thread", "process"])
+def test_closing_while_iterating_goes_on_with_new_workers(ref, worker_type):
+    args = dict(shuffle=True, shuffle_seed=4, transform=add_square, batch_size=10)
+    stream = ref.stream(num_workers=2, worker_type=worker_type, **args)
+    it = iter(stream)
+    got = flatten(itertools.islice(it, 4))
+    stream.close()
+    got += flatten(it)
+    stream.close()
+    assert got == flatten(ref.stream(**args))
+
+
+@pytest.mark.parametrize("worker_type", ["thread", "process"])
+def test_a_stream_copied_into_a_forked_child_runs_workers_of_its_own(ref, worker_type):
+    # As in a DataLoader worker forked while the stream's workers run: the child's copy must
+    # neither use nor stop its parent's workers (before: the child waited for ever).
+    args = dict(shuffle=True, shuffle_seed=3, batch_size=20, transform=add_square)
+    stream = ref.stream(num_workers=2, worker_type=worker_type, **args)
+    it = iter(stream)
+    first = flatten(itertools.islice(it, 2))
+    expected = flatten(ref.stream(**args))
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: the next epoch, with workers of its own; says if it was right
+        try:
+            ok = flatten(stream) == flatten(ref.stream(start_offset=len(ref), **args))
+            os.write(write, b"1" if ok else b"0")
+        finally:
+            os._exit(0)
+    os.close(write)
+    deadline = time.monotonic() + 60
+    while os.waitpid(pid, os.WNOHANG) == (0, 0) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if time.monotonic() >= deadline:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    verdict = os.read(read, 1)
+    os.close(read)
+    assert verdict == b"1", "the forked child's epoch was wrong or never ended"
+    # The parent's workers were left alone: its epoch goes on.
+    assert first + flatten(it) == expected
+    stream.close()

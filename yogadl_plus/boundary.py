@@ -8,6 +8,7 @@ worker processes, and gives the same result.
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -23,6 +24,8 @@ if TYPE_CHECKING:
     from yogadl_plus.schema import Field
 
 __all__ = ["Block", "BlockReader", "TransformError", "collate", "records"]
+
+_NAMED = 8  # records an error message lists for a block
 
 
 class TransformError(YogaError):
@@ -100,11 +103,54 @@ class BlockReader:
             try:
                 out.append(transform(item))
             except Exception as exc:
-                what = "window anchored at record" if self.ngram is not None else "record"
                 raise TransformError(
-                    f"the transform raised on {what} {index}: {type(exc).__name__}: {exc}"
+                    f"the transform raised on {self._what} {index}: {type(exc).__name__}: {exc}"
                 ) from exc
         return out
+
+    # --- naming a block's records in the errors of worker processes (see workers.py) ---
+
+    def describe(self, unit: tuple[int, np.ndarray]) -> str:
+        """The positions of ``unit`` and the records (or window anchors) at them."""
+        start, indices = unit
+        named = ", ".join(
+            str(self._record(unit, start + j)) for j in range(min(len(indices), _NAMED))
+        )
+        more = ", ..." if len(indices) > _NAMED else ""
+        return (
+            f"positions {start} to {start + len(indices) - 1} of this shard's epoch "
+            f"({self._what}s {named}{more})"
+        )
+
+    def unpicklable(
+        self, unit: tuple[int, np.ndarray], result: Block, error: Exception
+    ) -> TransformError:
+        """The error for a block that cannot be sent back from a worker process, naming the
+        first item that cannot be pickled (a transform's result: decoded values always can)."""
+        for item, end in zip(result.items or [], result.ends.tolist()):
+            try:
+                pickle.dumps(item, pickle.HIGHEST_PROTOCOL)
+            except Exception as exc:
+                error = exc
+                where = f"the transform's result for {self._what} {self._record(unit, end - 1)}"
+                break
+        else:
+            where = f"the block of {self.describe(unit)}"
+        return TransformError(
+            f"{where} cannot be sent back from a worker process ({type(error).__name__}: "
+            f"{error}): return picklable values (numbers, strings, numpy arrays, and lists or "
+            "dicts of them), or use worker_type='thread'"
+        )
+
+    @property
+    def _what(self) -> str:
+        return "window anchored at record" if self.ngram is not None else "record"
+
+    def _record(self, unit: tuple[int, np.ndarray], position: int) -> int:
+        """The record (or window anchor) at ``position``, one of ``unit``'s positions."""
+        start, indices = unit
+        index = int(indices[position - start])
+        return int(self.anchors[index]) if self.anchors is not None else index
 
 
 def records(columns: dict[str, Any], n: int) -> list[dict[str, Any]]:

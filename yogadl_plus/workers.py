@@ -1,28 +1,60 @@
 """Work done ahead of the caller in threads or processes, handed back in submission order.
 
 The order of results never depends on the number of workers or on timing: units are submitted
-in order and their results are taken from the front of a bounded queue. At most ``prefetch``
-units are in flight, so memory stays bounded however fast the workers are.
+in order and their results are taken in that order (process workers get units in turn, and
+each hands its results back in the order it got its units). At most ``prefetch`` units are in
+flight, so memory stays bounded however fast the workers are.
+
+Workers always stop. Asked to (``close()``, a dropped stream, the end of the program after the
+loop ended or Ctrl-C), they leave between units; a process worker still busy after
+``GRACE_SECONDS`` (a transform that never returns) ends itself, and is terminated by the
+caller if even that fails. A process worker also ends when its parent process dies, however it
+died: by a parent-death signal where Linux gives one, and everywhere by a thread that watches
+its parent. Threads cannot be stopped in Python: thread workers are daemon threads, waited for
+``GRACE_SECONDS``; one stuck in a transform runs on until the process exits, which does not
+wait for it.
+
+Every failure of a worker reaches the caller as ``WorkerDied`` or as the task's own error
+(``TransformError`` for a transform), naming the unit (its positions and records).
 """
 
 from __future__ import annotations
 
 import atexit
 import collections
+import ctypes
 import multiprocessing
+import multiprocessing.connection
+import os
+import pickle
+import queue
+import select
 import signal
+import struct
 import sys
+import threading
+import time
+import traceback
+import warnings
 import weakref
-from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
-from typing import Any
+from collections.abc import Iterable, Iterator
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any, Protocol
 
+from yogadl_plus.boundary import TransformError
 from yogadl_plus.errors import YogaError
 
-__all__ = ["WORKER_TYPES", "OrderedPool", "WorkerDied"]
+__all__ = ["GRACE_SECONDS", "WORKER_TYPES", "OrderedPool", "ParentWatch", "Task", "WorkerDied"]
 
 WORKER_TYPES = ("thread", "process")
+# How long a worker asked to stop may take to finish the unit it is on before it is ended.
+GRACE_SECONDS = 2.0
+# How often a worker process checks that its parent is still there (where no signal tells it).
+_WATCH_SECONDS = 0.5
+_PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
+_ORPHANED = 70  # the exit status of a worker that ended because its parent died
+
 _LIVE_POOLS: weakref.WeakSet[OrderedPool] = weakref.WeakSet()
 
 
@@ -30,21 +62,100 @@ class WorkerDied(YogaError):
     """A worker process ended without finishing its work (killed, or out of memory)."""
 
 
-# The one task a process worker runs; set once per worker process by _init_process.
-_process_task: Callable[[Any], Any] | None = None
+class Task(Protocol):
+    """What a pool runs on each unit, and how its errors name a unit (see BlockReader)."""
+
+    def __call__(self, unit: Any) -> Any: ...
+
+    def describe(self, unit: Any) -> str:
+        """The unit's positions and records, as error messages name them."""
+        ...
+
+    def unpicklable(self, unit: Any, result: Any, error: Exception) -> Exception:
+        """The error for a result that cannot be sent back from a worker process."""
+        ...
 
 
-def _init_process(task: Callable[[Any], Any]) -> None:
-    global _process_task
-    _process_task = task
-    # Ctrl-C is the caller's to handle: it stops the iteration and shuts the pool down. A
-    # worker dying of it instead would break the pool under the caller's feet.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+# --- a worker process ends when its parent does ---
 
 
-def _run_in_process(unit: Any) -> Any:
-    assert _process_task is not None
-    return _process_task(unit)
+@dataclass(frozen=True)
+class ParentWatch:
+    """How a worker process ends itself when its parent process dies: made in the parent
+    (``ParentWatch.here``), started in the worker (``start()``)."""
+
+    parent: int | None  # None when a fork server starts the worker: watch whoever it is then
+    die_with_parent: bool
+
+    @classmethod
+    def here(cls, start_method: str) -> ParentWatch:
+        """The watch for a worker that this thread is about to start with ``start_method``."""
+        direct = start_method in ("fork", "spawn")
+        # Linux sends the parent-death signal when the *thread* that started the worker ends,
+        # not the process: only the main thread lasts as long as the process.
+        main = threading.current_thread() is threading.main_thread()
+        return cls(os.getpid() if direct else None, direct and main)
+
+    def start(self) -> None:
+        """In the worker: from now on, end this process (whatever it is doing) once the parent
+        is gone."""
+        if self.die_with_parent:
+            _set_parent_death_signal()
+        parent = os.getppid() if self.parent is None else self.parent
+        if os.getppid() != parent:
+            os._exit(_ORPHANED)  # the parent died before the watch began
+        threading.Thread(
+            target=_watch_parent, args=(parent,), name="yogadl_plus-parent-watch", daemon=True
+        ).start()
+
+
+def _set_parent_death_signal() -> None:
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+    except (OSError, AttributeError):
+        pass  # the watching thread still ends the worker, within _WATCH_SECONDS
+
+
+def _watch_parent(parent: int) -> None:
+    # An orphan is adopted by another process: its parent id changes. os._exit from this
+    # thread ends the process even while its main thread is stuck in a transform.
+    while True:
+        time.sleep(_WATCH_SECONDS)
+        if os.getppid() != parent:
+            os._exit(_ORPHANED)
+
+
+# --- the pool ---
+
+
+class _Workers:
+    """Threads or processes running a task: units in with submit(), results out in order."""
+
+    closed = False
+    owner = 0  # the process that started them: a forked child's copy is not its own
+
+    def submit(self, unit: Any) -> Any:
+        """Start work on ``unit``; what comes back is the ticket for its result."""
+        raise NotImplementedError
+
+    def result(self, ticket: Any, unit: Any) -> Any:
+        """The result of the ticket's unit (waiting for it), or the error it raised."""
+        raise NotImplementedError
+
+    def cancel(self, tickets: list[Any]) -> None:
+        """Drop the work of units whose results nobody will ask for."""
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        """Ask every worker to leave after the unit it is on; returns at once."""
+        raise NotImplementedError
+
+    def finish(self, deadline: float) -> None:
+        """After stop(): wait for the workers to leave, until ``deadline`` (time.monotonic)."""
+        raise NotImplementedError
 
 
 class OrderedPool:
@@ -52,7 +163,7 @@ class OrderedPool:
 
     def __init__(
         self,
-        task: Callable[[Any], Any],
+        task: Task,
         num_workers: int,
         worker_type: str = "thread",
         prefetch: int | None = None,
@@ -63,72 +174,437 @@ class OrderedPool:
         self.task = task
         self.num_workers = num_workers
         self.worker_type = worker_type
-        self.prefetch = prefetch if prefetch is not None else 2 * num_workers
+        self.prefetch = max(1, prefetch if prefetch is not None else 2 * num_workers)
         if start_method is None:
             start_method = "fork" if sys.platform.startswith("linux") else "spawn"
         self.start_method = start_method
-        self._executor: Executor | None = None
+        self._workers: _Workers | None = None
         _LIVE_POOLS.add(self)
 
-    def _start(self) -> Executor:
-        if self._executor is None:
+    def _started(self) -> _Workers:
+        workers = self._workers
+        if workers is None or workers.closed or workers.owner != os.getpid():
             if self.worker_type == "thread":
-                self._executor = ThreadPoolExecutor(self.num_workers, "yogadl_plus-worker")
+                workers = _ThreadWorkers(self.task, self.num_workers)
             else:
-                self._executor = ProcessPoolExecutor(
-                    self.num_workers,
-                    mp_context=multiprocessing.get_context(self.start_method),
-                    initializer=_init_process,
-                    initargs=(self.task,),
-                )
-        return self._executor
-
-    def _submit(self, unit: Any) -> Future[Any]:
-        executor = self._start()
-        if self.worker_type == "thread":
-            return executor.submit(self.task, unit)
-        return executor.submit(_run_in_process, unit)
+                workers = _ProcessWorkers(self.task, self.num_workers, self.start_method)
+            self._workers = workers
+        return workers
 
     def map(self, units: Iterable[Any]) -> Iterator[Any]:
         """Results of ``task`` over ``units``, in order; stops cleanly when dropped early."""
-        pending: collections.deque[Future[Any]] = collections.deque()
-        units = iter(units)
+        pending: collections.deque[tuple[Any, _Workers, Any]] = collections.deque()
         try:
             for unit in units:
-                pending.append(self._submit(unit))
-                if len(pending) >= max(1, self.prefetch):
-                    yield self._result(pending.popleft())
+                workers = self._started()
+                pending.append((unit, workers, workers.submit(unit)))
+                if len(pending) >= self.prefetch:
+                    yield self._next(pending)
             while pending:
-                yield self._result(pending.popleft())
+                yield self._next(pending)
         finally:
-            for future in pending:
-                future.cancel()
+            for workers in {id(w): w for _, w, _ in pending}.values():
+                workers.cancel([ticket for _, w, ticket in pending if w is workers])
 
-    def _result(self, future: Future[Any]) -> Any:
+    def _next(self, pending: collections.deque[tuple[Any, _Workers, Any]]) -> Any:
+        if pending[0][1].closed:
+            # close() ran while this map was going on: its units in flight go to new workers.
+            units = [unit for unit, _, _ in pending]
+            pending.clear()
+            workers = self._started()
+            pending.extend((unit, workers, workers.submit(unit)) for unit in units)
+        unit, workers, ticket = pending.popleft()
         try:
-            return future.result()
-        except BrokenProcessPool as exc:
-            # Start afresh next time; say now what happened and how to go on.
-            self.close()
-            raise WorkerDied(
-                "a worker process died mid-epoch (killed, or out of memory?): the items handed "
-                "out so far are intact; resume from stream.offset, with fewer workers or a "
-                "smaller prefetch if memory ran out"
-            ) from exc
+            return workers.result(ticket, unit)
+        except BaseException as exc:
+            # After a death (the others may hold the lost unit's successors) or an interrupted
+            # read, these workers are done with: the next map() starts afresh.
+            if workers.closed or isinstance(exc, WorkerDied):
+                self._close(workers)
+            raise
 
     def close(self) -> None:
-        """Stop the workers; a later map() starts new ones."""
-        executor, self._executor = self._executor, None
-        if executor is not None:
-            executor.shutdown(wait=True, cancel_futures=True)
+        """Stop the workers, ending within about GRACE_SECONDS those stuck in a unit; a later
+        map() starts new ones."""
+        if self._workers is not None:
+            self._close(self._workers)
+
+    def _close(self, workers: _Workers) -> None:
+        if workers is self._workers:
+            self._workers = None
+        workers.stop()
+        workers.finish(time.monotonic() + GRACE_SECONDS)
 
     def __del__(self) -> None:
-        executor = getattr(self, "_executor", None)
-        if executor is not None:
-            executor.shutdown(wait=False, cancel_futures=True)
+        # No waiting here: the workers leave by themselves (see _receive_units).
+        workers = getattr(self, "_workers", None)
+        if workers is not None:
+            workers.stop()
 
 
 @atexit.register
-def _close_pools_at_exit() -> None:
+def _stop_workers_at_exit() -> None:
+    # Registered after multiprocessing's own exit handler (imported above), so it runs first:
+    # that one would wait for our worker processes forever if one were stuck.
+    running = []
     for pool in list(_LIVE_POOLS):
-        pool.close()
+        workers, pool._workers = pool._workers, None
+        if workers is not None:
+            workers.stop()
+            running.append(workers)
+    deadline = time.monotonic() + GRACE_SECONDS
+    for workers in running:
+        workers.finish(deadline)
+    for process in _our_processes():
+        _end(process)
+
+
+# --- threads ---
+
+
+class _ThreadWorkers(_Workers):
+    def __init__(self, task: Task, num_workers: int) -> None:
+        self.owner = os.getpid()
+        self._jobs: queue.SimpleQueue[tuple[Any, Future[Any]] | None] = queue.SimpleQueue()
+        self._stopping = threading.Event()
+        # Daemon threads: the interpreter's exit does not wait for one stuck in a transform.
+        self._threads = [
+            threading.Thread(
+                target=_thread_main,
+                args=(task, self._jobs, self._stopping),
+                name=f"yogadl_plus-worker-{k}",
+                daemon=True,
+            )
+            for k in range(num_workers)
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    def submit(self, unit: Any) -> Future[Any]:
+        future: Future[Any] = Future()
+        self._jobs.put((unit, future))
+        return future
+
+    def result(self, ticket: Future[Any], unit: Any) -> Any:
+        return ticket.result()
+
+    def cancel(self, tickets: list[Future[Any]]) -> None:
+        for future in tickets:
+            future.cancel()
+
+    def stop(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self._stopping.set()
+        for _ in self._threads:
+            self._jobs.put(None)
+
+    def finish(self, deadline: float) -> None:
+        for thread in self._threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        busy = sum(thread.is_alive() for thread in self._threads)
+        if busy:
+            warnings.warn(
+                f"{busy} worker thread(s) still busy {GRACE_SECONDS:g} s after being asked to "
+                "stop: each leaves after the unit it is on, but Python cannot stop a thread, so "
+                "one stuck in the transform runs until the process exits (use "
+                "worker_type='process' for transforms that may hang: those are ended)",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+
+
+def _thread_main(
+    task: Task,
+    jobs: queue.SimpleQueue[tuple[Any, Future[Any]] | None],
+    stopping: threading.Event,
+) -> None:
+    while (job := jobs.get()) is not None and not stopping.is_set():
+        unit, future = job
+        if not future.set_running_or_notify_cancel():
+            continue
+        try:
+            future.set_result(task(unit))
+        except BaseException as exc:
+            future.set_exception(exc)
+        del job, unit, future  # hold no block while waiting for the next unit
+
+
+# --- processes ---
+
+# Parent to worker: (kind, sequence number, unit).
+_UNIT, _CANCEL, _STOP = range(3)
+# Worker to parent: a header (sequence number, outcome), then the pickled result or error.
+_HEADER = struct.Struct("<qB")
+_DONE, _FAILED = range(2)
+
+# Worker processes started here (by id, with the id of the process that started them), also
+# those of pools dropped without close(): the exit handler ends any still running.
+_PROCESSES: dict[int, tuple[int, multiprocessing.process.BaseProcess]] = {}
+
+
+def _our_processes() -> list[multiprocessing.process.BaseProcess]:
+    """Worker processes this process started (a forked child's registry lists its parent's)."""
+    me = os.getpid()
+    return [process for owner, process in list(_PROCESSES.values()) if owner == me]
+
+
+class _ProcessWorkers(_Workers):
+    def __init__(self, task: Task, num_workers: int, start_method: str) -> None:
+        _forget_ended_processes()
+        context = multiprocessing.get_context(start_method)
+        watch = ParentWatch.here(start_method)
+        self.task = task
+        self.owner = os.getpid()
+        self._sent = 0  # sequence number of the last unit sent
+        self._turn = 0
+        self._workers: list[tuple[multiprocessing.process.BaseProcess, Any]] = []
+        try:
+            for k in range(num_workers):
+                here, there = context.Pipe()
+                process = context.Process(  # type: ignore[attr-defined]
+                    target=_process_main,
+                    args=(there, task, watch),
+                    name=f"yogadl_plus-worker-{k}",
+                )
+                try:
+                    process.start()
+                except (pickle.PicklingError, TypeError, AttributeError) as exc:
+                    raise TypeError(
+                        f"worker processes started by {start_method!r} get the stream's work "
+                        f"(transform, predicate) pickled, and it cannot be: {exc}; make it a "
+                        "module-level function, or use worker_start_method='fork' or "
+                        "worker_type='thread'"
+                    ) from exc
+                finally:
+                    there.close()
+                _PROCESSES[id(process)] = (self.owner, process)
+                self._workers.append((process, here))
+        except BaseException:
+            self.stop()
+            self.finish(time.monotonic())
+            raise
+
+    def submit(self, unit: Any) -> tuple[int, int]:
+        self._sent += 1
+        k = self._turn
+        self._turn = (k + 1) % len(self._workers)
+        try:
+            self._workers[k][1].send((_UNIT, self._sent, unit))
+        except OSError:
+            pass  # it died: result() says so, after the results it handed back
+        except BaseException:
+            self.stop()  # interrupted (Ctrl-C) halfway through a message: the pipe is unusable
+            raise
+        return k, self._sent
+
+    def result(self, ticket: tuple[int, int], unit: Any) -> Any:
+        k, sequence = ticket
+        try:
+            while True:
+                got, outcome = _HEADER.unpack(self._receive(k, unit))
+                payload = self._receive(k, unit)
+                if got == sequence:
+                    break
+                # Anything older is left from units cancelled when an earlier map was dropped.
+        except WorkerDied:
+            raise
+        except BaseException:
+            self.stop()  # interrupted (Ctrl-C) halfway through a message: the pipe is unusable
+            raise
+        if outcome == _FAILED:
+            raise _reraised(payload, self.task, unit)
+        try:
+            return pickle.loads(payload)
+        except Exception as exc:
+            raise TransformError(
+                f"the result of {self.task.describe(unit)} came back from the worker process "
+                f"but cannot be unpickled here ({type(exc).__name__}: {exc})"
+            ) from exc
+
+    def _receive(self, k: int, unit: Any) -> bytes:
+        process, conn = self._workers[k]
+        # Waiting on the process too: a killed worker's results already sent are still read
+        # first, then its death is told (and Ctrl-C interrupts this wait).
+        if conn in multiprocessing.connection.wait([conn, process.sentinel]):
+            try:
+                return conn.recv_bytes()
+            except (EOFError, OSError):
+                pass
+        process.join(1.0)
+        code = process.exitcode
+        if code is None:
+            how = "its connection broke"
+        elif code < 0:
+            how = f"killed by {_signal_name(-code)}"
+        else:
+            how = f"exit status {code}"
+        raise WorkerDied(
+            f"worker process {process.pid} died ({how}) before handing back "
+            f"{self.task.describe(unit)}: the items handed out so far are intact; resume from "
+            "stream.offset, with fewer workers or a smaller prefetch if memory ran out"
+        )
+
+    def cancel(self, tickets: list[tuple[int, int]]) -> None:
+        if self.closed or not tickets:
+            return
+        for _, conn in self._workers:
+            _send_if_room(conn, (_CANCEL, self._sent, None))
+
+    def stop(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        if os.getpid() != self.owner:
+            return  # a copy in a forked child: these workers are its parent's
+        for _, conn in self._workers:
+            _send_if_room(conn, (_STOP, 0, None))
+
+    def finish(self, deadline: float) -> None:
+        if os.getpid() != self.owner:
+            return
+        for process, _ in self._workers:
+            process.join(max(0.0, deadline - time.monotonic()))
+        for process, conn in self._workers:
+            _end(process)
+            conn.close()
+
+
+def _send_if_room(conn: Any, message: Any) -> None:
+    """Send a small control message unless the worker's pipe is full (a worker stuck without
+    reading): sending would then block; such a worker is ended after the grace period."""
+    try:
+        if hasattr(select, "poll"):
+            poller = select.poll()
+            poller.register(conn.fileno(), select.POLLOUT)
+            if not poller.poll(0):
+                return
+        conn.send(message)
+    except (OSError, ValueError):
+        pass  # it is gone, or its connection closed
+
+
+def _end(process: multiprocessing.process.BaseProcess) -> None:
+    """End a worker process that did not leave when asked (terminate, then kill)."""
+    if process.exitcode is None:
+        process.terminate()
+        process.join(1.0)
+    if process.exitcode is None:
+        process.kill()
+        process.join(5.0)
+    _PROCESSES.pop(id(process), None)
+
+
+def _forget_ended_processes() -> None:
+    for process in _our_processes():
+        if process.exitcode is not None:
+            _PROCESSES.pop(id(process), None)
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+class _RemoteTraceback(Exception):
+    """The traceback of an error raised in a worker process (the cause of the error raised)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+def _pickled_error(exc: BaseException) -> bytes:
+    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    try:
+        data: bytes | None = pickle.dumps(exc, pickle.HIGHEST_PROTOCOL)
+    except Exception:
+        data = None
+    return pickle.dumps((data, f"{type(exc).__name__}: {exc}", text))
+
+
+def _reraised(payload: bytes, task: Task, unit: Any) -> BaseException:
+    data, summary, text = pickle.loads(payload)
+    exc: BaseException | None = None
+    if data is not None:
+        try:
+            exc = pickle.loads(data)
+        except Exception:
+            exc = None
+    if not isinstance(exc, BaseException):
+        exc = TransformError(
+            f"a worker process failed on {task.describe(unit)} with {summary} (that error "
+            "cannot be sent back as it is; its traceback is the cause)"
+        )
+    exc.__cause__ = _RemoteTraceback(f'\n"""\n{text}"""')
+    return exc
+
+
+def _process_main(conn: Any, task: Task, watch: ParentWatch) -> None:
+    """A worker process: runs units in the order they come, sends back results in that order."""
+    # Ctrl-C is the caller's to handle: it stops the iteration and shuts the pool down. A
+    # worker dying of it instead would break the pool under the caller's feet. SIGTERM is how
+    # the caller ends a stuck worker: a handler inherited from the parent must not keep it.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    watch.start()
+    inbox: queue.SimpleQueue[tuple[int, Any] | None] = queue.SimpleQueue()
+    outbox: queue.SimpleQueue[tuple[int, int, bytes]] = queue.SimpleQueue()
+    cancelled = [0]  # units up to this sequence number are not wanted any more
+    # Units are taken off the pipe as they come, and results sent while the next unit runs, so
+    # neither side's send ever waits for the other's work (which could deadlock both).
+    for target, args in (
+        (_receive_units, (conn, inbox, cancelled)),
+        (_send_results, (conn, outbox)),
+    ):
+        threading.Thread(target=target, args=args, daemon=True).start()
+    while (job := inbox.get()) is not None:
+        sequence, unit = job
+        if sequence <= cancelled[0]:
+            continue
+        outbox.put((sequence, *_outcome(task, unit)))
+        del job, unit
+
+
+def _outcome(task: Task, unit: Any) -> tuple[int, bytes]:
+    try:
+        result = task(unit)
+    except BaseException as exc:
+        return _FAILED, _pickled_error(exc)
+    try:
+        return _DONE, pickle.dumps(result, pickle.HIGHEST_PROTOCOL)
+    except Exception as exc:
+        return _FAILED, _pickled_error(task.unpicklable(unit, result, exc))
+
+
+def _receive_units(
+    conn: Any, inbox: queue.SimpleQueue[tuple[int, Any] | None], cancelled: list[int]
+) -> None:
+    while True:
+        try:
+            kind, sequence, unit = conn.recv()
+        except (EOFError, OSError):
+            kind = _STOP  # the parent closed its end, or is gone
+        if kind == _UNIT:
+            inbox.put((sequence, unit))
+        elif kind == _CANCEL:
+            cancelled[0] = sequence
+        else:
+            # Leave between units; a unit that does not end in the grace period is cut short.
+            cancelled[0] = sys.maxsize
+            inbox.put(None)
+            time.sleep(GRACE_SECONDS)
+            os._exit(0)
+
+
+def _send_results(conn: Any, outbox: queue.SimpleQueue[tuple[int, int, bytes]]) -> None:
+    while True:
+        sequence, outcome, payload = outbox.get()
+        try:
+            conn.send_bytes(_HEADER.pack(sequence, outcome))
+            conn.send_bytes(payload)
+        except OSError:
+            os._exit(0)  # the parent closed its end, or is gone
+        del payload
