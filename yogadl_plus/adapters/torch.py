@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import multiprocessing
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -22,6 +23,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from yogadl_plus.boundary import collate, records
 from yogadl_plus.checks import check_int
 from yogadl_plus.order import EpochOrder
+from yogadl_plus.workers import ParentWatch
 
 if TYPE_CHECKING:
     from yogadl_plus.dataref import DataRef
@@ -172,12 +174,14 @@ class ResumableDataLoader(DataLoader):
             )
         epoch, position = stream.next_epoch_position
         self._cursor = _Cursor(stream, self._unit, epoch, position)
+        self._worker_init = _WorkerInit(kwargs.pop("worker_init_fn", None))
         self._resume, self._after = True, epoch
         self._convert: Callable[[Any], Any] | None = None
         super().__init__(
             _StreamItems(stream, self._unit),
             batch_size=None,
             sampler=_PositionSampler(self._cursor),
+            worker_init_fn=self._worker_init,
             **kwargs,
         )
 
@@ -193,6 +197,16 @@ class ResumableDataLoader(DataLoader):
         self._resume, self._after = False, cursor.epoch + 1
         length = self.stream.order.epoch_shard_length(cursor.epoch)
         convert = self._convert
+        if self.num_workers:
+            # Workers started by this iteration (if it starts any) end when this process does.
+            context = self.multiprocessing_context
+            method = (
+                context.get_start_method()
+                if context is not None
+                else multiprocessing.get_start_method(allow_none=True)
+                or multiprocessing.get_all_start_methods()[0]
+            )
+            self._worker_init.watch = ParentWatch.here(method)
         for item in super().__iter__():
             cursor.position = min(cursor.position + self._unit, length)
             yield item if convert is None else convert(item)
@@ -247,6 +261,28 @@ def make_dataloader(stream: Stream, num_workers: int = 0, **dataloader_kwargs: A
     loader = ResumableDataLoader(stream, num_workers=num_workers, **dataloader_kwargs)
     loader._convert = _to_tensors if convert else None
     return loader
+
+
+class _WorkerInit:
+    """A DataLoader worker's start: watch the parent, then the user's ``worker_init_fn``.
+
+    Without the watch, a worker outlived a parent that ended abruptly. Its items are numpy
+    arrays pickled through the workers' one result pipe (see make_dataloader), whose read end
+    every worker holds too (forked with it): once the pipe is full, a worker's queue thread
+    waits to write and its siblings' wait for the queue's lock, and exiting waits for those
+    threads, for ever. Torch's own check of the parent comes between items and leads to that
+    exit. Tensors would cross in shared memory instead, leaving the pipe nearly empty.
+    """
+
+    def __init__(self, user: Callable[[int], Any] | None) -> None:
+        self.user = user
+        self.watch: ParentWatch | None = None
+
+    def __call__(self, worker_id: int) -> None:
+        if self.watch is not None:
+            self.watch.start()
+        if self.user is not None:
+            self.user(worker_id)
 
 
 def _as_is(item: Any) -> Any:
