@@ -438,8 +438,7 @@ def test_unreachable_endpoint_names_it(spec: dict, tmp_path: Path) -> None:
     port = free_ports(1)[0]
     key = "endpoint_url" if spec["kind"] == "s3" else "endpoint"
     dead = dict(spec, **{key: f"http://127.0.0.1:{port}"})
-    options = {"timeout": 2.0} if spec["kind"] == "gcs" else {}
-    storage = make_storage(dead, tmp_path / "a", **options)
+    storage = make_storage(dead, tmp_path / "a", retry_timeout=2.0)
     with pytest.raises(ydl.StorageError, match=f"cannot reach.*127.0.0.1:{port}"):
         storage.fetch("d", "v")
 

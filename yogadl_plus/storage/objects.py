@@ -33,7 +33,6 @@ __all__ = [
     "TransientStorageError",
     "object_gone",
     "retried",
-    "with_retries",
 ]
 
 T = TypeVar("T")
@@ -208,9 +207,3 @@ def _remade(
     store = cls(make_client(), *args)  # type: ignore[call-arg]
     store.remake = (make_client, args)
     return store
-
-
-def with_retries(call: Callable[[], T], retries: Retries = Retries()) -> T:
-    """``call()``, tried again under ``retries`` while it fails transiently (the operations of
-    an ObjectStore already are: they fail for good with a plain StorageError)."""
-    return retries.call(call)

@@ -35,7 +35,7 @@ from yogadl_plus.storage.base import Storage, check_name
 from yogadl_plus.storage.lease import BuildLease
 from yogadl_plus.storage.local import is_leftover
 from yogadl_plus.storage.localcache import LocalCache
-from yogadl_plus.storage.objects import ObjectStore, with_retries
+from yogadl_plus.storage.objects import ObjectStore
 from yogadl_plus.storage.sink import ChunkSink, UploadSink
 
 __all__ = ["RemoteStorage", "check_location"]
@@ -100,11 +100,11 @@ class RemoteStorage(Storage):
 
     def _manifest_exists(self, dataset_id: str, version: str) -> bool:
         key = self._key(dataset_id, version, MANIFEST_NAME)
-        return with_retries(lambda: self.objects.token(key)) is not None
+        return self.objects.token(key) is not None
 
     def _read_manifest(self, dataset_id: str, version: str) -> tuple[bytes, str, Manifest]:
         key = self._key(dataset_id, version, MANIFEST_NAME)
-        found = with_retries(lambda: self.objects.read(key))
+        found = self.objects.read(key)
         if found is None:
             raise DatasetNotFound(
                 f"no version {version!r} of dataset {dataset_id!r} in {self.url}; "
@@ -186,7 +186,7 @@ class RemoteStorage(Storage):
         def one(job: tuple[ChunkInfo, str]) -> None:
             info, path = job
             key = base + info.file
-            with_retries(lambda: self.objects.download(key, path))
+            self.objects.download(key, path)
             check_chunk(
                 path,
                 info,
@@ -274,7 +274,7 @@ class RemoteStorage(Storage):
     def _publish(self, dataset_id: str, version: str, folder: str, replace: bool) -> None:
         built = Manifest.read(folder)
         manifest_key = self._key(dataset_id, version, MANIFEST_NAME)
-        old = with_retries(lambda: self.objects.token(manifest_key))
+        old = self.objects.token(manifest_key)
         if old is not None and not replace:
             return  # published by a builder that lost its lease to us: theirs stands
         if self._lease_lost():
@@ -290,7 +290,9 @@ class RemoteStorage(Storage):
             self.upload_chunks(folder, here, prefix)
         except BaseException:
             with contextlib.suppress(Exception):  # best effort; the next builder collects it
-                self._delete_keys([k for k, _ in self.objects.keys(prefix)])
+                once = self.objects.retrying(self.objects.retries.at_most(0.0))
+                for key in [k for k, _ in once.keys(prefix)]:
+                    once.delete(key)
             raise
         manifest = dataclasses.replace(
             built,
@@ -301,9 +303,9 @@ class RemoteStorage(Storage):
         )
         body = manifest.to_json().encode()
         if old is None:
-            won = with_retries(lambda: self.objects.create(manifest_key, body))
+            won = self.objects.create(manifest_key, body)
         else:
-            won = with_retries(lambda: self.objects.replace(manifest_key, body, old))
+            won = self.objects.replace(manifest_key, body, old)
         if won is None and _written_by_us(self.objects, manifest_key, body):
             won = "ours"  # our write landed, but its reply was lost and the retry was refused
         if won is None:
@@ -320,7 +322,7 @@ class RemoteStorage(Storage):
 
         def one(info: ChunkInfo) -> None:
             path = os.path.join(folder, info.file)
-            with_retries(lambda: self.objects.upload(prefix + info.file, path))
+            self.objects.upload(prefix + info.file, path)
             if self.on_transfer is not None:
                 self.on_transfer(info.bytes)
 
@@ -332,7 +334,7 @@ class RemoteStorage(Storage):
         of builders that lost the race, and of the version this build replaced."""
         base = self._key(dataset_id, version)
         listing = list(self.objects.keys(base))
-        published = with_retries(lambda: self.objects.read(base + MANIFEST_NAME))
+        published = self.objects.read(base + MANIFEST_NAME)
         if published is None:
             return
         stamps = {k: t for k, t in listing if k == base + MANIFEST_NAME}
@@ -352,22 +354,21 @@ class RemoteStorage(Storage):
         self._delete_keys([k for k, _ in listing if k[len(base) :].split("/", 1)[0] in stale])
 
     def _delete_keys(self, keys: list[str]) -> None:
-        self._parallel(lambda key: with_retries(lambda: self.objects.delete(key)),
-                       keys)  # fmt: skip
+        self._parallel(self.objects.delete, keys)
 
     def _remove(self, dataset_id: str, version: str) -> None:
         manifest_key = self._key(dataset_id, version, MANIFEST_NAME)
-        if with_retries(lambda: self.objects.token(manifest_key)) is None:
+        if self.objects.token(manifest_key) is None:
             raise DatasetNotFound(f"no version {version!r} of dataset {dataset_id!r} in {self.url}")
         # The manifest goes first: from then on the version does not exist for anyone.
-        with_retries(lambda: self.objects.delete(manifest_key))
+        self.objects.delete(manifest_key)
         base = self._key(dataset_id, version)
         self._delete_keys([k for k, _ in self.objects.keys(base) if not k.endswith(LEASE_NAME)])
         self.local_cache.remove(dataset_id, version)
 
 
 def _written_by_us(objects: ObjectStore, key: str, body: bytes) -> bool:
-    found = with_retries(lambda: objects.read(key))
+    found = objects.read(key)
     return found is not None and found[0] == body
 
 
