@@ -180,20 +180,22 @@ def test_processes_of_one_machine_download_once(spec: dict, tmp_path: Path) -> N
 
 
 def test_transient_failures_are_retried(spec: dict, tmp_path: Path) -> None:
-    from yogadl_plus.storage.objects import TransientStorageError
+    import functools
+
+    from yogadl_plus.storage.objects import TransientStorageError, retried
 
     ydl.cache_dataset(records(1000), "d", "v", make_storage(spec, tmp_path / "a"))
     b = make_storage(spec, tmp_path / "b")
-    original = b.objects.download
+    one_try = type(b.objects).download.__wrapped__  # a store's calls retry themselves
     failures = []
 
-    def flaky(key: str, path: str) -> None:
+    def flaky(store: Any, key: str, path: str) -> None:
         if len(failures) < 2:
             failures.append(key)
             raise TransientStorageError(f"{key}: connection reset (injected)")
-        original(key, path)
+        one_try(store, key, path)
 
-    b.objects.download = flaky
+    b.objects.download = functools.partial(retried(flaky), b.objects)
     assert labels(b.fetch("d", "v")) == list(range(1000))
     assert len(failures) == 2
 
