@@ -5,10 +5,9 @@ from __future__ import annotations
 import contextlib
 import os
 import warnings
-from collections.abc import Iterator
 from typing import Any
 
-from yogadl_plus.errors import StorageError, YogaError
+from yogadl_plus.errors import StorageError
 from yogadl_plus.storage.objects import (
     DEFAULT_RETRY_TIMEOUT,
     ObjectStore,
@@ -40,20 +39,8 @@ class _GCSObjects(ObjectStore):
         # Every call is one try (retry=None) bounded by these; trying again is ours (@retried).
         self.once: dict[str, Any] = {"retry": None, "timeout": retries.request_timeouts()}
 
-    @contextlib.contextmanager
-    def _errors(self, what: str, key: str = "", missing_is_bucket: bool = True) -> Iterator[None]:
-        """google-cloud failures as StorageError naming the URL and what to check; those worth
-        another try (see ``retried``) as TransientStorageError."""
-        where = f"{self.url}/{key}" if key else self.url
-        try:
-            yield
-        except YogaError:
-            raise
-        except Exception as exc:  # anything from the client, named by its URL
-            raise self._failure(exc, what, where, missing_is_bucket) from exc
-
     def _failure(
-        self, exc: Exception, what: str, where: str, missing_is_bucket: bool
+        self, exc: Exception, what: str, where: str, missing_is_bucket: bool = True, **_: Any
     ) -> StorageError:
         import requests
         from google import auth

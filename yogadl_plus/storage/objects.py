@@ -14,6 +14,7 @@ reads the object to learn whether the write that landed was its own.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import math
@@ -21,7 +22,7 @@ import random
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 from yogadl_plus.errors import StorageError, YogaError
@@ -148,6 +149,23 @@ class ObjectStore(ABC):
         view.retries = retries
         view.interrupt = interrupt
         return view
+
+    @contextlib.contextmanager
+    def _errors(self, what: str, key: str = "", **context: Any) -> Iterator[None]:
+        """The client's failures as StorageError naming the URL and what to check (see
+        ``_failure``); those worth another try (see ``retried``) as TransientStorageError."""
+        where = f"{self.url}/{key}" if key else self.url
+        try:
+            yield
+        except YogaError:
+            raise
+        except Exception as exc:  # anything from the client, named by its URL
+            raise self._failure(exc, what, where, **context) from exc
+
+    @abstractmethod
+    def _failure(self, exc: Exception, what: str, where: str, **context: Any) -> StorageError:
+        """The StorageError (TransientStorageError when worth another try) for a client's
+        failure during ``what`` on ``where``."""
 
     def __reduce__(self) -> tuple[Any, ...]:
         if self.remake is None:

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
 from collections.abc import Iterator
 from typing import Any
 
-from yogadl_plus.errors import StorageError, YogaError
+from yogadl_plus.errors import StorageError
 from yogadl_plus.storage.objects import (
     DEFAULT_RETRY_TIMEOUT,
     ObjectStore,
@@ -62,19 +61,7 @@ class _S3Objects(ObjectStore):
             num_download_attempts=1,
         )
 
-    @contextlib.contextmanager
-    def _errors(self, what: str, key: str = "") -> Iterator[None]:
-        """Botocore failures as StorageError naming the URL and what to check; those worth
-        another try (see ``retried``) as TransientStorageError."""
-        where = f"{self.url}/{key}" if key else self.url
-        try:
-            yield
-        except YogaError:
-            raise
-        except Exception as exc:  # anything from the client, named by its URL
-            raise self._failure(exc, what, where) from exc
-
-    def _failure(self, exc: Exception, what: str, where: str) -> StorageError:
+    def _failure(self, exc: Exception, what: str, where: str, **context: Any) -> StorageError:
         from boto3 import exceptions as b3x
         from botocore import exceptions as bx
 
