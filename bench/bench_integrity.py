@@ -1,0 +1,187 @@
+"""Before/after benchmark of the read and build hot paths, for a change to them (issue 13: the
+integrity checks on every read). Two checkouts of yogadl_plus run the same rows on the same data,
+alternately, in fresh processes, in one run:
+
+    git worktree add /tmp/ydl-before <commit before the change>
+    python bench/bench_integrity.py --before /tmp/ydl-before [--after .] [--rounds 3]
+
+Each row is the best (minimum time) over every round of that checkout; the ratio is after/before
+in throughput (1.00x: unchanged; below 1: slower). Page cache warm; nothing is read from disk.
+
+Rows (S = 200,000 records of float32[64] + int64, 264 bytes; B = 3,000 records of uint8[96 KiB]
++ int64, in chunks of 8 MiB, so a shuffled batch touches dozens of chunks):
+  S shuffled records       dataref.stream(shuffle=True), record by record, one epoch
+  S shuffled batch256      the same in batches of 256
+  S sequential batch256    shuffle=False, batches of 256 (LMDB cursor walks)
+  S random getitem         dataref[i] for 50,000 random i
+  S get_batch random256    dataref.get_batch(256 random indices), 400 times
+  S fetch + first record   storage.fetch(...) then dataref[0], on a version already cached
+  S build                  cache_dataset of the 200,000 records
+  B shuffled batch64       shuffled batches of 64 big records (many chunks open)
+  B shuffled records       shuffled, record by record
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+SMALL = 200_000
+BIG = 3_000
+BIG_BYTES = 96 << 10
+ROWS = [
+    ("S shuffled records", "records/s"),
+    ("S shuffled batch256", "records/s"),
+    ("S sequential batch256", "records/s"),
+    ("S random getitem", "records/s"),
+    ("S get_batch random256", "records/s"),
+    ("S fetch + first record", "opens/s"),
+    ("S build", "records/s"),
+    ("B shuffled batch64", "records/s"),
+    ("B shuffled records", "records/s"),
+]
+
+
+# --------------------------------------------------------------------------- one checkout
+
+
+def worker(data: str, repeats: int) -> dict[str, float]:
+    """Times every row with the yogadl_plus on sys.path; {row: best seconds per unit of work}."""
+    import gc
+
+    import numpy as np
+
+    import yogadl_plus as ydl
+
+    def best(run: Any, count: int) -> float:
+        times = []
+        for _ in range(repeats):
+            gc.collect()
+            start = time.perf_counter()
+            run()
+            times.append(time.perf_counter() - start)
+        return min(times) / count
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((SMALL, 64), dtype=np.float32)
+    label = rng.integers(0, 1000, SMALL, dtype=np.int64)
+    out: dict[str, float] = {}
+    storage = ydl.LocalStorage(os.path.join(data, "store"))
+
+    def small_records() -> Any:
+        return ({"x": x[i], "label": label[i]} for i in range(SMALL))
+
+    built = [0]
+
+    def build() -> None:
+        built[0] += 1
+        ydl.cache_dataset(small_records, "s", f"b{built[0]}", storage, progress=False).close()
+
+    out["S build"] = best(build, SMALL)
+    ref = ydl.cache_dataset(small_records, "s", "v1", storage, progress=False)
+
+    def epoch(**kwargs: Any) -> Any:
+        return lambda: sum(1 for _ in ref.stream(**kwargs))
+
+    ref.get_batch(np.arange(SMALL))  # warm
+    out["S shuffled records"] = best(epoch(shuffle=True, shuffle_seed=0), SMALL)
+    out["S shuffled batch256"] = best(epoch(shuffle=True, shuffle_seed=0, batch_size=256), SMALL)
+    out["S sequential batch256"] = best(epoch(batch_size=256), SMALL)
+    order = rng.permutation(SMALL)[:50_000].tolist()
+
+    def getitem() -> None:
+        for i in order:
+            ref[i]
+
+    out["S random getitem"] = best(getitem, len(order))
+    batches = [rng.integers(0, SMALL, 256) for _ in range(400)]
+
+    def get_batch() -> None:
+        for indices in batches:
+            ref.get_batch(indices)
+
+    out["S get_batch random256"] = best(get_batch, 400 * 256)
+
+    def fetch_first() -> None:
+        for _ in range(200):
+            opened = storage.fetch("s", "v1")
+            opened[0]
+            opened.close()
+
+    out["S fetch + first record"] = best(fetch_first, 200)
+
+    big = rng.integers(0, 255, (8, BIG_BYTES), dtype=np.uint8)
+    big_ref = ydl.cache_dataset(
+        lambda: ({"x": big[i % 8], "i": np.int64(i)} for i in range(BIG)),
+        "b",
+        "v1",
+        storage,
+        progress=False,
+        chunk_bytes=8 << 20,
+    )
+    big_ref.get_batch(np.arange(BIG), fields=["x"])  # warm
+
+    def big_epoch(**kwargs: Any) -> Any:
+        return lambda: sum(1 for _ in big_ref.stream(shuffle=True, shuffle_seed=0, **kwargs))
+
+    out["B shuffled batch64"] = best(big_epoch(batch_size=64), BIG)
+    out["B shuffled records"] = best(big_epoch(), BIG)
+    return out
+
+
+def run_checkout(library: str, repeats: int) -> dict[str, float]:
+    """``worker`` in a fresh process that imports yogadl_plus from ``library``."""
+    with tempfile.TemporaryDirectory(prefix="ydl-bench-integrity-") as data:
+        code = (
+            f"import sys, json; sys.path.insert(0, {library!r}); sys.path.insert(0, {HERE!r}); "
+            "import bench_integrity as b; "
+            f"print(json.dumps(b.worker({data!r}, {repeats})))"
+        )
+        done = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, cwd=data, check=False
+        )
+        if done.returncode != 0:
+            raise SystemExit(f"{library}: the benchmark failed:\n{done.stderr[-3000:]}")
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--before", required=True, help="checkout of the code before the change")
+    parser.add_argument("--after", default=ROOT, help="checkout of the changed code (this one)")
+    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds (default 3)")
+    parser.add_argument("--repeats", type=int, default=3, help="timings per row per round")
+    parser.add_argument("--json", help="also write every timing here")
+    args = parser.parse_args(argv)
+    timings: dict[str, list[dict[str, float]]] = {"before": [], "after": []}
+    for round_ in range(args.rounds):
+        for side in ("before", "after"):
+            library = os.path.abspath(getattr(args, side))
+            print(f"round {round_ + 1}/{args.rounds}: {side} ({library})", file=sys.stderr)
+            timings[side].append(run_checkout(library, args.repeats))
+    best = {
+        side: {row: min(t[row] for t in runs) for row, _ in ROWS} for side, runs in timings.items()
+    }
+    print(f"\n{os.cpu_count()} CPUs, load average at the end {os.getloadavg()[0]:.2f}\n")
+    print("| row | unit | before | after | after / before |")
+    print("| --- | --- | ---: | ---: | ---: |")
+    for row, unit in ROWS:
+        before, after = 1 / best["before"][row], 1 / best["after"][row]
+        print(f"| {row} | {unit} | {before:,.0f} | {after:,.0f} | {after / before:.2f}x |")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"timings": timings, "best": best}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
