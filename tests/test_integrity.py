@@ -127,7 +127,7 @@ def test_a_touched_chunk_is_hashed_again_and_read_on(storage, strict):
     os.utime(path, ns=(1, 1))  # mtime changed, bytes unchanged: checked again, then trusted
     assert ref[7]["s"] == "rec-0-000007"
     stamp = json.loads(Path(str(path) + STAMP_SUFFIX).read_text())
-    assert stamp["state"] == file_state(str(path))
+    assert stamp["states"][-1] == file_state(str(path))
 
 
 def test_a_chunk_replaced_while_open_is_refused(storage, strict):
@@ -185,7 +185,7 @@ def test_a_chunk_with_a_forged_stamp_is_still_refused_by_its_identity(storage):
     shutil.copyfile(theirs, mine)
     state = file_state(str(mine))
     sha = ref1.manifest.chunks[0].sha256
-    Path(str(mine) + STAMP_SUFFIX).write_text(json.dumps({"sha256": sha, "state": state}))
+    Path(str(mine) + STAMP_SUFFIX).write_text(json.dumps({"sha256": sha, "states": [state]}))
     with pytest.raises(ydl.CacheCorrupted, match="is not the chunk the manifest names"):
         storage.fetch("ds", "v1")[0]
 
@@ -238,7 +238,7 @@ CHILD = textwrap.dedent(
         state = [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
         sha = manifest["chunks"][0]["sha256"]
         with open(path + ".verified", "w") as f:
-            json.dump({"sha256": sha, "state": state}, f)
+            json.dump({"sha256": sha, "states": [state]}, f)
     outcomes = []
     try:
         ref = storage.fetch("ds", "v1")
@@ -330,14 +330,177 @@ def test_a_chunk_is_hashed_once_then_trusted_by_its_stamp(storage, monkeypatch):
     hashed: list[str] = []
     real = integrity.file_sha256
     monkeypatch.setattr(integrity, "file_sha256", lambda path: hashed.append(path) or real(path))
-    for _ in range(3):
+
+    def read_as_a_new_process() -> None:
+        integrity._VERIFIED.clear()  # what this process checked itself: a new one knows nothing
         ref = storage.fetch("ds", "v1")
         assert ref[7]["s"] == "rec-0-000007"
         ref.close()
+
+    for _ in range(3):
+        read_as_a_new_process()
     assert hashed == []  # the builder stamped it
     os.remove(str(chunk_path(storage.fetch("ds", "v1"))) + STAMP_SUFFIX)
     for _ in range(3):
-        ref = storage.fetch("ds", "v1")
-        ref[7]
-        ref.close()
+        read_as_a_new_process()
     assert len(hashed) == 1  # the first reader hashed it, and stamped it for the others
+
+
+# --- no false alarms: what changes only a file's metadata, or the process's resources ------------
+
+
+def test_metadata_changes_while_reading_are_not_damage(storage, strict):
+    """chmod, hard links (copy_version links chunks) and touching change a chunk's ctime, not its
+    bytes: readers hash it again and read on, never a CacheCorrupted."""
+    import threading
+
+    ref = build(storage, chunk_bytes=4000)
+    paths = [Path(ref.directory, c.file) for c in ref.manifest.chunks]
+    stop = threading.Event()
+
+    def fiddle() -> None:
+        n = 0
+        while not stop.is_set():
+            for path in paths:
+                os.chmod(path, 0o640 if n % 2 else 0o644)
+                link = str(path) + ".link"
+                os.link(path, link)
+                os.remove(link)
+            n += 1
+
+    fiddler = threading.Thread(target=fiddle, daemon=True)
+    fiddler.start()
+    try:
+        for _ in range(30):
+            fresh = storage.fetch("ds", "v1")
+            batch = fresh.get_batch(np.arange(N))
+            assert batch["s"] == [f"rec-0-{i:06d}" for i in range(N)]
+            fresh.close()
+            assert ref[7]["s"] == "rec-0-000007"
+    finally:
+        stop.set()
+        fiddler.join()
+
+
+CHILD_LIMITED = textwrap.dedent(
+    """
+    import resource, sys
+    import numpy as np
+    import yogadl_plus as ydl
+
+    ref = ydl.LocalStorage(sys.argv[1]).fetch("ds", "v1")
+    used = int(open("/proc/self/status").read().split("VmSize:")[1].split()[0]) * 1024
+    resource.setrlimit(resource.RLIMIT_AS, (used + (100 << 20),) * 2)  # as `ulimit -v` does
+    try:
+        ref.get_batch(np.arange(len(ref)))
+        print("read")
+    except ydl.YogaError as exc:
+        print(type(exc).__name__ + ": " + str(exc))
+    """
+)
+
+
+def test_running_out_of_address_space_is_not_damage(storage):
+    # Many small chunks: each LMDB map takes address space of its own (10 MiB at least).
+    ydl.cache_dataset(lambda: records(4000), "ds", "v1", storage, progress=False, chunk_bytes=8000)
+    done = subprocess.run(
+        [sys.executable, "-c", CHILD_LIMITED, storage.root],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=storage.root,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = done.stdout.strip()
+    assert out.startswith("StorageError: ") and "ulimit -v" in out, out
+
+
+CHILD_CLOSING = textwrap.dedent(
+    """
+    import sys, threading, time
+    import numpy as np
+    import yogadl_plus as ydl
+
+    ref = ydl.LocalStorage(sys.argv[1]).fetch("ds", "v1")
+    stop, errors, reads = threading.Event(), {}, [0]
+
+    def read():
+        rng = np.random.default_rng()
+        while not stop.is_set():
+            try:
+                indices = np.sort(rng.integers(0, len(ref), 64))
+                assert (ref.get_batch(indices, fields=["id"])["id"] == indices).all()
+                reads[0] += 1
+            except ydl.YogaError as exc:
+                errors[type(exc).__name__] = errors.get(type(exc).__name__, 0) + 1
+
+    threads = [threading.Thread(target=read) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for _ in range(100):
+        time.sleep(0.005)
+        ref.close()
+    stop.set()
+    for t in threads:
+        t.join()
+    print(reads[0], sorted(errors.items()))
+    """
+)
+
+
+def test_closing_a_dataref_other_threads_read_neither_crashes_nor_fails_them(storage):
+    """close() while other threads read lets go of the closing thread's handles only: unmapping
+    files under their reads would kill the process (SIGSEGV), and their reads are not damage."""
+    ydl.cache_dataset(
+        lambda: records(20000), "ds", "v1", storage, progress=False, chunk_bytes=1 << 18
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", CHILD_CLOSING, storage.root],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=storage.root,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    reads, errors = done.stdout.strip().split(" ", 1)
+    assert int(reads) > 0 and errors == "[]", done.stdout
+
+
+# --- hashed once per file: in forked workers, and where stamps cannot be written ------------------
+
+
+def test_forked_workers_trust_what_their_parent_checked_without_stamps(storage, monkeypatch):
+    integrity = pytest.importorskip("yogadl_plus.cache.integrity")
+    ref = build(storage)
+    path = chunk_path(ref)
+    ref.close()
+    del ref
+    os.remove(str(path) + STAMP_SUFFIX)
+    os.mkdir(str(path) + STAMP_SUFFIX)  # no stamp can be written here: as on read-only storage
+    hashed: list[str] = []
+    real = integrity.file_sha256
+    monkeypatch.setattr(integrity, "file_sha256", lambda p: hashed.append(p) or real(p))
+    integrity._VERIFIED.clear()
+    ref = storage.fetch("ds", "v1")
+    assert len(hashed) == 1
+    stream = ref.stream(batch_size=50, num_workers=2, worker_type="process")
+    assert sum(len(b["id"]) for b in stream) == N
+    stream.close()
+    child = os.fork()
+    if child == 0:  # a forked worker reading a fresh DataRef of the version
+        again = storage.fetch("ds", "v1")
+        os._exit(0 if again[7]["s"] == "rec-0-000007" and len(hashed) == 1 else 1)
+    assert os.waitpid(child, 0)[1] == 0
+
+
+def test_a_stamp_keeps_the_checks_of_several_hosts(storage):
+    """A network filesystem shows one file on another device on each host: each host's check
+    is kept, so hosts do not undo each other's stamps (and hash on every open)."""
+    integrity = pytest.importorskip("yogadl_plus.cache.integrity")
+    ref = build(storage)
+    path, sha = str(chunk_path(ref)), ref.manifest.chunks[0].sha256
+    here = integrity.file_state(path)
+    elsewhere = here._replace(device=here.device + 1)
+    integrity._write_stamp(path, elsewhere, sha)  # what another host wrote
+    integrity._VERIFIED.clear()
+    assert integrity.trusted(path, here, sha) and integrity.trusted(path, elsewhere, sha)

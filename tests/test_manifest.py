@@ -85,12 +85,14 @@ def changed(value: Any) -> Iterator[tuple[str, Any]]:
         yield "as-int", 7
         yield "path", "../" + value
     elif isinstance(value, list):
+        yield "nested", [value]
         yield "emptied", []
         yield "doubled", value + value
         yield "as-dict", {}
         if value[::-1] != value:
             yield "reversed", value[::-1]
     elif isinstance(value, dict):
+        yield "in-a-list", [value]
         yield "emptied", {}
         yield "as-list", []
     yield "null", None
@@ -272,3 +274,69 @@ def test_a_tampered_remote_manifest_is_refused(s3_server, s3_bucket, tmp_path):
     elsewhere = s3_server.storage(s3_bucket, "manifest", tmp_path / "other")
     with pytest.raises(ydl.CacheCorrupted, match=r"chunks\[0\]\.records"):
         elsewhere.fetch("ds", "v1")
+
+
+def test_a_chunk_left_out_of_the_list_is_refused(built):
+    """Dropping a chunk and fixing the counts would serve record 91 from the next chunk."""
+    folder, text, _ = built
+    storage = ydl.LocalStorage(folder.parent.parent)
+    body = json.loads(text)
+    gone = body["chunks"].pop(1)
+    body["num_records"] -= gone["records"]
+    manifest = folder / "manifest.json"
+    try:
+        manifest.write_text(json.dumps(body))
+        with pytest.raises(ydl.CacheCorrupted, match="reordered or a chunk left out"):
+            storage.fetch("ds", "v1")
+    finally:
+        manifest.write_text(text)
+
+
+MAKE_FORMAT_1 = """
+import sys
+import numpy as np
+import yogadl_plus as ydl
+
+records = ({"id": np.int64(i), "x": np.full(8, i, np.float32)} for i in range(300))
+ydl.cache_dataset(records, "d", "v1", ydl.LocalStorage(sys.argv[1]), progress=False,
+                  chunk_bytes=4000)
+"""
+
+
+@pytest.fixture
+def format_1(tmp_path: Path) -> ydl.LocalStorage:
+    """A version written by yogadl_plus 0.1.0 (format 1: flat chunk files, no chunk ids), when
+    its code is at hand (YOGADL_PLUS_OLD_CHECKOUT, or the worktree /work/base)."""
+    import subprocess
+    import sys
+
+    old = os.environ.get("YOGADL_PLUS_OLD_CHECKOUT", "/work/base")
+    if not os.path.isfile(os.path.join(old, "yogadl_plus", "cache", "manifest.py")):
+        pytest.skip("no checkout of yogadl_plus 0.1.0 to write a format 1 cache with")
+    root = tmp_path / "old"
+    done = subprocess.run(
+        [sys.executable, "-c", MAKE_FORMAT_1, str(root)],
+        env={**os.environ, "PYTHONPATH": old},
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    body = json.loads((root / "d" / "v1" / "manifest.json").read_text())
+    if body["format_version"] != 1:
+        pytest.skip(f"{old} writes format {body['format_version']}, not 1")
+    return ydl.LocalStorage(root)
+
+
+def test_a_format_1_version_is_read_and_its_chunk_order_checked(format_1):
+    ref = format_1.fetch("d", "v1")
+    assert len(ref.manifest.chunks) >= 3
+    np.testing.assert_array_equal(ref.get_batch(np.arange(300))["id"], np.arange(300))
+    ref.close()
+    manifest = Path(format_1.path("d", "v1"), "manifest.json")
+    body = json.loads(manifest.read_text())
+    body["chunks"][0], body["chunks"][1] = body["chunks"][1], body["chunks"][0]
+    manifest.write_text(json.dumps(body))
+    with pytest.raises(ydl.CacheCorrupted, match="reordered or a chunk left out"):
+        format_1.fetch("d", "v1")

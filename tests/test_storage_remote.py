@@ -556,3 +556,27 @@ def test_on_transfer_counts_every_chunk_uploaded_and_downloaded(spec: dict, tmp_
     reader.on_transfer = downloaded.append
     reader.fetch("ds", "v1")
     assert sorted(downloaded) == sizes
+
+
+def test_old_builds_of_a_pulled_copy_go_once_their_own_readers_are_done(
+    spec: dict, tmp_path: Path
+) -> None:
+    """Readers pin the builds they read: with jobs overlapping across overwrites, a build
+    nobody reads any more goes, whoever still reads a newer one."""
+    a = make_storage(spec, tmp_path / "a", lease_ttl=1.0)
+    b = make_storage(spec, tmp_path / "b")
+    ydl.cache_dataset(records(300), "d", "v", a)
+    job1 = b.fetch("d", "v")
+    ydl.cache_dataset(records(400), "d", "v", a, overwrite=True)
+    job2 = b.fetch("d", "v")
+    del job1
+    # What an eviction killed half-way left behind: removed before the next download.
+    trash = tmp_path / "b" / "d" / "+trash.v.0123456789ab"
+    trash.mkdir()
+    (trash / "chunk-00000.mdb").write_bytes(b"x" * 100)
+    ydl.cache_dataset(records(500), "d", "v", a, overwrite=True)
+    job3 = b.fetch("d", "v")
+    assert labels(job2) == list(range(400)) and labels(job3) == list(range(500))
+    builds = {p.name for p in Path(job3.directory).iterdir() if p.is_dir()}
+    assert builds == {c.file.split("/")[0] for r in (job2, job3) for c in r.manifest.chunks}
+    assert not trash.exists()

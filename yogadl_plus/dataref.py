@@ -102,7 +102,8 @@ class DataRef:
         self._chunks.verify()
 
     def close(self) -> None:
-        """Release this process's LMDB handles now (they reopen on the next read)."""
+        """Release this process's LMDB handles now (they reopen on the next read). Every
+        thread of the process reads through them: close only once no thread reads."""
         self._chunks.close()
 
     # --- for the Stream and adapters ---

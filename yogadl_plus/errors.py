@@ -42,6 +42,11 @@ def unreadable(path: str, exc: OSError, what: str = "chunk") -> StorageError:
             f"{what} {path}: permission denied: this process (uid {os.getuid()}) cannot read it; "
             "check the file's owner and mode (and the folders above it)"
         )
+    if exc.errno in (errno.ENOMEM, errno.EMFILE, errno.ENFILE):
+        return StorageError(
+            f"{what} {path} cannot be opened: {exc.strerror}: this process ran out of address "
+            "space or file descriptors (see ulimit -v and ulimit -n), not a damaged file"
+        )
     return StorageError(f"{what} {path} cannot be read: {exc.strerror or exc}")
 
 

@@ -31,6 +31,7 @@ __all__ = [
     "check_chunk",
     "file_sha256",
     "file_state",
+    "same_bytes",
     "stamp",
     "trusted",
     "verify_and_stamp",
@@ -100,16 +101,23 @@ def check_chunk(
 def verify_and_stamp(
     path: str, info: ChunkInfo, where: str | None = None, damaged: str = DAMAGED
 ) -> FileState:
-    """Hash the file (check_chunk), then stamp it; its state, unchanged during the hash."""
+    """Hash the file (check_chunk), then stamp it; its state, its bytes unchanged during the
+    hash."""
     before = _state_or_none(path)
     check_chunk(path, info, where, damaged)
     state = _state_or_none(path)
-    if state is None or state != before:
+    if state is None or before is None or not same_bytes(state, before):
         raise CacheCorrupted(
             f"chunk {where or path} changed while it was being verified; {damaged}"
         )
     _write_stamp(path, state, info.sha256)
     return state
+
+
+def same_bytes(a: FileState, b: FileState) -> bool:
+    """Whether two states of a file can differ only in metadata: a change of the ctime alone
+    (chmod, a hard link, an extended attribute) leaves the bytes as they were."""
+    return a[:4] == b[:4]
 
 
 def _state_or_none(path: str) -> FileState | None:
@@ -128,18 +136,40 @@ def stamp(path: str, sha256: str) -> FileState:
 
 
 def trusted(path: str, state: FileState, sha256: str) -> bool:
-    """True if a stamp beside ``path`` says a file in exactly ``state`` had ``sha256``."""
+    """True if this process (or the one it was forked from) checked a file in exactly
+    ``state`` to have ``sha256``, or a stamp beside ``path`` says one did."""
+    if _VERIFIED.get(state) == sha256:
+        return True
+    if state in _stamped_states(path, sha256):
+        _VERIFIED[state] = sha256
+        return True
+    return False
+
+
+# The files this process checked, by state: kept across fork, so that the workers of a reader
+# whose storage is read-only (no stamps) do not hash again what their parent checked.
+_VERIFIED: dict[FileState, str] = {}
+# A stamp keeps the states of this many checks, for hosts that see the same file on other
+# devices (a network filesystem mounted on several machines).
+_STATES_KEPT = 8
+
+
+def _stamped_states(path: str, sha256: str) -> list[FileState]:
     try:
         with open(path + STAMP_SUFFIX, "rb") as f:
-            body = json.loads(f.read(4096))
-        return bool(body["sha256"] == sha256 and FileState(*body["state"]) == state)
+            body = json.loads(f.read(1 << 16))
+        if body["sha256"] != sha256:
+            return []
+        return [FileState(*s) for s in body["states"]]
     except (OSError, ValueError, KeyError, TypeError):
-        return False  # no stamp, or not one of ours: hash the chunk
+        return []  # no stamp, or not one of ours: hash the chunk
 
 
 def _write_stamp(path: str, state: FileState, sha256: str) -> None:
     """Best effort: a read-only or full disk only costs the next reader a hash."""
-    body = json.dumps({"sha256": sha256, "state": list(state)}).encode()
+    _VERIFIED[state] = sha256
+    states = [s for s in _stamped_states(path, sha256) if s != state][-(_STATES_KEPT - 1) :]
+    body = json.dumps({"sha256": sha256, "states": [*map(list, states), list(state)]}).encode()
     temp = f"{path}{STAMP_SUFFIX}.{uuid.uuid4().hex[:8]}.tmp"
     try:
         with open(temp, "wb") as f:

@@ -222,8 +222,7 @@ class _Checker:
             raise self.fail("chunks", "a list", chunks_json)
         columns_allowed = {f.name for f in schema if f.fixed and f.shape == ()}
         chunks = [self.chunk(c, i, version, columns_allowed) for i, c in enumerate(chunks_json)]
-        if version >= 2:
-            self.in_written_order(chunks)
+        self.in_written_order(chunks)
         for attribute in ("file", "id"):
             seen: dict[str, int] = {}
             for i, c in enumerate(chunks):
@@ -265,18 +264,24 @@ class _Checker:
         )
 
     def in_written_order(self, chunks: list[ChunkInfo]) -> None:
-        """Chunks are listed in the order they were written (their names say it, and each
-        chunk holds its name): records cannot be reordered by reordering the list."""
+        """Chunks are listed in the order they were written, none left out: their names say it
+        (a writer numbers its chunks 0, 1, 2, ...; the tasks of a parallel build prefix their
+        part) and each chunk holds its name, so records cannot be moved by editing the list."""
         last: tuple[int, int] | None = None
         for i, c in enumerate(chunks):
             written = _WRITTEN_NAME.fullmatch(c.file.rsplit("/", 1)[-1])
             if written is None:
                 raise self.fail(f"chunks[{i}].file", "a chunk file name as written", c.file)
             key = (int(written.group(1) or -1), int(written.group(2)))
-            if last is not None and key <= last:
+            if last is None or key[0] != last[0]:
+                follows = key[1] == 0 and (last is None or key[0] > last[0])
+            else:
+                follows = key[1] == last[1] + 1
+            if not follows:
                 raise CacheCorrupted(
-                    f"{self.where}: chunks[{i}] ({c.file}) is listed after a chunk written after "
-                    "it: the chunk list was reordered; rebuild the version (or pull it again)"
+                    f"{self.where}: chunks[{i}] ({c.file}) is not the chunk written after the one "
+                    "listed before it: the chunk list was reordered or a chunk left out; rebuild "
+                    "the version (or pull it again)"
                 )
             last = key
 
@@ -294,7 +299,11 @@ class _Checker:
             )
         file = self.text(c["file"], f"{name}.file", lambda s: bool(_CHUNK_FILE.fullmatch(s)))
         columns = c["columns"]
-        if not isinstance(columns, list) or len(set(map(str, columns))) != len(columns):
+        if (
+            not isinstance(columns, list)
+            or not all(isinstance(column, str) for column in columns)
+            or len(set(columns)) != len(columns)
+        ):
             raise self.fail(f"{name}.columns", "a list of distinct field names", columns)
         for column in columns:
             if column not in allowed:

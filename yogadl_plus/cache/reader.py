@@ -14,6 +14,7 @@ failed transaction is renewed, so later reads of good records go on.
 from __future__ import annotations
 
 import contextlib
+import errno
 import itertools
 import json
 import os
@@ -29,12 +30,13 @@ from yogadl_plus.cache.integrity import (
     DAMAGED,
     FileState,
     file_state,
+    same_bytes,
     trusted,
     verify_and_stamp,
 )
 from yogadl_plus.cache.manifest import ChunkInfo, Manifest, schema_digest
 from yogadl_plus.cache.writer import IDENTITY_KEY, chunk_identity, column_key, record_key
-from yogadl_plus.errors import CacheCorrupted, unreadable
+from yogadl_plus.errors import CacheCorrupted, YogaError, unreadable
 
 __all__ = ["RECHECK_SECONDS", "ChunkSet"]
 
@@ -111,6 +113,22 @@ class _SharedEnvironments:
 
 
 _ENVIRONMENTS = _SharedEnvironments()
+# What LMDB says when opening a chunk fails for the process's sake, not the file's.
+_OS_REASONS = {
+    os.strerror(code): code
+    for code in (errno.EACCES, errno.EPERM, errno.ENOMEM, errno.EMFILE, errno.ENFILE)
+}
+
+
+# py-lmdb's message for a handle used after its environment was closed (never damage).
+_CLOSED = "closed/deleted/dropped"
+
+
+def _os_error(exc: lmdb.Error) -> OSError | None:
+    for text, code in _OS_REASONS.items():
+        if text in str(exc):
+            return OSError(code, text)
+    return None
 
 
 def _forget_handles_after_fork() -> None:
@@ -140,6 +158,8 @@ class ChunkSet:
         self._next_check = 0.0
         self._local = threading.local()
         self._lock = threading.Lock()
+        # Threads that have read through this set (their transactions map its files).
+        self._readers: weakref.WeakSet[threading.Thread] = weakref.WeakSet()
         # Shared environments this set holds; released on close() or when it is collected.
         self._held: list[tuple[int, int]] = []
         self._finalizer = weakref.finalize(self, _ENVIRONMENTS.release_later, self._held)
@@ -151,15 +171,24 @@ class ChunkSet:
         self._open_numbers = []
         self._local = threading.local()
         self._lock = threading.Lock()
+        self._readers = weakref.WeakSet()
         self._held.clear()
 
     def close(self) -> None:
-        """Let go of this set's LMDB handles; the next read opens them again."""
+        """Let go of this set's LMDB handles; the next read opens them again. While other
+        threads read through this set, only this thread's transactions go: unmapping the files
+        under their reads would crash the process."""
         with self._lock:
             txns = getattr(self._local, "txns", None) or []
             for txn in txns:
                 if txn is not None:
                     txn.abort()
+            self._local.txns = None
+            self._local.columns = None
+            me = threading.current_thread()
+            if any(t is not me and t.is_alive() for t in self._readers):
+                return
+            self._readers = weakref.WeakSet()
             _ENVIRONMENTS.release(self._held)
             self._envs = [None] * len(self.chunks)
             self._states = [None] * len(self.chunks)
@@ -198,8 +227,9 @@ class ChunkSet:
         try:
             key, env = _ENVIRONMENTS.acquire(path)
         except lmdb.Error as exc:
-            if "ermission denied" in str(exc):
-                raise unreadable(path, PermissionError(13, "Permission denied")) from None
+            reason = _os_error(exc)
+            if reason is not None:  # not the file's fault: permissions, memory, descriptors
+                raise unreadable(path, reason) from None
             raise CacheCorrupted(
                 f"chunk {where} is not a readable LMDB file: {exc}; {DAMAGED}"
             ) from None
@@ -208,8 +238,10 @@ class ChunkSet:
         self._held.append(key)
         try:
             self._check_structure(number, env)
-            if key != (state.device, state.inode) or file_state(path) != state:
+            now = file_state(path)
+            if key != (state.device, state.inode) or not same_bytes(now, state):
                 raise CacheCorrupted(f"chunk {where} changed while it was being opened; {DAMAGED}")
+            state = now
         except BaseException:
             self._held.remove(key)
             _ENVIRONMENTS.release([key])
@@ -309,9 +341,10 @@ class ChunkSet:
                 self._open_numbers.remove(number)
         self._local = threading.local()  # every thread's transactions and column views
 
-    def _failed(self, number: int | None, exc: lmdb.Error, what: str) -> CacheCorrupted:
+    def _failed(self, number: int | None, exc: lmdb.Error, what: str) -> YogaError:
         """A CacheCorrupted for an LMDB error while reading chunk ``number`` (None: one of a
-        batch's); this thread's transactions on it are renewed, so reads of good records go on."""
+        batch's); this thread's transactions on it are renewed, so reads of good records go on.
+        (A read of handles another thread closed is said to be that, not damage.)"""
         txns = getattr(self._local, "txns", None) or []
         for n, txn in enumerate(txns):
             if txn is not None and number in (None, n):
@@ -323,6 +356,12 @@ class ChunkSet:
             for key in [k for k in views if number in (None, k[0])]:
                 del views[key]
         where = f"chunk {self._where(number)}" if number is not None else f"a chunk of {self.name}"
+        if _CLOSED in str(exc):
+            return YogaError(
+                f"{where}: {what} could not be read: another thread closed this DataRef "
+                "(ref.close()) while this thread read it. close() lets go of the handles every "
+                "thread of the process reads through: call it only once no thread reads"
+            )
         return CacheCorrupted(
             f"{where}: LMDB could not read {what} ({type(exc).__name__}: {exc}); {DAMAGED}"
         )
@@ -332,6 +371,7 @@ class ChunkSet:
         txns = getattr(self._local, "txns", None)
         if txns is None:
             txns = self._local.txns = [None] * len(self.chunks)
+            self._readers.add(threading.current_thread())
         txn = txns[number]
         if txn is None:
             txn = txns[number] = self._env(number).begin(buffers=True)
@@ -433,10 +473,18 @@ class ChunkSet:
             number = int(np.searchsorted(self.starts, start, side="right")) - 1
             take = min(stop, int(self.starts[number + 1])) - start
             run: list[Value | None] = []
+            first = start - int(self.starts[number])
             try:
                 cursor = self.txn(number).cursor()
-                if cursor.set_key(record_key(start - int(self.starts[number]))):
+                if cursor.set_key(record_key(first)):
                     run.extend(itertools.islice(cursor.iternext(keys=False, values=True), take))
+                    # Keys are unique and sorted: from the first key to the last in ``take``
+                    # steps, none was skipped (a record missing would shift the values).
+                    if run and cursor.key() != record_key(first + len(run) - 1):
+                        raise CacheCorrupted(
+                            f"chunk {self._where(number)}: records {start}..{start + take - 1} "
+                            f"are not where its keys say; {DAMAGED}"
+                        )
             except lmdb.Error as exc:
                 raise self._failed(number, exc, f"records {start}..{start + take - 1}") from None
             values.extend(run)

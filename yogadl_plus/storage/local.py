@@ -125,6 +125,8 @@ class LocalStorage(Storage):
             data = read_manifest_bytes(path)
         except FileNotFoundError:
             self._check_root()
+            # A deleted version's builds that were read until now go once nobody reads them.
+            self._collect_if_idle(dataset_id, version, None)
             raise DatasetNotFound(
                 f"no version {version!r} of dataset {dataset_id!r} in {self}; "
                 f"published: {self.list() or 'none'}"
@@ -143,14 +145,16 @@ class LocalStorage(Storage):
             data, manifest = self._read(dataset_id, version)
             try:
                 pins = Pins([Pin(_pin_path(folder, b)) for b in sorted(builds_named(manifest))])
-            except PinGone:
+            except PinGone as gone:
+                if self._still(folder, data):
+                    build = os.path.relpath(os.path.dirname(str(gone)), folder)
+                    raise CacheCorrupted(
+                        f"{folder}: the build folder {build}/ its manifest names is gone (removed "
+                        "by hand?); the version is damaged: rebuild it (overwrite=True)"
+                    ) from None
                 time.sleep(0.01)  # replaced since we read the manifest: read it again
                 continue
-            try:
-                current = read_manifest_bytes(os.path.join(folder, MANIFEST_NAME))
-            except FileNotFoundError:
-                current = b""
-            if current == data:
+            if self._still(folder, data):
                 self._collect_if_idle(dataset_id, version, manifest)
                 return DataRef(folder, manifest, hold=pins)
             pins.release()
@@ -158,6 +162,14 @@ class LocalStorage(Storage):
             f"{folder}: the version was replaced {_OPEN_ATTEMPTS} times while it was opened; "
             "try again"
         )
+
+    @staticmethod
+    def _still(folder: str, data: bytes) -> bool:
+        """Whether the version in ``folder`` is still the one whose manifest is ``data``."""
+        try:
+            return read_manifest_bytes(os.path.join(folder, MANIFEST_NAME)) == data
+        except FileNotFoundError:
+            return False
 
     # --- building and publishing ---
 
@@ -237,16 +249,16 @@ class LocalStorage(Storage):
             raise
         self._collect(folder, manifest)
 
-    def _collect_if_idle(self, dataset_id: str, version: str, manifest: Manifest) -> None:
-        """Remove builds the manifest no longer names, if there are any and nobody is changing
-        the version right now (never waits)."""
+    def _collect_if_idle(self, dataset_id: str, version: str, manifest: Manifest | None) -> None:
+        """Remove builds the manifest (None: no version) no longer names, if there are any and
+        nobody is changing the version right now (never waits)."""
         folder = self.path(dataset_id, version)
         try:
             entries = os.listdir(folder)
         except OSError:
             return
-        named = builds_named(manifest)
-        if not any(_is_build(e) and e not in named for e in entries):
+        named = builds_named(manifest) if manifest is not None else set()
+        if not any(_unnamed(e, named) for e in entries):
             return
         lock = FileLock(self.lock_path(dataset_id, version), thread_local=False)
         try:
@@ -316,10 +328,11 @@ class LocalStorage(Storage):
 
     def _remove(self, dataset_id: str, version: str) -> None:
         """Unpublish in one step (remove the manifest); builds go once nobody reads them."""
+        folder = self.path(dataset_id, version)
         if not self._manifest_exists(dataset_id, version):
             self._check_root()
+            self._collect(folder, None)  # what readers of a deleted version left
             raise DatasetNotFound(f"no version {version!r} of dataset {dataset_id!r} in {self}")
-        folder = self.path(dataset_id, version)
         os.remove(os.path.join(folder, MANIFEST_NAME))
         fsync_dir(folder)
         self._collect(folder, None)
@@ -336,6 +349,13 @@ class LocalStorage(Storage):
 
 def _in_build(chunk: ChunkInfo, build: str) -> ChunkInfo:
     return dataclasses.replace(chunk, file=f"{build}/{chunk.file}")
+
+
+def _unnamed(entry: str, named: set[str]) -> bool:
+    """Whether a version folder's entry is (part of) a build that ``named`` leaves out."""
+    if _is_build(entry):
+        return entry not in named
+    return _is_flat_chunk(entry) and "" not in named
 
 
 def _is_build(entry: str) -> bool:

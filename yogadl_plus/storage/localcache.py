@@ -2,9 +2,11 @@
 kept under a size limit without ever removing a version a live process is reading.
 
 Layout (a LocalStorage folder): ``<root>/<id>/<version>/`` holds the remote manifest's exact
-bytes and the chunk files it names, mirrored; ``<root>/<id>/+pin.<version>`` is held with a
-shared ``flock`` by every process reading that copy (the kernel drops it when a process dies,
-even by SIGKILL), and its mtime records the last use for least-recently-used eviction.
+bytes and the chunk files it names, mirrored (``b-<build>/chunk-00000.mdb``). Every process
+reading the copy holds a shared ``flock`` (see pins.py; the kernel drops it when a process dies,
+even by SIGKILL) on ``<root>/<id>/+pin.<version>``, whose mtime records the last use for
+least-recently-used eviction, and on ``b-<build>/+pin`` of each build it reads: a copy is evicted
+only when nobody reads it, and a build the manifest no longer names once nobody reads that build.
 """
 
 from __future__ import annotations
@@ -22,11 +24,13 @@ from yogadl_plus.cache.manifest import MANIFEST_NAME, ChunkInfo, Manifest, write
 from yogadl_plus.checks import check_int
 from yogadl_plus.errors import CacheLimitWarning, StorageError
 from yogadl_plus.storage.local import LocalStorage
-from yogadl_plus.storage.pins import Pin, PinGone, exclusively
+from yogadl_plus.storage.pins import Pin, PinGone, Pins, exclusively
 
 __all__ = ["LocalCache"]
 
 _PIN = "+pin."
+_BUILD_PIN = "+pin"
+_TRASH = "+trash."
 _PART = ".part"
 
 
@@ -55,7 +59,7 @@ class LocalCache:
         manifest: Manifest,
         wanted: Sequence[int],
         download: Callable[[list[tuple[ChunkInfo, str]]], None],
-    ) -> tuple[str, Pin]:
+    ) -> tuple[str, Pins]:
         """Make the local copy match ``manifest_bytes`` with chunks ``wanted`` present, and pin it.
 
         One process per machine does the work; the others wait for it and reuse what it pulled.
@@ -73,7 +77,7 @@ class LocalCache:
         try:
             with self.local.lock(dataset_id, version):
                 self._update(dataset_id, version, manifest_bytes, manifest, wanted, fill)
-                return folder, Pin(self._pin_path(dataset_id, version), touch=True)
+                return folder, self._pins(dataset_id, version, manifest)
         except StorageError as exc:
             if os.access(self.root, os.W_OK) and not _read_only(self.root):
                 raise
@@ -90,9 +94,9 @@ class LocalCache:
         manifest_bytes: bytes,
         manifest: Manifest,
         wanted: Sequence[int],
-    ) -> Pin | None:
-        """A pin on the local copy if it is this manifest's with ``wanted`` present, else None;
-        takes no lock and writes nothing but the pin's time of last use."""
+    ) -> Pins | None:
+        """Pins on the local copy if it is this manifest's with ``wanted`` present, else None;
+        takes no lock and writes nothing but the pins' time of last use."""
         folder = self.path(dataset_id, version)
         if _read_bytes(os.path.join(folder, MANIFEST_NAME)) != manifest_bytes:
             return None
@@ -102,14 +106,27 @@ class LocalCache:
             with contextlib.suppress(Timeout, OSError), lock.acquire(timeout=0):
                 self._drop_unnamed_builds(dataset_id, version, manifest)
         try:
-            pin = Pin(self._pin_path(dataset_id, version), touch=True)
+            pins = self._pins(dataset_id, version, manifest)
         except PinGone:
-            return None  # being evicted right now
+            return None  # being evicted, or its old build removed, right now
         current = _read_bytes(os.path.join(folder, MANIFEST_NAME)) == manifest_bytes
         if current and not _missing(folder, manifest, wanted):
-            return pin
-        pin.release()
+            return pins
+        pins.release()
         return None
+
+    def _pins(self, dataset_id: str, version: str, manifest: Manifest) -> Pins:
+        """What a reader of the copy holds: the copy's pin (no eviction while it is held; its
+        time is the copy's last use) and one on each build it reads (an old build goes once
+        none of its readers is left, while readers of the new one read on)."""
+        folder = self.path(dataset_id, version)
+        pins = [Pin(self._pin_path(dataset_id, version), touch=True)]
+        try:
+            pins.extend(Pin(os.path.join(folder, b, _BUILD_PIN)) for b in _builds(manifest))
+        except PinGone:
+            Pins(pins).release()
+            raise
+        return Pins(pins)
 
     def adopt(
         self, dataset_id: str, version: str, manifest_bytes: bytes, manifest: Manifest, built: str
@@ -159,15 +176,12 @@ class LocalCache:
         self._drop_unnamed_builds(dataset_id, version, manifest)
 
     def _drop_unnamed_builds(self, dataset_id: str, version: str, manifest: Manifest) -> None:
-        """Remove build folders the manifest does not name, if no process reads this copy."""
-        stale = _unnamed_builds(self.path(dataset_id, version), manifest)
-        if not stale:
-            return
-        with exclusively(self._pin_path(dataset_id, version)) as free:
-            if not free:
-                return  # someone reads the old build: the next update removes it
-            for path in stale:
-                shutil.rmtree(path, ignore_errors=True)
+        """Remove the build folders the manifest does not name that no process reads (the
+        others go at a later update or pull, once their readers are done)."""
+        for path in _unnamed_builds(self.path(dataset_id, version), manifest):
+            with exclusively(os.path.join(path, _BUILD_PIN)) as free:
+                if free:
+                    shutil.rmtree(path, ignore_errors=True)
 
     @staticmethod
     def _download_into(
@@ -208,6 +222,7 @@ class LocalCache:
 
     def _make_room(self, need: int, keep: tuple[str, str]) -> None:
         """Evict least-recently-used copies not in use until ``need`` more bytes fit the limit."""
+        self._remove_trash()
         if self.limit is None:
             return
         copies = sorted(self.copies(), key=lambda c: c[3])
@@ -231,6 +246,15 @@ class LocalCache:
                 stacklevel=3,
             )
 
+    def _remove_trash(self) -> None:
+        """Copies an eviction killed half-way left (renamed away: nobody can read them)."""
+        with contextlib.suppress(OSError):
+            for dataset in os.scandir(self.root):
+                if dataset.is_dir() and "+" not in dataset.name:
+                    for entry in os.scandir(dataset.path):
+                        if entry.name.startswith(_TRASH) and entry.is_dir():
+                            shutil.rmtree(entry.path, ignore_errors=True)
+
     def _evict(self, dataset_id: str, version: str) -> bool:
         """Remove one copy if no process is pulling or reading it; whether it was removed."""
         lock = FileLock(self._lock_path(dataset_id, version), thread_local=False)
@@ -253,9 +277,14 @@ class LocalCache:
                 self.local.discard(dataset_id, version)
 
 
+def _builds(manifest: Manifest) -> list[str]:
+    """The build folders a remote manifest's chunks live in."""
+    return sorted({c.file.split("/", 1)[0] for c in manifest.chunks if "/" in c.file})
+
+
 def _unnamed_builds(folder: str, manifest: Manifest) -> list[str]:
     """The build folders of a local copy that its manifest does not name."""
-    named = {c.file.split("/", 1)[0] for c in manifest.chunks if "/" in c.file}
+    named = set(_builds(manifest))
     try:
         return [e.path for e in os.scandir(folder) if e.is_dir() and e.name not in named]
     except OSError:

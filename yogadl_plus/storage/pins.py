@@ -17,6 +17,8 @@ import os
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from yogadl_plus.errors import DatasetNotFound
+
 __all__ = ["Pin", "PinGone", "Pins", "exclusively"]
 
 
@@ -36,7 +38,8 @@ class Pin:
         self.path = path
         self.create = create
         self.touch = touch
-        self._fd: int | None = _open_pin(path, create)
+        self._fd: int | None = None
+        self._fd = _open_pin(path, create)
         if self._fd is None:
             return
         try:
@@ -80,7 +83,14 @@ class Pins:
 
 
 def _repin(path: str, create: bool, touch: bool) -> Pin:
-    return Pin(path, create=create, touch=touch)
+    try:
+        return Pin(path, create=create, touch=touch)
+    except PinGone:
+        raise DatasetNotFound(
+            f"{os.path.dirname(path)}: the build this DataRef read is gone (the version was "
+            "overwritten or deleted, and its old build removed, before this copy of the DataRef "
+            "was unpickled); fetch the version again"
+        ) from None
 
 
 def _open_pin(path: str, create: bool) -> int | None:

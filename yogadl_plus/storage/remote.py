@@ -161,7 +161,7 @@ class RemoteStorage(Storage):
             data, _, manifest = self._read_manifest(dataset_id, version)
             wanted = _shard_chunks(len(manifest.chunks), shards)
             try:
-                folder, pin = self.local_cache.sync(
+                folder, pins = self.local_cache.sync(
                     dataset_id,
                     version,
                     data,
@@ -178,8 +178,8 @@ class RemoteStorage(Storage):
                 ):
                     raise
                 continue
-            # The pin is held while the DataRef (or a copy in a worker) lives.
-            return DataRef(folder, manifest, hold=pin)
+            # The pins are held while the DataRef (or a copy in a worker) lives.
+            return DataRef(folder, manifest, hold=pins)
         raise AssertionError("unreachable")
 
     def _download_all(self, base: str, jobs: list[tuple[ChunkInfo, str]]) -> None:
