@@ -10,13 +10,15 @@ as starting at 0.
 from __future__ import annotations
 
 import secrets
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from yogadl_plus.boundary import Block, BlockReader, collate
+from yogadl_plus.boundary import Block, BlockReader, collate, records
 from yogadl_plus.checks import check_int
+from yogadl_plus.ledger import Ledger
 from yogadl_plus.order import ChunkShardOrder, EpochOrder
 from yogadl_plus.workers import WORKER_TYPES, OrderedPool
 
@@ -30,6 +32,9 @@ _FIRST_BLOCK = 32
 _ORDER_BLOCK = 4096
 # Positions a unit of work reads when iterating record by record (bounds memory and latency).
 _READ_BLOCK = 512
+# Iterations whose ledgers offset_after can still answer for: the current one, and those a
+# consumer reading ahead across epochs (tf.data's .repeat() with a prefetch) may still be in.
+_LEDGERS_KEPT = 3
 
 
 class Stream:
@@ -38,7 +43,7 @@ class Stream:
     Each ``iter()`` is one epoch, the next one each time, even when the last was left
     unfinished. ``offset`` is the ``start_offset`` that resumes right after the last item
     handed out; ``global_offset`` is the ``global_start`` that resumes there on any number of
-    shards.
+    shards. A consumer that reads ahead resumes with ``offset_after(epoch, items consumed)``.
 
     Order: ``shuffle``, ``shuffle_seed`` (drawn when None; required with shards),
     ``skip_shuffle_at_epoch_end``, ``shard_rank``/``num_shards``/``drop_shard_remainder``,
@@ -153,7 +158,9 @@ class Stream:
             ngram=ngram,
             anchors=self.anchors,
             transform=transform,
-            as_columns=batch_size is not None and transform is None,
+            # Records are read as columns too (one decode per block); _items makes them
+            # records, iter_blocks hands the columns over. N-gram windows come as windows.
+            as_columns=transform is None and (batch_size is not None or ngram is None),
         )
         self._pool = (
             OrderedPool(self.reader, self.num_workers, worker_type, prefetch, worker_start_method)
@@ -163,6 +170,7 @@ class Stream:
         self._epoch, self._position = self._next = self._locate(start)
         self._order_cache: tuple[int, int, int, np.ndarray] | None = None
         self._offset = start
+        self._ledgers: deque[Ledger] = deque(maxlen=_LEDGERS_KEPT)
 
     def __getstate__(self) -> dict[str, Any]:
         # A copy sent to another process (a DataLoader worker) reads inline: it takes neither
@@ -170,6 +178,7 @@ class Stream:
         state = dict(self.__dict__)
         state["_pool"] = None
         state["_order_cache"] = None
+        state["_ledgers"] = deque(maxlen=_LEDGERS_KEPT)
         return state
 
     def replace(self, **changes: Any) -> Stream:
@@ -214,6 +223,45 @@ class Stream:
         shards: exact when every shard has handed out as many positions as this one."""
         return self.order.global_offset(self._epoch, self._position)
 
+    def offset_after(self, epoch: int, items: int | None = None) -> int:
+        """The start_offset that resumes right after the first ``items`` items this stream
+        handed out in its iteration of ``epoch`` (None: after the whole epoch).
+
+        For consumers that read ahead (tf.data's prefetch, a queue): count the items you
+        consumed in an epoch and map the count to the exact resume point, with or without a
+        predicate. ``epoch`` is the stream's own epoch number (``next_epoch_position[0]``
+        before that epoch's ``iter()``); the last three iterations can be asked about.
+        Counting past the end of an epoch that was read to its end means the whole epoch (a
+        count of records in batches of ``B`` may overshoot in the last batch).
+        """
+        epoch = check_int("epoch", epoch, 0)
+        length = self.order.epoch_shard_length(epoch)
+        if items is None:
+            return self._offset_of(epoch, length)
+        items = check_int("items", items, 0)
+        ledger = next((led for led in reversed(self._ledgers) if led.epoch == epoch), None)
+        if ledger is None:
+            kept = [led.epoch for led in self._ledgers]
+            raise ValueError(
+                f"this stream has not iterated epoch {epoch} (it remembers the iterations of "
+                f"epochs {kept}): pass the epoch whose items were counted, as "
+                "stream.next_epoch_position[0] read before that epoch's iter()"
+            )
+        if items <= ledger.count:
+            return self._offset_of(epoch, ledger.end_of(items))
+        if ledger.finished:
+            return self._offset_of(epoch, length)
+        raise ValueError(
+            f"{items} items of epoch {epoch} counted, but the stream has handed out only "
+            f"{ledger.count} of that epoch so far: count only items you received"
+        )
+
+    def seek(self, offset: int) -> None:
+        """Make the next ``iter()`` start at ``start_offset=offset``, as a stream made with it
+        would (where a restored checkpoint says to resume)."""
+        self._next = self._locate(check_int("offset", offset, 0))
+        self._advance(*self._next)
+
     def _advance(self, epoch: int, position: int) -> None:
         self._epoch, self._position = epoch, position
         self._offset = self._offset_of(epoch, position)
@@ -233,9 +281,23 @@ class Stream:
     def __iter__(self) -> Iterator[Any]:
         epoch, position = self._next
         self._next = (epoch + 1, 0)  # the next iter() is the next epoch, finished or not
+        ledger = Ledger(epoch, position)
+        self._ledgers.append(ledger)
         if self.batch_size is None:
-            return self._items(epoch, position)
-        return self._batches(epoch, position)
+            return self._items(epoch, position, ledger)
+        return self._batches(epoch, position, ledger)
+
+    def iter_blocks(self) -> Iterator[Block]:
+        """The next epoch as ``iter()`` would hand it out (same items, order, offsets and
+        ledger), a block of records at a time: columns (field -> array or list) without a
+        transform, else the list of items. For adapters that hand records over in bulk."""
+        if self.batch_size is not None:
+            raise ValueError("iter_blocks() is for record streams; this stream batches")
+        epoch, position = self._next
+        self._next = (epoch + 1, 0)
+        ledger = Ledger(epoch, position)
+        self._ledgers.append(ledger)
+        return self._handed_blocks(epoch, position, ledger)
 
     def close(self) -> None:
         """Stop worker threads or processes now (they start again on the next iteration)."""
@@ -249,8 +311,10 @@ class Stream:
 
     def read_unit(self, epoch: int, start: int, stop: int) -> Block:
         """The block of this shard's positions [start, stop) of ``epoch``, read at the boundary
-        (predicate, decode, transform): what adapters hand to their own workers."""
-        return self.reader((start, self._indices(epoch, start, stop)))
+        (predicate, decode, transform): what adapters hand to their own workers. Records come
+        as items, batches as columns where there is no transform."""
+        block = self.reader((start, self._indices(epoch, start, stop)))
+        return _as_items(block) if self.batch_size is None else block
 
     def _indices(self, epoch: int, start: int, stop: int) -> np.ndarray:
         """The order at positions [start, stop), sliced from a block computed for many positions
@@ -292,18 +356,29 @@ class Stream:
             return map(self.reader, units)
         return self._pool.map(units)
 
-    def _epoch_done(self, epoch: int) -> None:
+    def _epoch_done(self, epoch: int, ledger: Ledger) -> None:
         self._advance(epoch, self.order.epoch_shard_length(epoch))
+        ledger.finished = True
 
-    def _items(self, epoch: int, position: int) -> Iterator[Any]:
+    def _items(self, epoch: int, position: int, ledger: Ledger) -> Iterator[Any]:
         for block in self._blocks(epoch, position):
-            assert block.items is not None
-            for end, item in zip(block.ends.tolist(), block.items):
+            items = _as_items(block).items
+            assert items is not None
+            ledger.add(block.ends)
+            for end, item in zip(block.ends.tolist(), items):
                 self._advance(epoch, end)
                 yield item
-        self._epoch_done(epoch)
+        self._epoch_done(epoch, ledger)
 
-    def _batches(self, epoch: int, position: int) -> Iterator[Any]:
+    def _handed_blocks(self, epoch: int, position: int, ledger: Ledger) -> Iterator[Block]:
+        for block in self._blocks(epoch, position):
+            if len(block):
+                ledger.add(block.ends)
+                self._advance(epoch, int(block.ends[-1]))
+                yield block
+        self._epoch_done(epoch, ledger)
+
+    def _batches(self, epoch: int, position: int, ledger: Ledger) -> Iterator[Any]:
         size = self.batch_size
         assert size is not None
         pending: list[Block] = []
@@ -314,13 +389,22 @@ class Stream:
             while count >= size:
                 batch, end, pending = _take(pending, size)
                 count -= size
+                ledger.add_one(end)
                 self._advance(epoch, end)
                 yield batch
         if count and not self.drop_last:
             batch, end, _ = _take(pending, count)
+            ledger.add_one(end)
             self._advance(epoch, end)
             yield batch
-        self._epoch_done(epoch)
+        self._epoch_done(epoch, ledger)
+
+
+def _as_items(block: Block) -> Block:
+    """A block of records as a list of record dicts (the reader gives them as columns)."""
+    if block.columns is None:
+        return block
+    return Block(block.ends, items=records(block.columns, len(block)))
 
 
 def _take(blocks: list[Block], n: int) -> tuple[Any, int, list[Block]]:
