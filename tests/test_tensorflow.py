@@ -4,6 +4,7 @@ ydl.tensorflow.make_tf_dataset (signature, epochs, exact offsets, model.fit)."""
 from __future__ import annotations
 
 import itertools
+import warnings
 
 import numpy as np
 import pytest
@@ -288,11 +289,48 @@ def test_mid_epoch_resume_continues_with_the_next_batch(ref):
     kwargs = dict(shuffle=True, shuffle_seed=2, batch_size=6, fields=["id", "grid"])
     full = [b["id"].tolist() for b in ref.stream(**kwargs)]
     stream = ref.stream(**kwargs)
+    epoch = stream.next_epoch_position[0]
     taken = [b["id"].numpy().tolist() for b in make_tf_dataset(stream).take(3)]
-    assert taken == full[:3] and stream.offset == 18  # no read-ahead past what was taken
-    resumed = ref.stream(start_offset=stream.offset, **kwargs)
+    assert taken == full[:3]
+    assert stream.offset_after(epoch, 3) == 18  # whatever tf.data read ahead
+    resumed = ref.stream(start_offset=stream.offset_after(epoch, 3), **kwargs)
     rest = [b["id"].numpy().tolist() for b in make_tf_dataset(resumed)]
     assert taken + rest == full
+
+
+def test_without_read_ahead_stream_offset_is_what_was_taken(ref):
+    kwargs = dict(shuffle=True, shuffle_seed=2, batch_size=6, fields=["id", "grid"])
+    stream = ref.stream(**kwargs)
+    taken = [b["id"].numpy().tolist() for b in make_tf_dataset(stream, read_ahead=False).take(3)]
+    assert stream.offset == 18 and len(taken) == 3  # no read-ahead past what was taken
+    records = ref.stream(shuffle=True, shuffle_seed=2)
+    list(make_tf_dataset(records, read_ahead=False).take(7))
+    assert records.offset == 7
+
+
+@pytest.mark.parametrize("batch_size", [None, 7])
+def test_offset_after_maps_items_consumed_to_the_exact_position_with_a_predicate(ref, batch_size):
+    odd = ydl.predicates.in_lambda(["id"], lambda i: i % 2 == 1)
+    kwargs = dict(shuffle=True, shuffle_seed=4, fields=["id"], predicate=odd, batch_size=batch_size)
+    whole = [int(i) for b in ref.stream(**kwargs) for i in np.atleast_1d(b["id"])]
+    stream = ref.stream(start_offset=9, **kwargs)  # resumed mid-epoch 0
+    epoch = stream.next_epoch_position[0]
+    data = make_tf_dataset(stream)
+    taken = [int(i) for b in data.take(4) for i in np.atleast_1d(b["id"].numpy())]
+    resumed = ref.stream(start_offset=stream.offset_after(epoch, 4), **kwargs)
+    rest = [int(i) for b in make_tf_dataset(resumed) for i in np.atleast_1d(b["id"].numpy())]
+    head = [int(i) for b in ref.stream(**kwargs) for i in np.atleast_1d(b["id"])]
+    assert taken + rest == [i for i in head if i in set(taken + rest)]
+    assert sorted(taken + rest) == sorted(set(whole) - set(_passing_before(ref, kwargs, 9)))
+    assert stream.offset_after(epoch) == N  # the whole epoch
+    with pytest.raises(ValueError, match="epoch 5"):
+        stream.offset_after(5, 1)
+
+
+def _passing_before(ref, kwargs, positions):
+    """The ids at the first ``positions`` positions of epoch 0 that pass the predicate."""
+    order = ref.stream(shuffle=True, shuffle_seed=4, fields=["id"])
+    return [int(r["id"]) for r, _ in zip(order, range(positions)) if int(r["id"]) % 2 == 1]
 
 
 def _model():
@@ -308,9 +346,31 @@ def test_model_fit_two_epochs_and_offset_is_exact_inside_fit(ref):
     assert len(history.history["loss"]) == 2 and stream.offset == 2 * N
     # Stopped after 3 steps, the offset is after exactly 3 batches: Keras read none ahead.
     stream = ref.stream(shuffle=True, shuffle_seed=1, batch_size=8, fields=["x", "id"])
-    ds = make_tf_dataset(stream).map(lambda b: (b["x"] / N, b["id"] % 2))
+    ds = make_tf_dataset(stream, read_ahead=False).map(lambda b: (b["x"] / N, b["id"] % 2))
     _model().fit(ds, epochs=1, steps_per_epoch=3, verbose=0, shuffle=False)
     assert stream.offset == 3 * 8
+
+
+def test_model_fit_of_a_resumed_stream_finishes_the_epoch_then_runs_whole_ones(ref):
+    kwargs = dict(shuffle=True, shuffle_seed=1, batch_size=8, fields=["x", "id"])
+    stream = ref.stream(start_offset=5 * 8, **kwargs)
+    seen = []
+
+    def log(ids):
+        seen.append(ids.numpy().tolist())
+        return ids
+
+    def to_xy(b):
+        ids = tf.py_function(log, [b["id"]], tf.int64)
+        with tf.control_dependencies([ids]):
+            return b["x"] / N, b["id"] % 2
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Keras: "Your input ran out of data" (the short one)
+        _model().fit(make_tf_dataset(stream).map(to_xy), epochs=3, verbose=0)
+    want = [b["id"].tolist() for b in ref.stream(**kwargs)][5:]
+    want += [b["id"].tolist() for e in (1, 2) for b in ref.stream(start_offset=e * N, **kwargs)]
+    assert seen == want
 
 
 def test_transform_signature_is_inferred_or_given(ref):
@@ -362,17 +422,23 @@ def test_nullable_fields_are_refused_and_datetimes_become_int64(storage):
     assert got == [stamps.astype(np.int64).tolist()]
 
 
-def test_cardinality_is_known_only_when_every_iteration_is_a_whole_epoch(ref):
+def test_cardinality_is_a_whole_epoch_and_iterations_may_end_before_it(ref):
     assert int(make_tf_dataset(ref.stream(batch_size=10)).cardinality()) == 6
     assert int(make_tf_dataset(ref.stream(batch_size=10, drop_last=True)).cardinality()) == 5
     assert int(make_tf_dataset(ref.stream(batch_size=10)).repeat(2).cardinality()) == 12
+    assert int(make_tf_dataset(ref.stream()).cardinality()) == N
     resumed = make_tf_dataset(ref.stream(batch_size=10, start_offset=5))
-    assert int(resumed.cardinality()) == int(tf.data.UNKNOWN_CARDINALITY)
+    assert int(resumed.cardinality()) == 6  # no check: the resumed epoch ends early
     assert len(list(resumed)) == 5 and len(list(resumed)) == 6  # then whole epochs
+    records = make_tf_dataset(ref.stream(start_offset=N - 1))
+    assert [len(list(records)) for _ in range(3)] == [1, N, N]
     odd = ydl.predicates.in_lambda(["id"], lambda i: i % 2 == 1)
     filtered = make_tf_dataset(ref.stream(batch_size=10, predicate=odd))
-    assert int(filtered.cardinality()) == int(tf.data.UNKNOWN_CARDINALITY)
-    assert sum(len(b["id"]) for b in filtered) == N // 2
+    assert int(filtered.cardinality()) == 6  # an upper bound
+    assert [sum(len(b["id"]) for b in filtered) for _ in range(2)] == [N // 2, N // 2]
+    nothing = ydl.predicates.in_lambda(["id"], lambda i: False)
+    empty = make_tf_dataset(ref.stream(predicate=nothing))
+    assert [len(list(empty)) for _ in range(2)] == [0, 0]
 
 
 def test_cacheable_builds_a_tf_pipeline_once(tmp_path):
@@ -411,7 +477,7 @@ def test_cacheable_builds_a_keras_pydataset_once(tmp_path):
     assert runs == [1] and len(ref) == 12 and ref[7]["y"] == 1 and ref[2]["x"].tolist() == [2.0]
 
 
-# --- read_ahead: batches read in Python, unbatched in tf.data ---
+# --- records: blocks read in Python, unbatched in tf.data (the default) ---
 
 
 def assert_same_records(got, want):
@@ -428,8 +494,8 @@ def test_read_ahead_gives_record_mode_items_in_the_same_order(ref):
     def stream():
         return ref.stream(shuffle=True, shuffle_seed=5)
 
-    record_mode = make_tf_dataset(stream())
-    ahead = make_tf_dataset(stream(), read_ahead=8)
+    record_mode = make_tf_dataset(stream(), read_ahead=False)
+    ahead = make_tf_dataset(stream())
     assert ahead.element_spec == record_mode.element_spec
     assert ahead.element_spec["grid"] == tf.TensorSpec((None, 1, 2), tf.int32)
     assert ahead.element_spec["name"] == tf.TensorSpec((), tf.string)
@@ -444,8 +510,8 @@ def test_read_ahead_gives_record_mode_items_in_the_same_order(ref):
 def test_read_ahead_keeps_nested_structures_and_transforms(storage):
     ds = SOURCES["nested"]()
     nested_ref = cache(ds, storage)
-    record_mode = make_tf_dataset(nested_ref.stream(shuffle=True, shuffle_seed=1))
-    ahead = make_tf_dataset(nested_ref.stream(shuffle=True, shuffle_seed=1), read_ahead=3)
+    record_mode = make_tf_dataset(nested_ref.stream(shuffle=True, shuffle_seed=1), read_ahead=False)
+    ahead = make_tf_dataset(nested_ref.stream(shuffle=True, shuffle_seed=1))
     assert ahead.element_spec == record_mode.element_spec
     assert_same_records(list(ahead), list(record_mode))
 
@@ -454,14 +520,14 @@ def test_read_ahead_keeps_nested_structures_and_transforms(storage):
     def transform(r):
         return r["seq"] * 2, r["grid"]
 
-    inferred = make_tf_dataset(variable.stream(transform=transform), read_ahead=4)
-    record_inferred = make_tf_dataset(variable.stream(transform=transform))
+    inferred = make_tf_dataset(variable.stream(transform=transform))
+    record_inferred = make_tf_dataset(variable.stream(transform=transform), read_ahead=False)
     assert inferred.element_spec == record_inferred.element_spec
     signature = (tf.TensorSpec((None,), tf.int32), tf.TensorSpec((None, 2, None), tf.float32))
-    record_mode = make_tf_dataset(variable.stream(transform=transform), output_signature=signature)
-    given = make_tf_dataset(
-        variable.stream(transform=transform), output_signature=signature, read_ahead=4
+    record_mode = make_tf_dataset(
+        variable.stream(transform=transform), output_signature=signature, read_ahead=False
     )
+    given = make_tf_dataset(variable.stream(transform=transform), output_signature=signature)
     assert given.element_spec == record_mode.element_spec == signature
     assert_same_records(list(given), list(record_mode))
 
@@ -469,32 +535,29 @@ def test_read_ahead_keeps_nested_structures_and_transforms(storage):
 def test_read_ahead_repeat_gives_the_next_epochs(ref):
     kwargs = dict(shuffle=True, shuffle_seed=8, fields=["id"])
     stream = ref.stream(**kwargs)
-    got = [int(r["id"]) for r in make_tf_dataset(stream, read_ahead=10).repeat(2)]
+    got = [int(r["id"]) for r in make_tf_dataset(stream).repeat(2)]
     epoch0 = [int(r["id"]) for r in ref.stream(**kwargs)]
     epoch1 = [int(r["id"]) for r in ref.stream(start_offset=N, **kwargs)]
     assert got == epoch0 + epoch1 and epoch0 != epoch1
-    assert stream.offset == 0  # the records were read by a copy of the stream
+    assert stream.offset == 2 * N
 
 
-def test_read_ahead_resumes_at_start_offset_plus_consumed(ref):
+def test_read_ahead_resumes_at_offset_after_the_records_consumed(ref):
     kwargs = dict(shuffle=True, shuffle_seed=2, fields=["id", "grid"])
     full = [int(r["id"]) for r in ref.stream(start_offset=N, **kwargs)]  # epoch 1
-    start = N + 5  # a stream resumed mid-epoch 1
-    ahead = make_tf_dataset(ref.stream(start_offset=start, **kwargs), read_ahead=4)
+    stream = ref.stream(start_offset=N + 5, **kwargs)  # a stream resumed mid-epoch 1
+    ahead = make_tf_dataset(stream)
     taken = [int(r["id"]) for r in ahead.take(13)]
-    assert taken == full[5:18]
-    resumed = make_tf_dataset(ref.stream(start_offset=start + len(taken), **kwargs), read_ahead=4)
-    rest = [int(r["id"]) for r in resumed]
-    assert rest == full[18:]
-    # A stream already iterated: the copy starts where its next iter() would.
+    assert taken == full[5:18] and stream.offset > N + 18  # tf.data read ahead
+    resumed = make_tf_dataset(ref.stream(start_offset=stream.offset_after(1, 13), **kwargs))
+    assert [int(r["id"]) for r in resumed] == full[18:]
+    # A stream already iterated: the dataset starts where its next iter() would.
     stream = ref.stream(**kwargs)
     next(iter(stream))
-    assert [int(r["id"]) for r in make_tf_dataset(stream, read_ahead=7)] == full
+    assert [int(r["id"]) for r in make_tf_dataset(stream)] == full
 
 
-@pytest.mark.parametrize("bad", [0, -3, 2.5, True, "8"])
-def test_read_ahead_refuses_bad_values_and_batching_streams(ref, bad):
-    with pytest.raises(ValueError, match="read_ahead"):
+@pytest.mark.parametrize("bad", [0, 8, 2.5, None, "8"])
+def test_read_ahead_refuses_what_is_not_a_bool(ref, bad):
+    with pytest.raises(ValueError, match="read_ahead must be True or False"):
         make_tf_dataset(ref.stream(), read_ahead=bad)
-    with pytest.raises(ValueError, match="batch_size=4"):
-        make_tf_dataset(ref.stream(batch_size=4), read_ahead=8)

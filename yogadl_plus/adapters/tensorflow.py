@@ -1,9 +1,11 @@
 """``ydl.tensorflow``: a Stream as a ``tf.data.Dataset``.
 
 ``make_tf_dataset(stream)`` wraps the stream in ``tf.data.Dataset.from_generator`` with an
-``output_signature`` built from the cached schema, so every epoch of the dataset is an epoch of
-the stream: ``.repeat()`` gives the next epochs, in the stream's order, and ``stream.offset``
-after ``k`` items taken is where a resumed stream continues.
+``output_signature`` built from the cached schema, so every iteration of the dataset is an
+epoch of the stream: ``.repeat()`` gives the next epochs, in the stream's order. Records are
+read in blocks and unbatched inside tf.data, and tf.data may prefetch: a consumer resumes
+exactly with ``stream.offset_after(epoch, items consumed)``, which the stream answers from what
+it handed out (``ydl.keras.BackupAndRestore`` does this by itself).
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ def make_tf_dataset(
     *,
     output_signature: Any = None,
     nested: bool = True,
-    read_ahead: int | None = None,
+    read_ahead: bool = True,
 ) -> tf.data.Dataset:
     """A ``tf.data.Dataset`` of the stream's items; each iteration of it (``.repeat()``
     included) is the stream's next epoch.
@@ -44,11 +46,9 @@ def make_tf_dataset(
     Without a transform, the signature comes from the schema: ``tf.string`` for str and bytes
     fields (str values arrive UTF-8 encoded), fixed shapes as they are, ``None`` for variable
     dims, datetime64 / timedelta64 as int64 counts of their unit; nullable fields are refused.
-    A batching stream gives each field with a leading ``None`` batch dim, variable-shape fields
-    as ``tf.RaggedTensor``, and the generator yields one whole batch per Python call. A record
-    stream yields one record per Python call (batch the stream for speed). The cardinality is
-    ``len(stream)`` when every iteration is a whole epoch (no predicate, not resumed
-    mid-epoch), else unknown.
+    A batching stream gives each field with a leading ``None`` batch dim and variable-shape
+    fields as ``tf.RaggedTensor``. A record stream gives one record per element, each with its
+    own shape.
 
     Field names are nested back: ``"a/b"`` becomes ``{"a": {"b": ...}}``; for tf.data and
     PyTorch sources, fields ``"0"``, ``"1"``, ... become a tuple and a lone ``"value"`` a single
@@ -61,25 +61,32 @@ def make_tf_dataset(
     ``None``); pass it yourself when shapes vary. An explicit ``output_signature`` describes the
     stream's items as they are (without a transform: a flat dict of field name -> spec).
 
-    Nothing is read ahead of the consumer, ``model.fit`` included: the dataset turns off
-    tf.data's injected prefetch and automatic map parallelization (options that carry on to
-    datasets made from it), so ``stream.offset`` after ``k`` items were taken resumes at item
-    ``k + 1``. A ``.prefetch()`` or ``num_parallel_calls`` you add reads ahead.
+    Speed and resuming (``read_ahead=True``, the default): a batching stream hands over one
+    whole batch per Python call; a record stream hands over a block of records per call, which
+    tf.data unbatches, so Python runs once per block, not per record. tf.data may prefetch and
+    parallelize maps, so the stream reads ahead of the consumer and ``stream.offset`` is where
+    the *reading* stands. Resume from what was *consumed*: with ``epoch`` the stream's epoch
+    (``stream.next_epoch_position[0]`` before the dataset's iteration) and ``k`` items of it
+    consumed, ``stream.offset_after(epoch, k)`` is the exact ``start_offset``, with or without a
+    predicate. ``ydl.keras.BackupAndRestore`` does this for ``model.fit``.
 
-    ``read_ahead=B`` (record streams only; opt-in) trades that exact offset for speed: the
-    dataset is the batched dataset of ``stream.replace(batch_size=B)`` (same order, starting
-    where the stream's next ``iter()`` would) ``.unbatch()``-ed inside tf.data, so Python runs
-    once per ``B`` records. The items, their order, the ``element_spec`` and ``.repeat()`` are
-    those of record mode (variable-shape fields come out dense, one record each). But the
-    records are read by a copy of the stream, up to ``B`` ahead of the consumer, so
-    ``stream.offset`` does not move: count the records you consume, and resume with
-    ``start_offset = S + consumed``, ``S`` being the stream's offset when the dataset was made
-    (its ``start_offset`` for a fresh stream). That is exact without a predicate, over any
-    number of epochs; with a predicate, records consumed are not positions and no exact resume
-    point is known.
+    ``read_ahead=False`` is the slow, plain path: one item per Python call, and tf.data's
+    injected prefetch and automatic map parallelization turned off (options that carry on to
+    the datasets made from this one), so that ``stream.offset`` after ``k`` items were taken
+    resumes at item ``k + 1``; a ``.prefetch()`` you add reads ahead again.
+
+    The cardinality is ``len(stream)``, the items in one whole epoch, so ``model.fit`` runs
+    whole epochs without ``steps_per_epoch``. An iteration may end before it: the first epoch
+    of a resumed stream, and epochs thinned by a predicate (``len(stream)`` is then an upper
+    bound).
     """
-    if read_ahead is not None:
-        return _read_ahead_dataset(stream, read_ahead, output_signature, nested)
+    if not isinstance(read_ahead, bool):
+        raise ValueError(
+            f"read_ahead must be True or False, got {read_ahead!r}: records are read ahead in "
+            "the stream's own blocks (the block size is no longer chosen here)"
+        )
+    if stream.batch_size is None and read_ahead:
+        return _record_blocks_dataset(stream, output_signature, nested)
     batched = stream.batch_size is not None
     if output_signature is None and stream.transform is None:
         template = _template_of(stream, nested)
@@ -96,52 +103,64 @@ def make_tf_dataset(
         def to_tf(item: Any) -> Any:
             return _to_signature(item, signature)
 
-    def generate() -> Iterator[Any]:
+    def items() -> Iterator[Any]:
         for item in iter(stream):  # each iter() is the stream's next epoch
             yield to_tf(item)
 
-    dataset = tf.data.Dataset.from_generator(generate, output_signature=signature)
-    return _finish(dataset, stream)
-
-
-def _finish(dataset: tf.data.Dataset, stream: Stream) -> tf.data.Dataset:
-    """The cardinality when it is known, and no read-ahead from tf.data itself."""
-    epoch, position = stream.next_epoch_position
-    if (
-        stream.predicate is None
-        and position == 0
-        and stream.order.epoch_shard_length(epoch) == stream.positions_per_epoch
-    ):
-        # Every iteration is a whole epoch of len(stream) items: tell tf.data (and Keras).
-        dataset = dataset.apply(tf.data.experimental.assert_cardinality(len(stream)))
+    dataset = _epochs(stream, items, signature)
+    if read_ahead:
+        return dataset.prefetch(tf.data.AUTOTUNE)
     # tf.data would otherwise add a prefetch, and run the maps a user adds in parallel, and so
     # read items ahead of the consumer (model.fit included), moving stream.offset past what
-    # was taken. These options carry on to the datasets made from this one; add .prefetch()
-    # or num_parallel_calls yourself where exact offsets do not matter.
+    # was taken. These options carry on to the datasets made from this one.
     options = tf.data.Options()
     options.experimental_optimization.inject_prefetch = False
     options.experimental_optimization.map_parallelization = False
     return dataset.with_options(options)
 
 
-# --- read_ahead: batches read in Python, unbatched in tf.data ---
-
-
-def _read_ahead_dataset(
-    stream: Stream, read_ahead: Any, output_signature: Any, nested: bool
+def _epochs(
+    stream: Stream,
+    epoch: Callable[[], Iterator[Any]],
+    signature: Any,
+    per_element: Callable[[tf.data.Dataset], tf.data.Dataset] | None = None,
 ) -> tf.data.Dataset:
-    if isinstance(read_ahead, bool) or not isinstance(read_ahead, (int, np.integer)):
-        raise ValueError(f"read_ahead must be an int >= 1 or None, got {read_ahead!r}")
-    if read_ahead < 1:
-        raise ValueError(f"read_ahead must be >= 1, got {read_ahead}")
-    if stream.batch_size is not None:
-        raise ValueError(
-            "read_ahead= is for record streams: this stream already batches "
-            f"(batch_size={stream.batch_size}), and its batches are handed over whole"
-        )
-    # The record signature, as record mode has it; batches carry a variable-shape value as its
-    # flat values (ragged rows) and its shape, so that every record, empty ones included,
-    # comes back with its own shape.
+    """The dataset whose every iteration is ``epoch()`` (with ``per_element`` applied), with
+    the cardinality ``len(stream)`` and no check that an iteration has that many elements.
+
+    tf.data can only assert a cardinality (and fails an iteration that ends early: a resumed
+    epoch, a predicate's epoch); ``take(n)`` of an infinite dataset states it without a check.
+    So the generator is repeated forever, and when an epoch that yielded something ends,
+    tf.data's ``repeat()`` asks it once more, in the same call, and gets an empty generator:
+    that ends the repeat, and the iteration, right there (a first, empty pass of the input ends
+    ``repeat()``). An empty epoch ends the repeat by itself.
+    """
+    ended = False  # the last epoch ran out: the next call is repeat()'s, to be ended
+
+    def generate() -> Iterator[Any]:
+        nonlocal ended
+        if ended:
+            ended = False
+            return
+        handed = False
+        for element in epoch():
+            handed = True
+            yield element
+        ended = handed
+
+    dataset = tf.data.Dataset.from_generator(generate, output_signature=signature).repeat()
+    if per_element is not None:
+        dataset = per_element(dataset)
+    return dataset.take(len(stream))
+
+
+# --- records: blocks read in Python, unbatched in tf.data ---
+
+
+def _record_blocks_dataset(stream: Stream, output_signature: Any, nested: bool) -> tf.data.Dataset:
+    # The record signature as record mode has it; a block carries a variable-shape value as its
+    # flat values (ragged rows) and its shape, so that every record, empty ones included, comes
+    # back with its own shape.
     if output_signature is None and stream.transform is None:
         template = _template_of(stream, nested)
         fields = _fields_of(stream)
@@ -153,31 +172,31 @@ def _read_ahead_dataset(
             for name, f in fields.items()
         }
         to_tf = _schema_converter(template, converters, stream.ngram is not None)
+
+        def block_to_tf(block: Any) -> Any:
+            columns = block.columns if block.columns is not None else collate(block.items)
+            return to_tf(columns)
+
     else:
         signature = output_signature
         if signature is None:
             signature = _spec_of(_sample(stream), False)
 
-        def to_tf(item: Any) -> Any:
-            return _to_batch_signature(item, signature)
+        def block_to_tf(block: Any) -> Any:
+            return _to_batch_signature(block.items, signature)
 
-    batch_signature = tf.nest.map_structure(_batched_spec, signature)
+    block_signature = tf.nest.map_structure(_batched_spec, signature)
 
-    # A copy of the stream, batching, starting where the stream's next iter() would.
-    inner = stream.replace(
-        batch_size=int(read_ahead),
-        drop_last=False,
-        start_offset=stream._offset_of(*stream.next_epoch_position),
-    )
+    def blocks() -> Iterator[Any]:
+        for block in stream.iter_blocks():  # each call is the stream's next epoch
+            yield block_to_tf(block)
 
-    def generate() -> Iterator[Any]:
-        for batch in iter(inner):  # each iter() is the copy's next epoch
-            yield to_tf(batch)
+    def per_record(dataset: tf.data.Dataset) -> tf.data.Dataset:
+        dataset = dataset.unbatch()
+        if dataset.element_spec == signature:
+            return dataset
 
-    dataset = tf.data.Dataset.from_generator(generate, output_signature=batch_signature)
-    dataset = dataset.unbatch()
-    if dataset.element_spec != signature:  # variable shapes: a map per record (it costs)
-
+        # Variable shapes: a map per record (it costs).
         def shaped(value: Any, spec: Any) -> Any:
             if isinstance(spec, Mapping):
                 return {k: shaped(value[k], s) for k, s in spec.items()}
@@ -188,20 +207,24 @@ def _read_ahead_dataset(
                 value = tf.ensure_shape(tf.reshape(flat, shape), spec.shape)
             return value
 
-        def per_record(*item: Any) -> Any:
+        def record(*item: Any) -> Any:
             # tf.data passes a tuple element as separate arguments.
             value = item if isinstance(signature, tuple) else item[0]
             return shaped(value, signature)
 
-        dataset = dataset.map(per_record)
-    return _finish(dataset, stream)
+        return dataset.map(record)
+
+    dataset = _epochs(stream, blocks, block_signature, per_record)
+    return dataset.prefetch(tf.data.AUTOTUNE)
 
 
 def _batched_spec(spec: Any) -> Any:
     """The spec of a batch of values of the record spec ``spec``: (flat values as ragged rows,
     shapes) where shapes vary."""
     if not isinstance(spec, tf.TensorSpec):
-        raise ValueError(f"read_ahead= needs tf.TensorSpec record signatures, got {spec!r}")
+        raise ValueError(
+            f"a record stream's output_signature must be of tf.TensorSpec, got {spec!r}"
+        )
     shape = tuple(spec.shape.as_list())
     if None in shape:
         return (
