@@ -4,6 +4,8 @@ ydl.keras.StreamSequence (batches by index, epochs, model.fit)."""
 from __future__ import annotations
 
 import itertools
+import json
+import os
 import pickle
 
 import numpy as np
@@ -141,66 +143,55 @@ def test_random_access_restarts_at_that_batch(ref):
         assert seq[i][0][:, 0].tolist() == want[i]
 
 
-def test_any_order_from_many_threads_gives_the_right_batches(ref):
-    from concurrent.futures import ThreadPoolExecutor
-
-    seq = StreamSequence(stream_of(ref), x="x", y="y", workers=4)
-    order = [6, 1, 0, 3, 5, 2, 4] * 3
-    with ThreadPoolExecutor(4) as pool:
-        got = list(pool.map(lambda i: seq[i][0][:, 0].tolist(), order))
-    want = epoch_ids(ref, 0)
-    assert got == [want[i] for i in order]
+def test_keras_workers_are_refused_for_the_streams_own(ref):
+    for kwargs in ({"workers": 4}, {"workers": 1, "use_multiprocessing": True}):
+        with pytest.raises(ValueError, match="num_workers"):
+            StreamSequence(stream_of(ref), x="x", y="y", **kwargs)
 
 
-def test_on_epoch_end_moves_to_the_next_epoch(ref):
-    seq = StreamSequence(stream_of(ref), x="x")
-    first = [seq[i][:, 0].tolist() for i in range(len(seq))]
-    seq.on_epoch_end()
-    second = [seq[i][:, 0].tolist() for i in range(len(seq))]
-    assert first == epoch_ids(ref, 0) and second == epoch_ids(ref, 1) and first != second
-
-
-def test_keras_reset_before_the_first_epoch_does_not_skip_one(ref):
+def test_in_an_epoch_batches_come_in_the_streams_order_whatever_the_index(ref):
     seq = StreamSequence(stream_of(ref), x="x")
     seq[0], seq[1]  # Keras reads two batches for the signature, then resets
     seq.on_epoch_end()
     seq.on_epoch_begin()
-    assert [seq[i][:, 0].tolist() for i in range(len(seq))] == epoch_ids(ref, 0)
+    shuffled = [6, 1, 0, 3, 5, 2, 4]  # as Keras's fit(shuffle=True) asks
+    assert [seq[i][:, 0].tolist() for i in shuffled] == epoch_ids(ref, 0)
+    with pytest.raises(IndexError, match="all handed out"):
+        seq[0]
     seq.on_epoch_end()
+    assert seq[3][:, 0].tolist() == epoch_ids(ref, 1)[3]  # outside: by index, next epoch
     seq.on_epoch_begin()
-    assert seq[0][:, 0].tolist() == epoch_ids(ref, 1)[0]
+    assert seq[5][:, 0].tolist() == epoch_ids(ref, 1)[0]
 
 
-@pytest.mark.parametrize("shuffle, workers", [(False, 1), (True, 2)])
-def test_model_fit_trains_two_epochs_on_the_streams_epochs_0_and_1(ref, shuffle, workers):
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_model_fit_trains_two_epochs_on_the_streams_epochs_0_and_1(ref, shuffle):
+    stream = stream_of(ref, fields=["x", "y"])
     served = []
 
     class Logged(StreamSequence):
         def __getitem__(self, i):
             x, y = super().__getitem__(i)
-            served.append((self._epoch, i, x[:, 0].tolist()))
+            served.append(x[:, 0].tolist())
             return x, y
 
-    seq = Logged(stream_of(ref, fields=["x", "y"]), x="x", y="y", workers=workers)
+    seq = Logged(stream, x="x", y="y")
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
     model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     history = model.fit(seq, epochs=2, verbose=0, shuffle=shuffle)
     assert len(history.history["loss"]) == 2
-    for epoch in (0, 1):
-        # Each epoch's batches (the first two of epoch 0 were also read for the signature);
-        # Keras' shuffle=True permutes the batch order, and its threads may finish out of order.
-        got = [(i, ids) for e, i, ids in served if e == epoch][-len(seq) :]
-        want = list(enumerate(epoch_ids(ref, epoch)))
-        assert sorted(got) == want
-        if not shuffle:
-            assert got == want
-    assert seq._epoch == 2
+    # The first two were read for the signature; then epochs 0 and 1 in the stream's order,
+    # Keras's shuffle=True notwithstanding.
+    assert served[2:] == epoch_ids(ref, 0) + epoch_ids(ref, 1)
+    assert stream.next_epoch_position == (2, 0)
 
 
 def test_resumed_stream_has_a_shorter_first_epoch(ref):
     seq = StreamSequence(stream_of(ref, start_offset=3 * 8), x="x")
     assert len(seq) == 4
     assert [seq[i][:, 0].tolist() for i in range(4)] == epoch_ids(ref, 0)[3:]
+    seq.on_epoch_begin()
+    assert len(seq) == 4 and [seq[0][:, 0].tolist() for _ in range(4)] == epoch_ids(ref, 0)[3:]
     seq.on_epoch_end()
     assert len(seq) == 7 and seq[6][:, 0].tolist() == epoch_ids(ref, 1)[6]
 
@@ -229,3 +220,74 @@ def test_pickles_for_worker_processes(ref):
     seq[0]
     copy = pickle.loads(pickle.dumps(seq))
     assert copy[3][0][:, 0].tolist() == epoch_ids(ref, 0)[3]
+
+
+# --- ydl.keras.BackupAndRestore (killed and restarted for real in test_keras_resume.py) ---
+
+
+def _fit(stream, backup_dir, epochs=1, **kwargs):
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    callback = ydl.keras.BackupAndRestore(backup_dir, stream, **kwargs)
+    data = StreamSequence(stream, x="x", y="y")
+    model.fit(data, epochs=epochs, callbacks=[callback], verbose=0)
+    return model
+
+
+def test_backup_is_kerass_own_files_with_the_streams_position(ref, tmp_path):
+    backup = str(tmp_path / "backup")
+    stream = stream_of(ref, fields=["x", "y"])
+    _fit(stream, backup, save_freq=3, delete_checkpoint=False)  # 7 batches: backups at 3, 6
+    assert sorted(os.listdir(backup)) == ["latest.weights.h5", "training_metadata.json"]
+    with open(os.path.join(backup, "training_metadata.json")) as f:
+        metadata = json.load(f)
+    assert metadata["epoch"] == 0 and metadata["batch"] == 5
+    assert metadata["yogadl_plus"]["offset"] == 6 * 8
+    # Keras's own callback restores from it: the same files, the same meaning.
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    restored = keras.callbacks.BackupAndRestore(backup, delete_checkpoint=False)
+    restored.set_model(model)
+    restored.on_train_begin()
+    saved = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    saved.load_weights(os.path.join(backup, "latest.weights.h5"))
+    for a, b in zip(model.get_weights(), saved.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    _fit(stream_of(ref, fields=["x", "y"]), backup, epochs=2)  # finishes; then deletes
+    assert not os.path.exists(backup)
+
+
+def test_a_backup_of_another_stream_is_refused_naming_what_differs(ref, tmp_path):
+    backup = str(tmp_path / "backup")
+    _fit(stream_of(ref, fields=["x", "y"]), backup, save_freq=2, delete_checkpoint=False)
+    other = ref.stream(shuffle=True, shuffle_seed=4, batch_size=8, fields=["x", "y"])
+    with pytest.raises(ValueError, match="seed=4"):
+        _fit(other, backup)
+    resized = ref.stream(shuffle=True, shuffle_seed=3, batch_size=4, fields=["x", "y"])
+    with pytest.raises(ValueError, match="batch_size: backed up 8, now 4"):
+        _fit(resized, backup)
+
+
+def test_damaged_or_foreign_backups_raise_cache_corrupted(ref, tmp_path):
+    backup = str(tmp_path / "backup")
+    _fit(stream_of(ref, fields=["x", "y"]), backup, save_freq=2, delete_checkpoint=False)
+    weights = os.path.join(backup, "latest.weights.h5")
+    with open(weights, "r+b") as f:
+        f.seek(-1, os.SEEK_END)
+        last = f.read(1)
+        f.seek(-1, os.SEEK_END)
+        f.write(bytes([last[0] ^ 1]))
+    with pytest.raises(ydl.CacheCorrupted, match="SHA-256"):
+        _fit(stream_of(ref, fields=["x", "y"]), backup)
+    metadata = os.path.join(backup, "training_metadata.json")
+    with open(metadata, "w") as f:
+        json.dump({"epoch": 1, "batch": 0}, f)  # what keras.callbacks.BackupAndRestore writes
+    with pytest.raises(ydl.CacheCorrupted, match="no stream position"):
+        _fit(stream_of(ref, fields=["x", "y"]), backup)
+
+
+def test_backup_and_restore_refuses_record_streams_and_urls(ref, tmp_path):
+    with pytest.raises(ValueError, match="batch_size"):
+        ydl.keras.BackupAndRestore(str(tmp_path), ref.stream())
+    with pytest.raises(ValueError, match="local or mounted"):
+        ydl.keras.BackupAndRestore("gs://bucket/backup", stream_of(ref))

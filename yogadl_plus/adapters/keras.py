@@ -1,46 +1,49 @@
-"""``ydl.keras``: a batching Stream as a ``keras.utils.PyDataset`` for ``model.fit``."""
+"""``ydl.keras``: a batching Stream as a ``keras.utils.PyDataset`` for ``model.fit``, and
+Keras's ``BackupAndRestore`` that also backs up and restores the stream's position."""
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import keras
 import numpy as np
 
+from yogadl_plus.adapters.keras_backup import BackupAndRestore
 from yogadl_plus.boundary import collate
 
 if TYPE_CHECKING:
     from yogadl_plus.stream import Stream
 
-__all__ = ["StreamSequence"]
+__all__ = ["BackupAndRestore", "StreamSequence"]
 
 
 class StreamSequence(keras.utils.PyDataset):
-    """Batch ``i`` of the stream's current epoch as ``(x, y)`` (or ``x`` alone when ``y`` is
-    None), for ``model.fit``, ``evaluate`` and ``predict``.
+    """The stream's batches as ``(x, y)`` (or ``x`` alone when ``y`` is None), for
+    ``model.fit``, ``evaluate`` and ``predict``.
 
     ``x`` is a field name (the batch array) or a list of names (a dict name -> array, for
     models with named inputs); None means every field but ``y`` (one array when that is a single
     field). ``y`` is a field name or None. A stream whose transform returns tuples gives those
-    tuples, column-stacked, when ``x`` and ``y`` are None. ``pydataset_kwargs`` (``workers``,
-    ``use_multiprocessing``, ``max_queue_size``) go to ``PyDataset``.
+    tuples, column-stacked, when ``x`` and ``y`` are None. ``max_queue_size`` goes to
+    ``PyDataset``.
 
-    Epochs: ``on_epoch_end()`` moves to the stream's next epoch. Keras' ``fit`` and
-    ``evaluate`` also call it once before their first epoch, to reset the dataset; that call is
-    recognized (no ``on_epoch_begin`` came before it, and one comes right after it) and does
-    not skip an epoch.
+    Each Keras epoch is one iteration of the stream (its next epoch), handed over in the
+    stream's order: inside an epoch (between Keras's ``on_epoch_begin`` and ``on_epoch_end``),
+    the n-th batch Keras asks for is the stream's n-th, whatever index it asks with. So
+    Keras's batch shuffle (``fit(shuffle=True)``, its default) has no effect: the stream
+    already shuffles, record by record, which is the better shuffle. Keras's own worker threads
+    and processes would ask out of order and are refused; read ahead with the stream's
+    ``num_workers``. Outside an epoch, ``sequence[i]`` is batch ``i`` of the epoch the next
+    iteration covers, read without moving anything.
 
-    Batch ``i`` is read by index, as the stream would read it (the order is a pure function
-    of epoch and position): any order costs the same, so Keras' batch-order shuffle, worker
-    threads (``workers=``) and processes (``use_multiprocessing=True``) all work. The
-    stream's own ``num_workers`` pool is not used, and ``stream.offset`` does not move.
-
-    ``len()`` is the number of batches left in the current epoch: ``len(stream)``, except in
-    the first epoch of a stream resumed mid-epoch (``start_offset``), which is shorter. Keras
-    reads the length once per ``fit``, so finish such an epoch with its own ``fit(...,
-    epochs=1)`` call. Streams with a predicate are refused (Keras needs the exact number of
+    The stream's ledger records what each epoch handed out, so ``stream.offset_after(epoch,
+    batches trained)`` resumes exactly; ``ydl.keras.BackupAndRestore`` does that for
+    ``model.fit``. ``len()`` is the number of batches in the epoch being (or next to be)
+    iterated: ``len(stream)``, except in the first epoch of a stream resumed mid-epoch, which
+    is shorter (Keras ends that epoch when it runs out, and keeps the whole length for the
+    next ones). Streams with a predicate are refused (Keras needs the exact number of
     batches), and n-gram streams without a transform (their batches are not field -> column):
     use ``ydl.tensorflow.make_tf_dataset`` for those.
     """
@@ -52,6 +55,12 @@ class StreamSequence(keras.utils.PyDataset):
         y: str | None = None,
         **pydataset_kwargs: Any,
     ) -> None:
+        if pydataset_kwargs.get("workers", 1) > 1 or pydataset_kwargs.get("use_multiprocessing"):
+            raise ValueError(
+                "StreamSequence hands batches over in the stream's order, and Keras's worker "
+                "threads or processes would ask for them out of order: leave workers= and "
+                "use_multiprocessing= out, and read ahead with dataref.stream(num_workers=...)"
+            )
         super().__init__(**pydataset_kwargs)
         if stream.batch_size is None:
             raise ValueError(
@@ -79,13 +88,14 @@ class StreamSequence(keras.utils.PyDataset):
         self.x = x
         self.y = y
         self._lock = threading.Lock()
-        self._epoch, self._start = stream.next_epoch_position  # where the first batch starts
-        self._begun = False
-        self._pending_end: tuple[int, int] | None = None  # (thread id, unpaired ends)
+        # The running epoch: the stream's iteration and its number of batches.
+        self._batches: Iterator[Any] | None = None
+        self._length = 0
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         del state["_lock"]
+        state["_batches"] = None
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -99,49 +109,40 @@ class StreamSequence(keras.utils.PyDataset):
 
     def __len__(self) -> int:
         with self._lock:
-            self._settle()
-            return self._length()
+            if self._batches is not None:
+                return self._length
+            return self._batches_from(*self.stream.next_epoch_position)
 
-    def _length(self) -> int:
-        positions = max(self.stream.order.epoch_shard_length(self._epoch) - self._start, 0)
+    def _batches_from(self, epoch: int, position: int) -> int:
+        positions = max(self.stream.order.epoch_shard_length(epoch) - position, 0)
         size = self.stream.batch_size
         assert size is not None
         return positions // size if self.stream.drop_last else -(-positions // size)
 
     def on_epoch_begin(self) -> None:
         with self._lock:
-            self._pending_end = None  # an end right before a begin was Keras resetting
-            self._begun = True
+            self._length = self._batches_from(*self.stream.next_epoch_position)
+            self._batches = iter(self.stream)  # the stream's next epoch
 
     def on_epoch_end(self) -> None:
+        # Keras also calls this before its first epoch, to reset the dataset: nothing runs then.
         with self._lock:
-            if self._begun:
-                self._begun = False
-                self._next_epoch()
-            else:
-                ends = self._pending_end[1] if self._pending_end else 0
-                self._pending_end = (threading.get_ident(), ends + 1)
-
-    def _settle(self) -> None:
-        """Apply the on_epoch_end calls this thread made without on_epoch_begin: a user ending
-        epochs by hand (Keras' own reset call is followed by on_epoch_begin, which drops it;
-        its worker threads asking for batches meanwhile still get the current epoch)."""
-        pending = self._pending_end
-        if pending is not None and pending[0] == threading.get_ident():
-            self._pending_end = None
-            for _ in range(pending[1]):
-                self._next_epoch()
-
-    def _next_epoch(self) -> None:
-        self._epoch += 1
-        self._start = 0
+            self._batches = None
 
     # --- batches ---
 
     def __getitem__(self, index: int) -> Any:
         with self._lock:
-            self._settle()
-            epoch, start, count = self._epoch, self._start, self._length()
+            if self._batches is not None:  # in an epoch: the next batch, whatever the index
+                try:
+                    batch = next(self._batches)
+                except StopIteration:
+                    raise IndexError(
+                        f"the epoch has {self._length} batches, all handed out already"
+                    ) from None
+                return self._item(batch)
+            epoch, start = self.stream.next_epoch_position
+            count = self._batches_from(epoch, start)
         i = int(index) + count if int(index) < 0 else int(index)
         if not 0 <= i < count:
             raise IndexError(f"batch index {index} is out of range [0, {count})")
@@ -149,7 +150,7 @@ class StreamSequence(keras.utils.PyDataset):
         assert size is not None
         first = start + i * size
         stop = min(first + size, self.stream.order.epoch_shard_length(epoch))
-        block = self.stream.reader((first, self.stream.order.indices(epoch, first, stop)))
+        block = self.stream.read_unit(epoch, first, stop)
         batch = block.columns if block.columns is not None else collate(block.items or [])
         return self._item(batch)
 

@@ -1,0 +1,109 @@
+"""ydl.keras.BackupAndRestore, tried the way it fails: a real model.fit in a subprocess,
+SIGKILLed at chosen points, run again until it finishes, then every epoch counted.
+
+The model keeps, in its own weights, how many records it trained on and the sum of their ids;
+so each restart says exactly which steps the restored backup holds, and the steps a killed run
+trained after its last backup (lost with it) are told apart from the ones that count.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("tensorflow")
+pytest.importorskip("keras")
+
+import yogadl_plus as ydl
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+JOB = os.path.join(HERE, "keras_resume_job.py")
+sys.path.insert(0, HERE)
+import keras_resume_job as job  # noqa: E402
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+
+def run_job(root: str, face: str, save_freq: str, predicate: bool, kill: str) -> int:
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")
+    args = [sys.executable, JOB, root, face, save_freq, "1" if predicate else "0", kill]
+    done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=300)
+    if kill == "none" and done.returncode:
+        raise AssertionError(f"the job failed:\n{done.stderr[-4000:]}")
+    return done.returncode
+
+
+def expected_ids(root: str, predicate: bool) -> list[int]:
+    ref = ydl.LocalStorage(os.path.join(root, "store")).fetch("job", "v1")
+    stream = job.stream_of(ref, predicate)
+    return [int(i) for _ in range(job.EPOCHS) for batch in stream for i in batch["id"]]
+
+
+def trained_ids(root: str) -> list[int]:
+    """What the final model trained on, in order: of each killed run, the records its
+    successor restored; of the last run, all."""
+    runs: list[dict] = []
+    with open(os.path.join(root, "trained.log")) as f:
+        for line in f:
+            head, _, rest = line.partition(" ")
+            if head == "R":
+                runs.append({"restored": tuple(map(int, rest.split())), "ids": []})
+            elif head == "F":
+                runs[-1]["final"] = tuple(map(int, rest.split()))
+            else:
+                runs[-1]["ids"].extend(int(i) for i in line.split())
+    assert "final" in runs[-1], "the last run did not finish"
+    kept: list[int] = []
+    for run, after in zip(runs, [*runs[1:], None]):
+        count, total = run["restored"]
+        assert (count, total) == (len(kept), sum(kept)), "restored weights != what was kept"
+        end = run["final"] if after is None else after["restored"]
+        ids = run["ids"][: end[0] - count]
+        assert sum(ids) == end[1] - total, "the backup's weights do not match its steps"
+        kept += ids
+    return kept
+
+
+def fit_until_done(tmp_path, face: str, save_freq: str, kills: list[str], predicate=False):
+    root = str(tmp_path)
+    for kill in kills:
+        assert run_job(root, face, save_freq, predicate, kill) == -9, f"{kill} did not kill"
+    run_job(root, face, save_freq, predicate, "none")
+    got, want = trained_ids(root), expected_ids(root, predicate)
+    per_epoch = len(want) // job.EPOCHS
+    for epoch in range(job.EPOCHS):
+        part = got[epoch * per_epoch : (epoch + 1) * per_epoch]
+        assert sorted(part) == sorted(want[epoch * per_epoch : (epoch + 1) * per_epoch]), (
+            f"epoch {epoch}: {len(set(part))} distinct of {per_epoch}"
+        )
+    assert got == want  # every record of every epoch once, in the stream's order
+
+
+# 500 records in batches of 32: 16 steps per epoch. With save_freq=10, the backups are at
+# steps 10 (epoch 0), 20, 30 (epoch 1), 40 (epoch 2)...: killed at step 18 (epoch 1's second)
+# the restore lands back in epoch 0.
+@pytest.mark.parametrize("face", ["tf", "seq"])
+def test_killed_early_in_an_epoch_and_after_a_backup_every_epoch_is_exact(tmp_path, face):
+    fit_until_done(tmp_path, face, "10", ["step:18", "backup:1", "step:5"])
+
+
+@pytest.mark.parametrize("face", ["tf", "seq"])
+def test_killed_around_each_rename_of_a_backup_every_epoch_is_exact(tmp_path, face):
+    # Before the weights' rename, between the two renames, right after the metadata's.
+    fit_until_done(tmp_path, face, "10", ["before-replace:1", "after-replace:1", "after-replace:2"])
+
+
+@pytest.mark.parametrize("face", ["tf", "seq"])
+def test_epoch_backups_redo_the_interrupted_epoch_whole(tmp_path, face):
+    fit_until_done(tmp_path, face, "epoch", ["step:20", "step:3"])
+
+
+def test_a_predicate_stream_resumes_exactly(tmp_path):
+    fit_until_done(tmp_path, "tf", "7", ["step:13", "backup:2"], predicate=True)
+
+
+def test_uninterrupted_fit_trains_whole_epochs(tmp_path):
+    fit_until_done(tmp_path, "seq", "epoch", [])

@@ -1,0 +1,231 @@
+"""``ydl.keras.BackupAndRestore``: Keras's fault-tolerance callback, exact about the data.
+
+Keras's ``BackupAndRestore`` saves the weights and the epoch; started again, ``fit`` begins that
+epoch over with whatever data comes. This one also saves the stream's position, in the same
+backup, and restores it before any data is read: the interrupted epoch finishes where it
+stopped and every later epoch is whole.
+
+A backup is switched in by two renames (the weights, then ``training_metadata.json``, which
+carries the stream's position and the weights' digest), each prepared in full beside its
+target first. A crash between the renames leaves new weights and the prepared metadata: the
+next start finishes the switch. A crash before them leaves the old backup whole.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import warnings
+from typing import TYPE_CHECKING, Any, cast
+
+import keras
+
+from yogadl_plus.cache.integrity import file_sha256
+from yogadl_plus.cache.manifest import fsync_dir
+from yogadl_plus.errors import CacheCorrupted
+
+if TYPE_CHECKING:
+    from yogadl_plus.stream import Stream
+
+__all__ = ["BackupAndRestore"]
+
+# Keras's own file names in backup_dir (keras.callbacks.BackupAndRestore).
+WEIGHTS = "latest.weights.h5"
+METADATA = "training_metadata.json"
+PREVIOUS = ".bkp"  # Keras's suffix for double_checkpoint's previous backup
+# Where the next backup is prepared before it is switched in (Keras wants ".weights.h5").
+PENDING_WEIGHTS = "pending.weights.h5"
+PENDING_METADATA = METADATA + ".pending"
+# Our part of training_metadata.json.
+KEY = "yogadl_plus"
+# Keras's warning when an epoch's data ends before its cardinality: a resumed epoch, or one
+# thinned by a predicate, ends early on purpose.
+_RAN_OUT = r"Your input ran out of data"
+
+
+class BackupAndRestore(keras.callbacks.BackupAndRestore):
+    """``keras.callbacks.BackupAndRestore(backup_dir, **keras_kwargs)`` that also backs up the
+    stream's position, atomically with Keras's files, and restores it before any data is read.
+
+    Run the same script again after a crash anywhere: every record of every epoch is trained
+    on exactly once (the interrupted epoch finishes, later epochs are whole), with
+    ``model.fit(ydl.tensorflow.make_tf_dataset(stream), ...)`` or
+    ``model.fit(ydl.keras.StreamSequence(stream, ...), ...)``. The stream must batch (one
+    Keras step is one of its items) and ``steps_per_epoch`` must be left unset (each Keras
+    epoch is then one epoch of the stream); make the stream the same way each run.
+
+    Keras's arguments (``save_freq``: ``"epoch"`` or every ``n`` batches, ``double_checkpoint``,
+    ``delete_checkpoint``) mean what they mean there, and ``backup_dir`` holds Keras's files
+    (``latest.weights.h5``, ``training_metadata.json``, whose extra ``"yogadl_plus"`` entry
+    holds the stream's offset). ``backup_dir`` is a local (or mounted) folder: the backup is
+    switched in by renames. A backup made for another dataset, order or batch size is refused
+    with a ``ValueError``; one whose weights are not the ones its metadata names raises
+    ``CacheCorrupted``.
+    """
+
+    def __init__(self, backup_dir: str, stream: Stream, **keras_kwargs: Any) -> None:
+        super().__init__(backup_dir, **keras_kwargs)
+        if "://" in str(backup_dir):
+            raise ValueError(
+                f"backup_dir must be a local or mounted folder (a backup is switched in by "
+                f"renames), got {backup_dir!r}"
+            )
+        if stream.batch_size is None:
+            raise ValueError(
+                "BackupAndRestore counts Keras steps as the stream's items: make the stream "
+                "batch (dataref.stream(batch_size=...)) instead of batching records in tf.data"
+            )
+        self.stream = stream
+        self._folder = os.fspath(backup_dir)
+        self._keras_epoch = 0  # Keras's running epoch
+        self._epoch = 0  # the stream's epoch it iterates
+        self._steps = 0  # batches trained in it
+        self._since_backup = 0  # batches trained since the last backup (save_freq=int)
+        self._quiet: tuple[Any, ...] | None = None
+
+    # --- Keras's hooks ---
+
+    def on_train_begin(self, logs: Any = None) -> None:
+        self._finish_switch()
+        super().on_train_begin(logs)  # Keras loads the weights and its epoch
+        metadata = self._read(os.path.join(self._folder, METADATA))
+        if metadata is not None:
+            self._check(metadata)
+            self.stream.seek(int(metadata[KEY]["offset"]))
+        # Epochs end early on purpose here (see _RAN_OUT): Keras's warning would mislead.
+        warnings.filterwarnings("ignore", message=_RAN_OUT, category=UserWarning)
+        self._quiet = warnings.filters[0]
+
+    def on_train_end(self, logs: Any = None) -> None:
+        if self._quiet in warnings.filters:
+            cast(list, warnings.filters).remove(self._quiet)  # a list, typed as a Sequence
+        self._quiet = None
+        super().on_train_end(logs)
+
+    def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+        self._keras_epoch = epoch
+        self._epoch = self.stream.next_epoch_position[0]
+        self._steps = 0
+
+    def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+        done = batch + 1  # the last step's index, several steps per call included
+        self._since_backup += done - self._steps
+        self._steps = done
+        if self.save_freq != "epoch" and self.save_freq and self._since_backup >= self.save_freq:
+            self._back_up(self._keras_epoch, finished=False)
+
+    def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+        if self.save_freq == "epoch":
+            self._back_up(epoch, finished=True)
+
+    # --- backing up ---
+
+    def _back_up(self, keras_epoch: int, finished: bool) -> None:
+        self._since_backup = 0
+        end = self.stream.offset_after(self._epoch)
+        offset = end if finished else self.stream.offset_after(self._epoch, self._steps)
+        metadata: dict[str, Any]
+        if offset == end:  # the stream's epoch is done: the backup is of the next one's start
+            metadata = {"epoch": keras_epoch + 1, "batch": 0}
+        else:
+            metadata = {"epoch": keras_epoch, "batch": self._steps - 1}
+        os.makedirs(self._folder, exist_ok=True)
+        pending_weights = os.path.join(self._folder, PENDING_WEIGHTS)
+        self.model.save_weights(pending_weights, overwrite=True)
+        _sync_file(pending_weights)
+        metadata[KEY] = {
+            "offset": offset,
+            "stream": _identity(self.stream),
+            "weights_sha256": file_sha256(pending_weights),
+        }
+        pending_metadata = os.path.join(self._folder, PENDING_METADATA)
+        with open(pending_metadata, "w") as f:
+            json.dump(metadata, f)
+            f.flush()
+            os.fsync(f.fileno())
+        weights = os.path.join(self._folder, WEIGHTS)
+        current = os.path.join(self._folder, METADATA)
+        if self.double_checkpoint and os.path.exists(current):
+            shutil.copyfile(weights, weights + PREVIOUS)
+            shutil.copyfile(current, current + PREVIOUS)
+        os.replace(pending_weights, weights)
+        os.replace(pending_metadata, current)
+        fsync_dir(self._folder)
+
+    def _finish_switch(self) -> None:
+        """Finish a backup that a crash cut between its two renames; drop one cut before."""
+        pending = os.path.join(self._folder, PENDING_METADATA)
+        metadata = self._read(pending)
+        weights = os.path.join(self._folder, WEIGHTS)
+        if metadata is not None and _digest_or_none(weights) == metadata[KEY]["weights_sha256"]:
+            os.replace(pending, os.path.join(self._folder, METADATA))
+            fsync_dir(self._folder)
+        for name in (PENDING_METADATA, PENDING_WEIGHTS):
+            path = os.path.join(self._folder, name)
+            if os.path.exists(path):
+                os.remove(path)
+
+    # --- restoring ---
+
+    def _read(self, path: str) -> dict[str, Any] | None:
+        try:
+            with open(path) as f:
+                text = f.read()
+        except FileNotFoundError:
+            return None
+        try:
+            metadata = json.loads(text)
+            position = metadata[KEY]
+            int(position["offset"])
+            str(position["weights_sha256"])
+            dict(position["stream"])
+        except (ValueError, KeyError, TypeError) as exc:
+            raise CacheCorrupted(
+                f"{path} is not a backup of ydl.keras.BackupAndRestore ({type(exc).__name__}: "
+                f"{exc}): it holds no stream position (a backup of keras.callbacks."
+                "BackupAndRestore, or a damaged file); move backup_dir aside to start over"
+            ) from None
+        return metadata
+
+    def _check(self, metadata: dict[str, Any]) -> None:
+        position = metadata[KEY]
+        saved, now = position["stream"], _identity(self.stream)
+        differ = {k: (saved.get(k), v) for k, v in now.items() if saved.get(k) != v}
+        if differ:
+            what = "; ".join(f"{k}: backed up {a!r}, now {b!r}" for k, (a, b) in differ.items())
+            raise ValueError(
+                f"the backup in {self._folder} was made for another stream ({what}): make the "
+                "stream as the run that backed up did, or use another backup_dir"
+            )
+        weights = os.path.join(self._folder, WEIGHTS)
+        if _digest_or_none(weights) != position["weights_sha256"]:
+            raise CacheCorrupted(
+                f"{weights} is not the file that {METADATA} beside it was saved with (its "
+                "SHA-256 differs): the backup cannot be trusted; move backup_dir aside to start "
+                "over"
+            )
+
+
+def _identity(stream: Stream) -> dict[str, Any]:
+    """What must be the same for an offset to mean the same records."""
+    ref = stream.dataref
+    return {
+        "dataset": f"{ref.dataset_id}:{ref.version}",
+        "records": len(ref),
+        "order": repr(stream.order),
+        "batch_size": stream.batch_size,
+        "drop_last": stream.drop_last,
+    }
+
+
+def _digest_or_none(path: str) -> str | None:
+    try:
+        return file_sha256(path)
+    except FileNotFoundError:
+        return None
+
+
+def _sync_file(path: str) -> None:
+    with open(path, "rb+") as f:
+        os.fsync(f.fileno())
