@@ -107,3 +107,11 @@ def test_a_predicate_stream_resumes_exactly(tmp_path):
 
 def test_uninterrupted_fit_trains_whole_epochs(tmp_path):
     fit_until_done(tmp_path, "seq", "epoch", [])
+
+
+# save_freq=8: the second backup is at step 16, the last of epoch 0. Restored from it, Keras
+# must start epoch 1 (the backup is saved as that epoch's start), not redo epoch 0 on a stream
+# that already stands at epoch 1.
+@pytest.mark.parametrize("face, kill", [("tf", "backup:2"), ("seq", "step:20")])
+def test_a_backup_on_an_epochs_last_step_resumes_at_the_next_epoch(tmp_path, face, kill):
+    fit_until_done(tmp_path, face, "8", [kill])
