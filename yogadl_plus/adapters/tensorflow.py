@@ -28,6 +28,10 @@ __all__ = ["make_tf_dataset"]
 _TUPLE_SOURCES = ("tensorflow", "torch")
 # Positions tried for one item when the signature of a transform's output is inferred.
 _SAMPLE_POSITIONS = 4096
+# Dense batches handed over per Python call (tf.data unbatches them): tf.data's per-call cost
+# is then paid once per group; groups stay small enough to copy without notice.
+_GROUP_BATCHES = 8
+_GROUP_BYTES = 16 << 20
 
 # A template of the output structure: a field name, or a dict / tuple of templates.
 Template = Any
@@ -107,6 +111,13 @@ def make_tf_dataset(
         for item in iter(stream):  # each iter() is the stream's next epoch
             yield to_tf(item)
 
+    dense = all(isinstance(spec, tf.TensorSpec) for spec in tf.nest.flatten(signature))
+    if read_ahead and batched and dense:
+        group_signature = tf.nest.map_structure(
+            lambda spec: tf.TensorSpec((None, *spec.shape), spec.dtype), signature
+        )
+        dataset = _epochs(stream, lambda: _groups(items()), group_signature, lambda d: d.unbatch())
+        return dataset.prefetch(tf.data.AUTOTUNE)
     dataset = _epochs(stream, items, signature)
     if read_ahead:
         return dataset.prefetch(tf.data.AUTOTUNE)
@@ -152,6 +163,27 @@ def _epochs(
     if per_element is not None:
         dataset = per_element(dataset)
     return dataset.take(len(stream))
+
+
+def _groups(batches: Iterator[Any]) -> Iterator[Any]:
+    """Consecutive batches of equal size, stacked a few at a time (tf.data unbatches them)."""
+    group: list[Any] = []
+    limit = _GROUP_BATCHES
+    for batch in batches:
+        leaves = tf.nest.flatten(batch)
+        if group and (len(group) == limit or len(leaves[0]) != len(tf.nest.flatten(group[0])[0])):
+            yield _stacked(group)
+            group = []
+        if not group:
+            size = sum(np.asarray(leaf).nbytes for leaf in leaves)
+            limit = max(1, min(_GROUP_BATCHES, _GROUP_BYTES // max(size, 1)))
+        group.append(batch)
+    if group:
+        yield _stacked(group)
+
+
+def _stacked(group: list[Any]) -> Any:
+    return tf.nest.map_structure(lambda *leaves: np.stack(leaves), *group)
 
 
 # --- records: blocks read in Python, unbatched in tf.data ---
