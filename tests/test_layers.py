@@ -126,9 +126,7 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 def test_no_import_cycles() -> None:
     graph = import_graph()
     found = cycles(graph)
-    described = [
-        "\n".join(f"  {m} -> {sorted(graph[m] & set(c))}" for m in c) for c in found
-    ]
+    described = ["\n".join(f"  {m} -> {sorted(graph[m] & set(c))}" for m in c) for c in found]
     assert not found, "import cycles:\n" + "\n\n".join(described)
 
 

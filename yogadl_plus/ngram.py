@@ -11,6 +11,8 @@ from __future__ import annotations
 import datetime
 import math
 import numbers
+import threading
+import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -24,6 +26,12 @@ if TYPE_CHECKING:
     from yogadl_plus.schema import Field, Schema
 
 __all__ = ["NGram", "NGramError"]
+
+# The anchors of each DataRef, per anchor key: computed once per DataRef object, dropped with it.
+_ANCHORS: weakref.WeakKeyDictionary[DataRef, dict[tuple[Any, ...], np.ndarray]] = (
+    weakref.WeakKeyDictionary()
+)
+_ANCHORS_LOCK = threading.Lock()
 
 # Timestamps read per get_batch call while looking for windows (8 bytes each: 512 KiB).
 _TS_BLOCK = 65536
@@ -229,21 +237,20 @@ class NGram:
         ``timestamp_overlap=False``), as a read-only int64 array.
 
         Reads the timestamp field of every record once per DataRef object; the result is kept
-        on the DataRef, so the streams of all shards built on one DataRef share it. Raises
-        NGramError when timestamps decrease between two records that fall in one window.
+        as long as the DataRef lives, so the streams of all shards built on one DataRef share
+        it. Raises NGramError when timestamps decrease between two records that fall in one
+        window.
         """
         # Checked every time: the cache is shared by NGrams that name other fields.
         self.check(dataref.schema)
-        cache: dict[tuple[Any, ...], np.ndarray] | None = getattr(dataref, "_ngram_anchors", None)
-        if cache is None:
-            cache = {}
-            dataref._ngram_anchors = cache  # type: ignore[attr-defined]
         key = self._anchor_key()
-        found = cache.get(key)
+        with _ANCHORS_LOCK:
+            found = _ANCHORS.setdefault(dataref, {}).get(key)
         if found is None:
             found = self._compute_anchors(dataref)
             found.flags.writeable = False
-            cache[key] = found
+            with _ANCHORS_LOCK:
+                found = _ANCHORS.setdefault(dataref, {}).setdefault(key, found)
         return found
 
     def window_records(self, anchors: np.ndarray | Sequence[int]) -> np.ndarray:

@@ -11,26 +11,34 @@ Fisher-Yates shuffle), and the order is identical in every process because the k
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 import operator
+import secrets
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from yogadl_plus.checks import check_bool, check_int
+from yogadl_plus.splitmix import GOLDEN, MASK64, MIX_1, MIX_2, splitmix64
 
-__all__ = ["EpochOrder", "Permutation"]
+__all__ = [
+    "ChunkShardOrder",
+    "EpochOrder",
+    "OrderSettings",
+    "Permutation",
+    "ShardOrder",
+]
 
 _ROUNDS = 6
-_MASK64 = (1 << 64) - 1
-# splitmix64's finalizer multipliers: odd, with good avalanche in the high bits.
-_C1 = 0xBF58476D1CE4E5B9
-_C2 = 0x94D049BB133111EB
+# Each Feistel round mixes with splitmix64's finalizer.
 _SHIFT = 31
-_C1_U64 = np.uint64(_C1)
-_C2_U64 = np.uint64(_C2)
+_C1_U64 = np.uint64(MIX_1)
+_C2_U64 = np.uint64(MIX_2)
 _SHIFT_U64 = np.uint64(_SHIFT)
 _HALF_WORD_U64 = np.uint64(32)
 _MAX_N = 1 << 63  # positions and record indices are int64
@@ -44,14 +52,6 @@ _SCALAR_TAIL = 8
 # table: a Feistel network over a tiny domain reaches only some of the n! orders (n <= 6 is
 # visibly non-uniform), and a table this small costs nothing.
 _TABLE_MAX = 1024
-_GOLDEN = 0x9E3779B97F4A7C15
-
-
-def _splitmix64(state: int) -> int:
-    z = state
-    z = ((z ^ (z >> 30)) * _C1) & _MASK64
-    z = ((z ^ (z >> 27)) * _C2) & _MASK64
-    return z ^ (z >> 31)
 
 
 def _fisher_yates(n: int, key: int) -> npt.NDArray[np.int64]:
@@ -63,9 +63,9 @@ def _fisher_yates(n: int, key: int) -> npt.NDArray[np.int64]:
         bound = i + 1
         reject_below = (1 << 64) % bound  # Lemire: unbiased draws from [0, bound)
         while True:
-            state = (state + _GOLDEN) & _MASK64
-            product = _splitmix64(state) * bound
-            if product & _MASK64 >= reject_below:
+            product = splitmix64(state) * bound
+            state = (state + GOLDEN) & MASK64
+            if product & MASK64 >= reject_below:
                 break
         j = product >> 64
         table[i], table[j] = table[j], table[i]
@@ -212,9 +212,9 @@ class Permutation:
         left, right = divmod(value, side)
         for i, key in enumerate(self._keys):
             src = right if i % 2 == 0 else left
-            t = ((src ^ key) * _C1) & _MASK64
+            t = ((src ^ key) * MIX_1) & MASK64
             t ^= t >> _SHIFT
-            t = ((((t * _C2) & _MASK64) >> 32) * side) >> 32
+            t = ((((t * MIX_2) & MASK64) >> 32) * side) >> 32
             if i % 2 == 0:
                 left = (left + t) % side
             else:
@@ -222,52 +222,113 @@ class Permutation:
         return left * side + right
 
 
-class EpochOrder:
+SHARD_BY = ("records", "chunks")
+
+
+@dataclass(frozen=True)
+class OrderSettings:
+    """How a stream orders its records: shuffle, shards, and where it starts; checked once, here.
+
+    ``seed`` may be None with ``shuffle=True`` on one shard (the stream draws one: ``seeded``);
+    ``start_offset`` counts this shard's positions from the first epoch, ``global_start`` is
+    the elastic resume point (``shard_by="records"`` only). See docs/streams.md.
+    """
+
+    shuffle: bool = False
+    seed: int | None = None
+    skip_shuffle_at_epoch_end: bool = False
+    shard_rank: int = 0
+    num_shards: int = 1
+    drop_shard_remainder: bool = False
+    shard_by: str = "records"
+    start_offset: int = 0
+    global_start: int | None = None
+
+    def __post_init__(self) -> None:
+        def keep(name: str, value: object) -> None:
+            object.__setattr__(self, name, value)  # normalized (np.int64 -> int): frozen
+
+        keep("start_offset", check_int("start_offset", self.start_offset, 0))
+        if self.global_start is not None:
+            keep("global_start", check_int("global_start", self.global_start, 0))
+        keep("shuffle", check_bool("shuffle", self.shuffle))
+        keep(
+            "skip_shuffle_at_epoch_end",
+            check_bool("skip_shuffle_at_epoch_end", self.skip_shuffle_at_epoch_end),
+        )
+        keep("drop_shard_remainder", check_bool("drop_shard_remainder", self.drop_shard_remainder))
+        keep("num_shards", check_int("num_shards", self.num_shards, 1))
+        keep("shard_rank", check_int("shard_rank", self.shard_rank, 0, self.num_shards - 1))
+        if self.seed is not None:
+            keep("seed", check_int("seed", self.seed, 0))
+        elif self.shuffle and self.num_shards != 1:
+            raise ValueError(
+                "shuffle=True with num_shards > 1 needs an explicit shuffle_seed, shared by "
+                "all ranks; otherwise each rank would draw its own and the shards would overlap"
+            )
+        if self.shard_by not in SHARD_BY:
+            raise ValueError(f"shard_by must be 'records' or 'chunks', got {self.shard_by!r}")
+        if self.shard_by == "chunks" and self.global_start is not None:
+            raise ValueError(CHUNK_SHARDS_TAKE_NO_GLOBAL_ORDER)
+
+    def seeded(self) -> OrderSettings:
+        """These settings, with a freshly drawn seed if they shuffle without one."""
+        if self.shuffle and self.seed is None:
+            return dataclasses.replace(self, seed=secrets.randbits(63))
+        return self
+
+    def order(self, num_positions: int, chunk_records: Sequence[int]) -> ShardOrder:
+        """The order of ``num_positions`` positions (records, or n-gram windows) by these
+        settings: an EpochOrder, or a ChunkShardOrder over chunks of ``chunk_records`` records."""
+        if self.shard_by == "chunks":
+            return ChunkShardOrder(chunk_records, self)
+        return EpochOrder(num_positions, self)
+
+
+CHUNK_SHARDS_TAKE_NO_GLOBAL_ORDER = (
+    "shard_by='chunks' shards whole chunks of records: it takes neither ngram= nor "
+    "global_start= (use shard_by='records' for those)"
+)
+
+
+class ShardOrder:
     """The record order of one shard of a stream, epoch by epoch, as a pure function.
 
-    Each epoch has one global order over all ``num_records`` records: the identity, or with
+    Each epoch has one order over all ``num_records`` records: the identity, or with
     ``shuffle=True`` the ``Permutation(num_records, seed, epoch)`` (epoch 0's for every epoch
     with ``skip_shuffle_at_epoch_end=True``). ``drop_shard_remainder=True`` first cuts that order
     to its first ``global_length`` positions, a multiple of ``num_shards``. Shard ``r`` of ``S``
-    takes global positions ``r, r + S, r + 2S, ...``, so within an epoch the shards are disjoint
-    and together cover the (cut) global order. Any ``(epoch, position)`` costs the same.
+    takes positions ``r, r + S, r + 2S, ...``, so within an epoch the shards are disjoint and
+    together cover the (cut) order. Any ``(epoch, position)`` costs the same.
 
-    ``global_start = g`` starts in epoch ``g // num_records`` at global position
-    ``g % num_records`` (elastic resume: another number of shards carries on an epoch): in that
-    first epoch, shard ``r`` takes global positions ``g0 + r, g0 + r + S, ...``, cut with
+    ``global_start = g`` starts in epoch ``g // num_records`` at position ``g % num_records``:
+    in that first epoch, shard ``r`` takes positions ``g0 + r, g0 + r + S, ...``, cut with
     ``drop_shard_remainder`` to a multiple of ``S`` after ``g0``; later epochs are whole.
+
+    Made from ``OrderSettings`` (or its keywords: ``EpochOrder(10, shuffle=True, seed=1)``).
     """
 
     def __init__(
-        self,
-        num_records: int,
-        *,
-        shuffle: bool = False,
-        seed: int | None = None,
-        skip_shuffle_at_epoch_end: bool = False,
-        shard_rank: int = 0,
-        num_shards: int = 1,
-        drop_shard_remainder: bool = False,
-        global_start: int = 0,
+        self, num_records: int, settings: OrderSettings | None = None, **options: Any
     ) -> None:
+        if settings is None:
+            settings = OrderSettings(**options)
+        elif options:
+            raise TypeError(f"pass OrderSettings or keywords, not both: got {sorted(options)}")
+        if settings.shuffle and settings.seed is None:
+            raise ValueError(
+                "shuffle=True needs a seed, got seed=None: pass shuffle_seed; the Stream "
+                "draws one when none is given"
+            )
+        self.settings = settings
         self.num_records = check_int("num_records", num_records, 0, _MAX_N)
-        self.global_start = check_int("global_start", global_start, 0)
-        self.shuffle = check_bool("shuffle", shuffle)
-        self.skip_shuffle_at_epoch_end = check_bool(
-            "skip_shuffle_at_epoch_end", skip_shuffle_at_epoch_end
-        )
-        self.drop_shard_remainder = check_bool("drop_shard_remainder", drop_shard_remainder)
-        self.num_shards = check_int("num_shards", num_shards, 1)
-        self.shard_rank = check_int("shard_rank", shard_rank, 0, self.num_shards - 1)
-        if seed is None:
-            if self.shuffle:
-                raise ValueError(
-                    "shuffle=True needs a seed, got seed=None: pass shuffle_seed; the Stream "
-                    "draws one when none is given"
-                )
-            self.seed: int | None = None
-        else:
-            self.seed = check_int("seed", seed, 0)
+        self.global_start = settings.global_start or 0
+        self.shuffle = settings.shuffle
+        self.seed = settings.seed
+        self.skip_shuffle_at_epoch_end = settings.skip_shuffle_at_epoch_end
+        self.drop_shard_remainder = settings.drop_shard_remainder
+        self.num_shards = settings.num_shards
+        self.shard_rank = settings.shard_rank
 
         n, shards = self.num_records, self.num_shards
         self.global_length = n - n % shards if self.drop_shard_remainder else n
@@ -300,21 +361,32 @@ class EpochOrder:
             return self.shard_length
         return len(range(start + self.shard_rank, self.epoch_global_length(epoch), self.num_shards))
 
-    def global_offset(self, epoch: int, position: int) -> int:
-        """The global position, counted from epoch 0, reached when every shard has handed out
-        ``position`` items of ``epoch``: what ``global_start`` takes to resume there."""
-        reached = self.epoch_start(epoch) + self.num_shards * position
-        if reached >= self.epoch_global_length(epoch):
-            return (epoch + 1) * self.num_records
-        return epoch * self.num_records + reached
-
     def __repr__(self) -> str:
         return (
-            f"EpochOrder(num_records={self.num_records}, shuffle={self.shuffle}, "
+            f"{type(self).__name__}(num_records={self.num_records}, shuffle={self.shuffle}, "
             f"seed={self.seed}, skip_shuffle_at_epoch_end={self.skip_shuffle_at_epoch_end}, "
             f"shard_rank={self.shard_rank}, num_shards={self.num_shards}, "
             f"drop_shard_remainder={self.drop_shard_remainder}, global_start={self.global_start})"
         )
+
+    def locate(self, offset: int) -> tuple[int, int]:
+        """(epoch, position) of this shard's ``offset``-th position, counted from the first
+        epoch's start."""
+        first = self.first_epoch
+        first_length = self.epoch_shard_length(first)
+        # Offset 0 is the first epoch even when this shard has nothing left in it (a resumed
+        # epoch can be empty for some shards): its first iteration must still be that epoch.
+        if offset < first_length or offset == 0 or not self.shard_length:
+            return first, min(offset, first_length)
+        epochs, position = divmod(offset - first_length, self.shard_length)
+        return first + 1 + epochs, position
+
+    def offset_of(self, epoch: int, position: int) -> int:
+        """The offset (``locate``'s inverse) of this shard's ``position`` in ``epoch``."""
+        first = self.first_epoch
+        if epoch == first:
+            return position
+        return self.epoch_shard_length(first) + (epoch - first - 1) * self.shard_length + position
 
     def global_position(self, position: int) -> int:
         """Returns where this shard's ``position`` sits in a whole epoch's global order (in the
@@ -365,29 +437,39 @@ class EpochOrder:
         return perm
 
 
-class ChunkShardOrder(EpochOrder):
+class EpochOrder(ShardOrder):
+    """A ShardOrder over one global order of the records, which every shard strides through:
+    ``global_offset`` maps a shard's place to the ``global_start`` that resumes there on any
+    number of shards (elastic resume)."""
+
+    def global_offset(self, epoch: int, position: int) -> int:
+        """The global position, counted from epoch 0, reached when every shard has handed out
+        ``position`` items of ``epoch``: what ``global_start`` takes to resume there."""
+        reached = self.epoch_start(epoch) + self.num_shards * position
+        if reached >= self.epoch_global_length(epoch):
+            return (epoch + 1) * self.num_records
+        return epoch * self.num_records + reached
+
+
+class ChunkShardOrder(ShardOrder):
     """The order of a shard made of whole chunks: shard ``r`` of ``S`` owns chunks
     ``r, r + S, r + 2S, ...`` and shuffles only among their records.
 
     A rank then reads (and pulls from a remote store) only its own chunks, at the price of a
     shuffle that never mixes records across shards. ``drop_shard_remainder=True`` cuts every
     shard to the shortest one's length, so all shards have as many positions. There is no global
-    order, so no ``global_start``: resume with ``start_offset`` on the same number of shards.
+    order, so no ``global_start`` and no ``global_offset``: resume with ``start_offset`` on the
+    same number of shards.
     """
 
     def __init__(
-        self,
-        chunk_records: Sequence[int],
-        *,
-        shuffle: bool = False,
-        seed: int | None = None,
-        skip_shuffle_at_epoch_end: bool = False,
-        shard_rank: int = 0,
-        num_shards: int = 1,
-        drop_shard_remainder: bool = False,
+        self, chunk_records: Sequence[int], settings: OrderSettings | None = None, **options: Any
     ) -> None:
-        num_shards = check_int("num_shards", num_shards, 1)
-        shard_rank = check_int("shard_rank", shard_rank, 0, num_shards - 1)
+        if settings is None:
+            settings = OrderSettings(**{"shard_by": "chunks", **options})
+        elif options:
+            raise TypeError(f"pass OrderSettings or keywords, not both: got {sorted(options)}")
+        num_shards, shard_rank = settings.num_shards, settings.shard_rank
         counts = np.asarray(chunk_records, dtype=np.int64)
         starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
         if len(counts) < num_shards:
@@ -400,15 +482,15 @@ class ChunkShardOrder(EpochOrder):
         self._starts = starts[mine]  # where each of this shard's chunks starts in the version
         self._ends = np.cumsum(counts[mine])  # ... and ends in this shard's own numbering
         self._local_starts = self._ends - counts[mine]
-        super().__init__(
-            int(self._ends[-1]),
-            shuffle=shuffle,
-            seed=seed,
-            skip_shuffle_at_epoch_end=skip_shuffle_at_epoch_end,
+        # Within its chunks, the shard is the one shard of an order of their records.
+        whole = dataclasses.replace(
+            settings, shard_rank=0, num_shards=1, drop_shard_remainder=False, global_start=None
         )
+        super().__init__(int(self._ends[-1]), whole)
+        self.settings = settings
         self.chunks = mine
         self.chunk_shard = (shard_rank, num_shards)
-        self.drop_shard_remainder = check_bool("drop_shard_remainder", drop_shard_remainder)
+        self.drop_shard_remainder = settings.drop_shard_remainder
         if self.drop_shard_remainder:
             # Each epoch takes the first `shortest` positions of this shard's own shuffle: a
             # different cut every shuffled epoch, as with shard_by="records".
@@ -425,12 +507,6 @@ class ChunkShardOrder(EpochOrder):
 
     def index(self, epoch: int, position: int) -> int:
         return int(self._records(np.array([super().index(epoch, position)], dtype=np.int64))[0])
-
-    def global_offset(self, epoch: int, position: int) -> int:
-        raise ValueError(
-            "a stream with shard_by='chunks' has no global order: resume it with start_offset "
-            "on the same number of shards"
-        )
 
     def __repr__(self) -> str:
         rank, shards = self.chunk_shard

@@ -28,6 +28,7 @@ import numpy.typing as npt
 from yogadl_plus.checks import check_int
 from yogadl_plus.errors import SchemaError
 from yogadl_plus.schema import Field, Schema
+from yogadl_plus.splitmix import MASK64, splitmix64, splitmix64_array
 
 __all__ = [
     "Predicate",
@@ -444,28 +445,9 @@ class _InReduce(Predicate):
         return f"in_reduce({list(self.preds)!r}, {self.reduce_func.__name__})"
 
 
-_MASK64 = (1 << 64) - 1
-_GOLDEN = 0x9E3779B97F4A7C15
-_C1 = 0xBF58476D1CE4E5B9
-_C2 = 0x94D049BB133111EB
 _U53 = 1 << 53  # a hash's top 53 bits are its position u * 2**53 in [0, 1)
 _CANONICAL_NAN = 0x7FF8000000000000
 _INT64_MIN = -(1 << 63)
-
-
-def _splitmix64(x: int) -> int:
-    z = (x + _GOLDEN) & _MASK64
-    z = ((z ^ (z >> 30)) * _C1) & _MASK64
-    z = ((z ^ (z >> 27)) * _C2) & _MASK64
-    return z ^ (z >> 31)
-
-
-def _splitmix64_array(x: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
-    # uint64 array arithmetic wraps modulo 2**64 silently, exactly like the masked ints above.
-    z = x + np.uint64(_GOLDEN)
-    z = (z ^ (z >> np.uint64(30))) * np.uint64(_C1)
-    z = (z ^ (z >> np.uint64(27))) * np.uint64(_C2)
-    return z ^ (z >> np.uint64(31))
 
 
 def _float_bits(value: float) -> int:
@@ -562,11 +544,11 @@ class _InPseudorandomSplit(Predicate):
             value, np.timedelta64
         ):
             number = int(value)
-            if _INT64_MIN <= number <= _MASK64:
-                return _splitmix64((number & _MASK64) ^ self._int_key)
+            if _INT64_MIN <= number <= MASK64:
+                return splitmix64((number & MASK64) ^ self._int_key)
             return self._blake(b"I" + str(number).encode("ascii"))
         if isinstance(value, (float, np.floating)):
-            return _splitmix64(_float_bits(float(value)) ^ self._float_key)
+            return splitmix64(_float_bits(float(value)) ^ self._float_key)
         if isinstance(value, str):
             return self._blake(b"s" + value.encode("utf-8", "surrogatepass"))
         if isinstance(value, (bytes, bytearray, memoryview)):
@@ -587,15 +569,15 @@ class _InPseudorandomSplit(Predicate):
         if isinstance(column, np.ndarray) and column.ndim == 1:
             kind = column.dtype.kind
             if kind in "bu":
-                return _splitmix64_array(column.astype(np.uint64) ^ np.uint64(self._int_key))
+                return splitmix64_array(column.astype(np.uint64) ^ np.uint64(self._int_key))
             if kind == "i":
                 bits = column.astype(np.int64).view(np.uint64)
-                return _splitmix64_array(bits ^ np.uint64(self._int_key))
+                return splitmix64_array(bits ^ np.uint64(self._int_key))
             if kind == "f":
                 floats = column.astype(np.float64) + 0.0
                 bits = floats.view(np.uint64).copy()
                 bits[np.isnan(floats)] = _CANONICAL_NAN
-                return _splitmix64_array(bits ^ np.uint64(self._float_key))
+                return splitmix64_array(bits ^ np.uint64(self._float_key))
         return np.fromiter((self._hash(v) for v in column), dtype=np.uint64, count=n)
 
     def include(self, values: Mapping[str, Any]) -> bool:

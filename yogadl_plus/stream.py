@@ -9,9 +9,8 @@ as starting at 0.
 
 from __future__ import annotations
 
-import secrets
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -19,7 +18,10 @@ import numpy as np
 from yogadl_plus.boundary import Block, BlockReader, collate, records
 from yogadl_plus.checks import check_int
 from yogadl_plus.ledger import Ledger
-from yogadl_plus.order import ChunkShardOrder, EpochOrder
+from yogadl_plus.ngram import NGram
+from yogadl_plus.order import CHUNK_SHARDS_TAKE_NO_GLOBAL_ORDER, EpochOrder, OrderSettings
+from yogadl_plus.predicates import Predicate
+from yogadl_plus.stream_state import StreamState, build_fingerprint, order_identity
 from yogadl_plus.workers import WORKER_TYPES, OrderedPool
 
 if TYPE_CHECKING:
@@ -83,75 +85,34 @@ class Stream:
         self._arguments = {
             k: v for k, v in locals().items() if k not in ("self", "dataref", "__class__")
         }
-        start = check_int("start_offset", start_offset, 0)
+        self.settings = OrderSettings(
+            shuffle=shuffle,
+            seed=shuffle_seed,
+            skip_shuffle_at_epoch_end=skip_shuffle_at_epoch_end,
+            shard_rank=shard_rank,
+            num_shards=num_shards,
+            drop_shard_remainder=drop_shard_remainder,
+            shard_by=shard_by,
+            start_offset=start_offset,
+            global_start=global_start,
+        ).seeded()
+        self.shuffle_seed = self.settings.seed
         self.num_workers = check_int("num_workers", num_workers, 0)
-        if prefetch is not None:
-            check_int("prefetch", prefetch, 1)
-        if worker_type not in WORKER_TYPES:
-            raise ValueError(f"worker_type must be one of {WORKER_TYPES}, got {worker_type!r}")
+        _check_worker_options(prefetch, worker_type)
         if batch_size is not None:
             check_int("batch_size", batch_size, 1)
-        if shuffle and shuffle_seed is None:
-            if num_shards != 1:
-                raise ValueError(
-                    "shuffle=True with num_shards > 1 needs an explicit shuffle_seed, shared by "
-                    "all ranks; otherwise each rank would draw its own and the shards would overlap"
-                )
-            shuffle_seed = secrets.randbits(63)
-        if predicate is not None:
-            from yogadl_plus.predicates import Predicate
-
-            if not isinstance(predicate, Predicate):
-                raise ValueError(
-                    f"predicate must be made with ydl.predicates (in_set, in_lambda, ...), "
-                    f"got {predicate!r}"
-                )
-        if ngram is not None:
-            from yogadl_plus.ngram import NGram
-
-            if not isinstance(ngram, NGram):
-                raise ValueError(f"ngram must be a ydl.NGram, got {ngram!r}")
-            if fields is not None:
-                raise ValueError(
-                    "with ngram=, the NGram names the fields of each offset: drop fields="
-                )
-            if predicate is not None:
-                raise ValueError("predicate= and ngram= cannot be combined in one stream")
-            ngram.check(dataref.schema)
-        if predicate is not None:
-            predicate.check(dataref.schema)
+        _check_boundary(dataref, self.settings, fields, predicate, ngram)
         self.fields = dataref.select(fields)
         self.ngram = ngram
         self.anchors = ngram.anchors(dataref) if ngram is not None else None
-        positions_total = len(self.anchors) if self.anchors is not None else len(dataref)
-        order_options: dict[str, Any] = {
-            "shuffle": shuffle,
-            "seed": shuffle_seed,
-            "skip_shuffle_at_epoch_end": skip_shuffle_at_epoch_end,
-            "shard_rank": shard_rank,
-            "num_shards": num_shards,
-            "drop_shard_remainder": drop_shard_remainder,
-        }
-        if shard_by == "chunks":
-            if ngram is not None or global_start is not None:
-                raise ValueError(
-                    "shard_by='chunks' shards whole chunks of records: it takes neither ngram= "
-                    "nor global_start= (use shard_by='records' for those)"
-                )
-            counts = [c.records for c in dataref.manifest.chunks]
-            self.order: EpochOrder = ChunkShardOrder(counts, **order_options)
-        elif shard_by == "records":
-            start_at = 0 if global_start is None else global_start
-            self.order = EpochOrder(positions_total, global_start=start_at, **order_options)
-        else:
-            raise ValueError(f"shard_by must be 'records' or 'chunks', got {shard_by!r}")
-        self.shuffle_seed = shuffle_seed
+        positions = len(self.anchors) if self.anchors is not None else len(dataref)
+        self.order = self.settings.order(positions, [c.records for c in dataref.manifest.chunks])
         self.predicate = predicate
         self.transform = transform
         self.batch_size = batch_size
         self.drop_last = drop_last
         self.positions_per_epoch = self.order.shard_length
-        self.reader = BlockReader(
+        self._reader = BlockReader(
             dataref,
             self.fields,
             predicate=predicate,
@@ -163,13 +124,13 @@ class Stream:
             as_columns=transform is None and (batch_size is not None or ngram is None),
         )
         self._pool = (
-            OrderedPool(self.reader, self.num_workers, worker_type, prefetch, worker_start_method)
+            OrderedPool(self._reader, self.num_workers, worker_type, prefetch, worker_start_method)
             if self.num_workers
             else None
         )
-        self._epoch, self._position = self._next = self._locate(start)
+        self._epoch, self._position = self._next = self.locate(self.settings.start_offset)
+        self._offset = self.settings.start_offset
         self._order_cache: tuple[int, int, int, np.ndarray] | None = None
-        self._offset = start
         self._ledgers: deque[Ledger] = deque(maxlen=_LEDGERS_KEPT)
 
     def __getstate__(self) -> dict[str, Any]:
@@ -192,25 +153,34 @@ class Stream:
             f"batch_size={self.batch_size}, num_workers={self.num_workers})"
         )
 
-    # --- where the stream is ---
+    # --- positions: the public arithmetic adapters build on ---
 
-    def _locate(self, offset: int) -> tuple[int, int]:
-        """(epoch, position) of a start_offset: positions count from the first epoch's start."""
-        first = self.order.first_epoch
-        first_length = self.order.epoch_shard_length(first)
-        # Offset 0 is the first epoch even when this shard has nothing left in it (a resumed
-        # epoch can be empty for some shards): its first iter() must still be that epoch.
-        if offset < first_length or offset == 0 or not self.positions_per_epoch:
-            return first, min(offset, first_length)
-        epochs, position = divmod(offset - first_length, self.positions_per_epoch)
-        return first + 1 + epochs, position
+    def locate(self, offset: int) -> tuple[int, int]:
+        """(epoch, position) of a ``start_offset``: positions count from the first epoch's
+        start (``global_start``'s place in it, if any)."""
+        return self.order.locate(check_int("offset", offset, 0))
 
-    def _offset_of(self, epoch: int, position: int) -> int:
-        first = self.order.first_epoch
-        if epoch == first:
-            return position
-        done = self.order.epoch_shard_length(first) + (epoch - first - 1) * self.positions_per_epoch
-        return done + position
+    def offset_of(self, epoch: int, position: int) -> int:
+        """The ``start_offset`` of this shard's ``position`` in ``epoch`` (``locate``'s inverse)."""
+        return self.order.offset_of(epoch, position)
+
+    def epoch_length(self, epoch: int) -> int:
+        """Positions of this shard in ``epoch``: ``positions_per_epoch``, or fewer in a first
+        epoch begun part-way by ``global_start``."""
+        return self.order.epoch_shard_length(epoch)
+
+    def items_from(self, epoch: int, position: int) -> int:
+        """Items (records, windows or batches) an iteration of ``epoch`` begun at ``position``
+        hands out; with a predicate, an upper bound."""
+        left = max(self.epoch_length(epoch) - position, 0)
+        if self.batch_size is None:
+            return left
+        return left // self.batch_size if self.drop_last else -(-left // self.batch_size)
+
+    def order_indices(self, epoch: int, start: int, stop: int) -> np.ndarray:
+        """What the order puts at this shard's positions [start, stop) of ``epoch``: record
+        indices (indices of n-gram windows with ``ngram=``), clipped to the epoch."""
+        return self.order.indices(epoch, start, stop)
 
     @property
     def offset(self) -> int:
@@ -221,7 +191,39 @@ class Stream:
     def global_offset(self) -> int:
         """The global_start that resumes right after the last item handed out, on any number of
         shards: exact when every shard has handed out as many positions as this one."""
+        if not isinstance(self.order, EpochOrder):
+            raise ValueError(
+                "a stream with shard_by='chunks' has no global order: resume it with start_offset "
+                "on the same number of shards"
+            )
         return self.order.global_offset(self._epoch, self._position)
+
+    def state(self) -> StreamState:
+        """Where the stream is (``offset``) and what it was made with, checked by
+        ``load_state``: see StreamState. ``state().to_dict()`` is JSON for a checkpoint."""
+        return self.state_at(self._offset)
+
+    def state_at(self, offset: int) -> StreamState:
+        """This stream's state with ``offset`` (an ``offset_after`` count, for consumers that
+        read ahead)."""
+        return StreamState(
+            dataset=f"{self.dataref.dataset_id}:{self.dataref.version}",
+            fingerprint=build_fingerprint(self.dataref.manifest),
+            positions=len(self.anchors) if self.anchors is not None else len(self.dataref),
+            order=order_identity(self.settings),
+            ngram=repr(self.ngram) if self.ngram is not None else None,
+            offset=check_int("offset", offset, 0),
+        )
+
+    def load_state(self, state: StreamState | Mapping[str, Any]) -> None:
+        """Resume where ``state`` (from ``state()``, or its ``to_dict()``) says: the next
+        ``iter()`` starts at its offset. ValueError, naming what differs, if it was saved from a
+        stream whose offsets mean other records (another version or build, order, seed,
+        shards or n-gram)."""
+        if not isinstance(state, StreamState):
+            state = StreamState.from_dict(state)
+        state.check_loads_into(self.state())
+        self.seek(state.offset)
 
     def offset_after(self, epoch: int, items: int | None = None) -> int:
         """The start_offset that resumes right after the first ``items`` items this stream
@@ -235,9 +237,9 @@ class Stream:
         count of records in batches of ``B`` may overshoot in the last batch).
         """
         epoch = check_int("epoch", epoch, 0)
-        length = self.order.epoch_shard_length(epoch)
+        length = self.epoch_length(epoch)
         if items is None:
-            return self._offset_of(epoch, length)
+            return self.offset_of(epoch, length)
         items = check_int("items", items, 0)
         ledger = next((led for led in reversed(self._ledgers) if led.epoch == epoch), None)
         if ledger is None:
@@ -248,9 +250,9 @@ class Stream:
                 "stream.next_epoch_position[0] read before that epoch's iter()"
             )
         if items <= ledger.count:
-            return self._offset_of(epoch, ledger.end_of(items))
+            return self.offset_of(epoch, ledger.end_of(items))
         if ledger.finished:
-            return self._offset_of(epoch, length)
+            return self.offset_of(epoch, length)
         raise ValueError(
             f"{items} items of epoch {epoch} counted, but the stream has handed out only "
             f"{ledger.count} of that epoch so far: count only items you received"
@@ -259,12 +261,12 @@ class Stream:
     def seek(self, offset: int) -> None:
         """Make the next ``iter()`` start at ``start_offset=offset``, as a stream made with it
         would (where a restored checkpoint says to resume)."""
-        self._next = self._locate(check_int("offset", offset, 0))
+        self._next = self.locate(check_int("offset", offset, 0))
         self._advance(*self._next)
 
     def _advance(self, epoch: int, position: int) -> None:
         self._epoch, self._position = epoch, position
-        self._offset = self._offset_of(epoch, position)
+        self._offset = self.offset_of(epoch, position)
 
     def __len__(self) -> int:
         """Items (records, windows or batches) in one whole epoch of this shard; with a
@@ -272,9 +274,7 @@ class Stream:
         positions = self.positions_per_epoch
         if self.batch_size is None:
             return positions
-        if self.drop_last:
-            return positions // self.batch_size
-        return -(-positions // self.batch_size)
+        return positions // self.batch_size if self.drop_last else -(-positions // self.batch_size)
 
     # --- iteration ---
 
@@ -313,10 +313,10 @@ class Stream:
         """The block of this shard's positions [start, stop) of ``epoch``, read at the boundary
         (predicate, decode, transform): what adapters hand to their own workers. Records come
         as items, batches as columns where there is no transform."""
-        block = self.reader((start, self._indices(epoch, start, stop)))
+        block = self._reader((start, self._cached_indices(epoch, start, stop)))
         return _as_items(block) if self.batch_size is None else block
 
-    def _indices(self, epoch: int, start: int, stop: int) -> np.ndarray:
+    def _cached_indices(self, epoch: int, start: int, stop: int) -> np.ndarray:
         """The order at positions [start, stop), sliced from a block computed for many positions
         at once (the order costs per call; adapters ask one item at a time)."""
         cached = self._order_cache
@@ -353,7 +353,7 @@ class Stream:
             unit = max(unit, _READ_BLOCK)
         units = self._units(epoch, position, unit)
         if self._pool is None:
-            return map(self.reader, units)
+            return map(self._reader, units)
         return self._pool.map(units)
 
     def _epoch_done(self, epoch: int, ledger: Ledger) -> None:
@@ -398,6 +398,41 @@ class Stream:
             self._advance(epoch, end)
             yield batch
         self._epoch_done(epoch, ledger)
+
+
+def _check_worker_options(prefetch: int | None, worker_type: str) -> None:
+    if prefetch is not None:
+        check_int("prefetch", prefetch, 1)
+    if worker_type not in WORKER_TYPES:
+        raise ValueError(f"worker_type must be one of {WORKER_TYPES}, got {worker_type!r}")
+
+
+def _check_boundary(
+    dataref: DataRef,
+    settings: OrderSettings,
+    fields: Sequence[str] | str | None,
+    predicate: Any,
+    ngram: Any,
+) -> None:
+    """ValueError for a predicate or n-gram that is not one, or that this stream cannot take;
+    SchemaError for fields they name that the dataset lacks."""
+    if predicate is not None and not isinstance(predicate, Predicate):
+        raise ValueError(
+            "predicate must be made with ydl.predicates (in_set, in_lambda, ...), "
+            f"got {predicate!r}"
+        )
+    if ngram is not None:
+        if not isinstance(ngram, NGram):
+            raise ValueError(f"ngram must be a ydl.NGram, got {ngram!r}")
+        if fields is not None:
+            raise ValueError("with ngram=, the NGram names the fields of each offset: drop fields=")
+        if predicate is not None:
+            raise ValueError("predicate= and ngram= cannot be combined in one stream")
+        if settings.shard_by == "chunks":
+            raise ValueError(CHUNK_SHARDS_TAKE_NO_GLOBAL_ORDER)
+        ngram.check(dataref.schema)
+    if predicate is not None:
+        predicate.check(dataref.schema)
 
 
 def _as_items(block: Block) -> Block:

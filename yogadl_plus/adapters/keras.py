@@ -111,17 +111,11 @@ class StreamSequence(keras.utils.PyDataset):
         with self._lock:
             if self._batches is not None:
                 return self._length
-            return self._batches_from(*self.stream.next_epoch_position)
-
-    def _batches_from(self, epoch: int, position: int) -> int:
-        positions = max(self.stream.order.epoch_shard_length(epoch) - position, 0)
-        size = self.stream.batch_size
-        assert size is not None
-        return positions // size if self.stream.drop_last else -(-positions // size)
+            return self.stream.items_from(*self.stream.next_epoch_position)
 
     def on_epoch_begin(self) -> None:
         with self._lock:
-            self._length = self._batches_from(*self.stream.next_epoch_position)
+            self._length = self.stream.items_from(*self.stream.next_epoch_position)
             self._batches = iter(self.stream)  # the stream's next epoch
 
     def on_epoch_end(self) -> None:
@@ -142,14 +136,14 @@ class StreamSequence(keras.utils.PyDataset):
                     ) from None
                 return self._item(batch)
             epoch, start = self.stream.next_epoch_position
-            count = self._batches_from(epoch, start)
+            count = self.stream.items_from(epoch, start)
         i = int(index) + count if int(index) < 0 else int(index)
         if not 0 <= i < count:
             raise IndexError(f"batch index {index} is out of range [0, {count})")
         size = self.stream.batch_size
         assert size is not None
         first = start + i * size
-        stop = min(first + size, self.stream.order.epoch_shard_length(epoch))
+        stop = min(first + size, self.stream.epoch_length(epoch))
         block = self.stream.read_unit(epoch, first, stop)
         batch = block.columns if block.columns is not None else collate(block.items or [])
         return self._item(batch)

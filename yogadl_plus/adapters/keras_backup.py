@@ -208,15 +208,12 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
 
 
 def _identity(stream: Stream) -> dict[str, Any]:
-    """What must be the same for an offset to mean the same records."""
-    ref = stream.dataref
-    return {
-        "dataset": f"{ref.dataset_id}:{ref.version}",
-        "records": len(ref),
-        "order": repr(stream.order),
-        "batch_size": stream.batch_size,
-        "drop_last": stream.drop_last,
-    }
+    """What must be the same for an offset to mean the same records (the stream's state but
+    its offset), and for Keras's step counts to mean the same batches."""
+    identity = stream.state().identity()
+    # The order as one line of settings, so a message names the one that differs ("seed=4").
+    identity["order"] = ", ".join(f"{k}={v!r}" for k, v in identity["order"].items())
+    return {**identity, "batch_size": stream.batch_size, "drop_last": stream.drop_last}
 
 
 def _digest_or_none(path: str) -> str | None:

@@ -459,13 +459,14 @@ def ragged(
 
 def _sample(stream: Stream) -> Any:
     """The transform's output for the first record(s) of the stream that pass its predicate."""
-    # Positions are record indices, or for n-grams indices into the window anchors.
-    total = len(stream.dataref) if stream.anchors is None else len(stream.anchors)
-    for start in range(0, min(total, _SAMPLE_POSITIONS), 64):
-        stop = min(start + 64, total)
-        block = stream.reader((start, np.arange(start, stop, dtype=np.int64)))
-        if block.items:
-            return block.items[0]
+    now = stream.next_epoch_position
+    # The next epoch too: what is left of this one may be nothing (a resume at its very end).
+    for epoch, first in (now, (now[0] + 1, 0)):
+        stop = min(stream.epoch_length(epoch), first + _SAMPLE_POSITIONS)
+        for start in range(first, stop, 64):
+            block = stream.read_unit(epoch, start, min(start + 64, stop))
+            if block.items:
+                return block.items[0]
     raise ValueError(
         "cannot infer the output signature of the transform: no record among the first "
         f"{_SAMPLE_POSITIONS} passes the predicate; pass output_signature="

@@ -22,7 +22,8 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from yogadl_plus.boundary import collate, records
 from yogadl_plus.checks import check_int
-from yogadl_plus.order import EpochOrder
+from yogadl_plus.order import OrderSettings
+from yogadl_plus.stream_state import StreamState
 from yogadl_plus.workers import ParentWatch
 
 if TYPE_CHECKING:
@@ -79,15 +80,14 @@ class StreamSampler(Sampler[int]):
         start_offset: int = 0,
         skip_shuffle_at_epoch_end: bool = False,
     ) -> None:
-        stream = dataref.stream(
-            shuffle=shuffle, shuffle_seed=shuffle_seed, shard_rank=shard_rank,
-            num_shards=num_shards, drop_shard_remainder=drop_shard_remainder,
-            start_offset=start_offset, skip_shuffle_at_epoch_end=skip_shuffle_at_epoch_end,
-            fields=[],
-        )  # fmt: skip
-        self.order: EpochOrder = stream.order
-        self.shuffle_seed = stream.shuffle_seed
-        self._start = stream.next_epoch_position
+        settings = OrderSettings(
+            shuffle=shuffle, seed=shuffle_seed, shard_rank=shard_rank, num_shards=num_shards,
+            drop_shard_remainder=drop_shard_remainder, start_offset=start_offset,
+            skip_shuffle_at_epoch_end=skip_shuffle_at_epoch_end,
+        ).seeded()  # fmt: skip
+        self.order = settings.order(len(dataref), [c.records for c in dataref.manifest.chunks])
+        self.shuffle_seed = settings.seed
+        self._start = self.order.locate(settings.start_offset)
         self._epoch = self._start[0]
 
     def set_epoch(self, epoch: int) -> None:
@@ -114,7 +114,7 @@ class _StreamItems(Dataset):
 
     def __getitem__(self, key: tuple[int, int]) -> Any:
         epoch, start = key
-        stop = min(start + self.unit, self.stream.order.epoch_shard_length(epoch))
+        stop = min(start + self.unit, self.stream.epoch_length(epoch))
         block = self.stream.read_unit(epoch, start, stop)
         if self.stream.batch_size is None:
             return block.items[0]  # type: ignore[index]
@@ -146,7 +146,7 @@ class _PositionSampler(Sampler[tuple[int, int]]):
     def __iter__(self) -> Iterator[tuple[int, int]]:
         cursor = self.cursor
         stream, unit, epoch, position = cursor.stream, cursor.unit, cursor.epoch, cursor.position
-        length = stream.order.epoch_shard_length(epoch)
+        length = stream.epoch_length(epoch)
         last = length - unit + 1 if stream.batch_size is not None and stream.drop_last else length
         for start in range(position, max(last, position), unit):
             yield epoch, start
@@ -195,7 +195,7 @@ class ResumableDataLoader(DataLoader):
         if not self._resume:
             cursor.epoch, cursor.position = self._after, 0
         self._resume, self._after = False, cursor.epoch + 1
-        length = self.stream.order.epoch_shard_length(cursor.epoch)
+        length = self.stream.epoch_length(cursor.epoch)
         convert = self._convert
         if self.num_workers:
             # Workers started by this iteration (if it starts any) end when this process does.
@@ -214,13 +214,16 @@ class ResumableDataLoader(DataLoader):
 
     def state_dict(self) -> dict[str, Any]:
         """Where the next item starts; ``load_state_dict`` on a loader made the same way
-        resumes there. ``offset`` is the same place as a stream's ``start_offset``."""
+        resumes there. ``offset`` is the same place as a stream's ``start_offset``; ``stream``
+        is the stream's StreamState there (what the stream was made with, checked on load)."""
         cursor = self._cursor
+        offset = self.stream.offset_of(cursor.epoch, cursor.position)
         return {
             "epoch": cursor.epoch,
             "position": cursor.position,
             "shuffle_seed": self.stream.shuffle_seed,
-            "offset": self.stream._offset_of(cursor.epoch, cursor.position),
+            "offset": offset,
+            "stream": self.stream.state_at(offset).to_dict(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -230,6 +233,8 @@ class ResumableDataLoader(DataLoader):
                 f"was saved with {state.get('shuffle_seed')}: make the stream with the same "
                 "seed (and arguments) to resume"
             )
+        if "stream" in state:  # states saved before it was added resume on the seed check
+            StreamState.from_dict(state["stream"]).check_loads_into(self.stream.state())
         self._cursor.epoch = check_int("epoch", state["epoch"], 0)
         self._cursor.position = check_int("position", state["position"], 0)
         self._resume = True

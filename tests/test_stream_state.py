@@ -1,0 +1,187 @@
+"""The Stream's public position API and its checked state (issue 15): what adapters build on."""
+
+from __future__ import annotations
+
+import gc
+import json
+import weakref
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import yogadl_plus as ydl
+from yogadl_plus.order import ChunkShardOrder, EpochOrder, OrderSettings
+from yogadl_plus.stream_state import StreamState
+
+N = 53
+
+
+def _records(n, shift=0):
+    return ({"i": np.int64(i + shift), "t": np.int64(i)} for i in range(n))
+
+
+@pytest.fixture(scope="module")
+def storage(tmp_path_factory):
+    return ydl.LocalStorage(tmp_path_factory.mktemp("state"))
+
+
+@pytest.fixture(scope="module")
+def ref(storage):
+    return ydl.cache_dataset(_records(N), "d", "v", storage, chunk_bytes=400, progress=False)
+
+
+def ids(items):
+    return [int(r["i"]) for r in items]
+
+
+# --- positions ---
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    shards=st.integers(1, 4),
+    drop=st.booleans(),
+    global_start=st.one_of(st.none(), st.integers(0, 3 * N)),
+    offset=st.integers(0, 4 * N),
+)
+def test_locate_and_offset_of_are_inverse_and_match_iteration(
+    ref, shards, drop, global_start, offset
+):
+    stream = ref.stream(
+        shuffle=True, shuffle_seed=7, num_shards=shards, shard_rank=shards - 1,
+        drop_shard_remainder=drop, global_start=global_start,
+    )  # fmt: skip
+    epoch, position = stream.locate(offset)
+    assert 0 <= position <= stream.epoch_length(epoch)
+    if position < stream.epoch_length(epoch) and stream.positions_per_epoch:
+        assert stream.offset_of(epoch, position) == offset
+    resumed = stream.replace(start_offset=offset)
+    assert resumed.next_epoch_position == (epoch, position)
+    expected = stream.order_indices(epoch, position, stream.epoch_length(epoch)).tolist()
+    assert ids(resumed) == expected
+    assert stream.items_from(epoch, position) == len(expected)
+
+
+def test_items_from_counts_batches(ref):
+    stream = ref.stream(batch_size=10)
+    assert stream.items_from(0, 0) == len(stream) == 6
+    assert stream.items_from(0, 45) == 1
+    assert stream.replace(drop_last=True).items_from(0, 45) == 0
+
+
+def test_order_settings_are_checked_once_and_frozen():
+    settings_ = OrderSettings(shuffle=True, seed=np.int64(3), num_shards=2, shard_rank=1)
+    assert type(settings_.seed) is int and settings_.seeded() is settings_
+    with pytest.raises(AttributeError):
+        settings_.seed = 4  # type: ignore[misc]
+    assert OrderSettings(shuffle=True).seeded().seed is not None
+    with pytest.raises(ValueError, match="explicit shuffle_seed"):
+        OrderSettings(shuffle=True, num_shards=2)
+    with pytest.raises(ValueError, match="shard_by must be"):
+        OrderSettings(shard_by="rows")
+    with pytest.raises(ValueError, match="global_start"):
+        OrderSettings(shard_by="chunks", global_start=3)
+    assert isinstance(OrderSettings().order(10, [10]), EpochOrder)
+    chunked = OrderSettings(shard_by="chunks").order(10, [5, 5])
+    assert isinstance(chunked, ChunkShardOrder) and not hasattr(chunked, "global_offset")
+
+
+def test_the_torch_sampler_orders_as_the_stream_without_making_one(ref):
+    pytest.importorskip("torch")
+    args = {"shuffle": True, "shuffle_seed": 5, "num_shards": 3, "shard_rank": 2}
+    sampler = ydl.torch.StreamSampler(ref, start_offset=4, **args)
+    assert list(sampler) == ids(ref.stream(start_offset=4, **args))
+
+
+# --- the state ---
+
+
+def test_a_state_resumes_exactly_through_json(ref):
+    stream = ref.stream(shuffle=True, shuffle_seed=1, num_shards=2, shard_rank=1)
+    epoch = list(stream)
+    it = iter(stream)
+    head = [next(it) for _ in range(9)]
+    saved = json.loads(json.dumps(stream.state().to_dict()))
+    assert saved["offset"] == stream.offset
+    fresh = ref.stream(shuffle=True, shuffle_seed=1, num_shards=2, shard_rank=1, batch_size=4)
+    fresh.load_state(saved)
+    rest = [int(i) for batch in fresh for i in batch["i"]]
+    assert ids(head) + rest == ids(ref.stream(shuffle=True, shuffle_seed=1, num_shards=2,
+                                              shard_rank=1, start_offset=len(epoch)))  # fmt: skip
+
+
+def test_a_state_of_another_stream_is_refused_naming_what_differs(ref, storage):
+    stream = ref.stream(shuffle=True, shuffle_seed=1, num_shards=2, shard_rank=0)
+    state = stream.state()
+    with pytest.raises(ValueError, match=r"seed: saved 1, this stream 2"):
+        ref.stream(shuffle=True, shuffle_seed=2, num_shards=2).load_state(state)
+    with pytest.raises(ValueError, match=r"num_shards: saved 2, this stream 3.*global_start"):
+        ref.stream(shuffle=True, shuffle_seed=1, num_shards=3).load_state(state)
+    other = ydl.cache_dataset(_records(N), "d", "w", storage, chunk_bytes=400, progress=False)
+    with pytest.raises(ValueError, match=r"dataset: saved 'd:v', this stream 'd:w'"):
+        other.stream(shuffle=True, shuffle_seed=1, num_shards=2).load_state(state)
+    # The same name over other bytes (an overwrite) has another fingerprint.
+    rebuilt = ydl.cache_dataset(
+        _records(N, shift=1), "d", "x", storage, chunk_bytes=400, progress=False
+    )
+    original = ydl.cache_dataset(_records(N), "d", "x2", storage, chunk_bytes=400, progress=False)
+    assert rebuilt.stream().state().fingerprint != original.stream().state().fingerprint
+    ydl.cache_dataset(_records(N, shift=2), "d", "x", storage, overwrite=True, progress=False)
+    saved = rebuilt.stream().state()
+    with pytest.raises(ValueError, match="fingerprint"):
+        storage.fetch("d", "x").stream().load_state(saved)
+    # What does not change an offset's meaning does not matter.
+    ref.stream(shuffle=True, shuffle_seed=1, num_shards=2, batch_size=5, fields="i").load_state(
+        state
+    )
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        (lambda d: d.pop("fingerprint"), "lacks"),
+        (lambda d: d.update(offset=-1), "offset"),
+        (lambda d: d["order"].pop("seed"), "'order' must hold"),
+        (lambda d: d.update(dataset=3), "'dataset' must be a str"),
+    ],
+)
+def test_a_malformed_state_is_a_clear_error(ref, damage, message):
+    data = ref.stream().state().to_dict()
+    damage(data)
+    with pytest.raises(ValueError, match=message):
+        ref.stream().load_state(data)
+    with pytest.raises(ValueError, match="is a dict"):
+        StreamState.from_dict([1, 2])  # type: ignore[arg-type]
+
+
+def test_the_torch_loader_state_carries_the_stream_state(ref):
+    pytest.importorskip("torch")
+    stream = ref.stream(shuffle=True, shuffle_seed=3, batch_size=4)
+    loader = ydl.torch.make_dataloader(stream)
+    it = iter(loader)
+    next(it)
+    state = loader.state_dict()
+    assert state["stream"]["offset"] == state["offset"] == 4
+    other = ydl.torch.make_dataloader(ref.stream(shuffle=True, shuffle_seed=3, batch_size=4,
+                                                 num_shards=2))  # fmt: skip
+    with pytest.raises(ValueError, match="num_shards"):
+        other.load_state_dict(state)
+
+
+# --- caches a module owns ---
+
+
+def test_ngram_anchors_live_as_long_as_their_dataref(storage):
+    ref = ydl.cache_dataset(_records(N), "ng", "v", storage, progress=False)
+    gram = ydl.NGram({0: ["i"], 1: ["i"]}, delta_threshold=5, timestamp_field="t")
+    first = gram.anchors(ref)
+    assert gram.anchors(ref) is first  # computed once per DataRef
+    assert not hasattr(ref, "_ngram_anchors")  # the cache is ngram's, not written onto ref
+    anchors = weakref.ref(first)
+    del ref, first
+    gc.collect()
+    assert anchors() is None
