@@ -10,8 +10,8 @@ import numpy as np
 
 from yogadl_plus.errors import YogaError
 from yogadl_plus.schema import Field, Schema
+from yogadl_plus.sources.arrow import arrow_to_schema, batch_records, column_values
 from yogadl_plus.sources.base import Piece, Source
-from yogadl_plus.sources.parquet import arrow_to_schema, batch_records, column_values
 
 __all__ = ["RayDatasetSource"]
 

@@ -15,8 +15,8 @@ import numpy as np
 
 from yogadl_plus.errors import SchemaError
 from yogadl_plus.schema import Field, Schema
+from yogadl_plus.sources.arrow import batch_records
 from yogadl_plus.sources.base import Source
-from yogadl_plus.sources.parquet import batch_records
 
 __all__ = ["SparkDataFrameSource", "SparkPartition", "spark_field"]
 
