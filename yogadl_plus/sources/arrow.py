@@ -16,6 +16,7 @@ from yogadl_plus.errors import SchemaError
 from yogadl_plus.schema import Field, Schema
 
 __all__ = [
+    "BATCH_ROWS",
     "ColumnValues",
     "arrow_field",
     "arrow_to_schema",
@@ -23,6 +24,9 @@ __all__ = [
     "column_values",
     "is_list_type",
 ]
+
+#: How many rows a source asks for in one Arrow batch when it reads.
+BATCH_ROWS = 4096
 
 #: Turns one Arrow column of a batch into the record values of a field (``column_values``, or a
 #: source's own when its columns hold an encoding of its own).

@@ -18,6 +18,7 @@ from typing import Any
 from yogadl_plus.errors import SchemaError, YogaError
 from yogadl_plus.schema import Schema
 from yogadl_plus.sources.arrow import (
+    BATCH_ROWS,
     ColumnValues,
     arrow_field,
     arrow_to_schema,
@@ -35,7 +36,6 @@ __all__ = [
     "resolve_paths",
 ]
 
-_BATCH_ROWS = 4096
 #: The folder name Hive, Spark and pyarrow write for a null partition value.
 NULL_PARTITION = "__HIVE_DEFAULT_PARTITION__"
 # Folders that Spark's, Hive's and pyarrow's readers skip inside a dataset: Spark's _temporary/
@@ -358,7 +358,7 @@ class ParquetSource(Source):
         return "parquet-sha256:" + digest.hexdigest()[:32]
 
     def records(self) -> Iterator[Mapping[str, Any]]:
-        scanner = self._dataset.scanner(columns=list(self.schema.names), batch_size=_BATCH_ROWS)
+        scanner = self._dataset.scanner(columns=list(self.schema.names), batch_size=BATCH_ROWS)
         for batch in scanner.to_batches():
             yield from batch_records(batch, self.schema, self.values)
 
@@ -439,11 +439,11 @@ class _ParquetPiece(Piece):
             if not own:  # partition columns only: the rows are counted, not read
                 for g in groups:
                     rows = parquet.metadata.row_group(g).num_rows
-                    for start in range(0, rows, _BATCH_ROWS):
+                    for start in range(0, rows, BATCH_ROWS):
                         empty = pa.table({})
-                        yield self._attach(empty, path, min(_BATCH_ROWS, rows - start))
+                        yield self._attach(empty, path, min(BATCH_ROWS, rows - start))
                 return
-            batches = parquet.iter_batches(batch_size=_BATCH_ROWS, row_groups=groups, columns=own)
+            batches = parquet.iter_batches(batch_size=BATCH_ROWS, row_groups=groups, columns=own)
             for batch in batches:
                 yield self._attach(pa.Table.from_batches([batch]), path)
 

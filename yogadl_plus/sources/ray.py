@@ -10,12 +10,10 @@ import numpy as np
 
 from yogadl_plus.errors import YogaError
 from yogadl_plus.schema import Field, Schema
-from yogadl_plus.sources.arrow import arrow_to_schema, batch_records, column_values
+from yogadl_plus.sources.arrow import BATCH_ROWS, arrow_to_schema, batch_records, column_values
 from yogadl_plus.sources.base import Piece, Source
 
 __all__ = ["RayDatasetSource"]
-
-_BATCH_ROWS = 4096
 
 
 class RayDatasetSource(Source):
@@ -50,7 +48,7 @@ class RayDatasetSource(Source):
 
     def records(self) -> Iterator[Mapping[str, Any]]:
         schema = self.schema
-        for table in self.dataset.iter_batches(batch_size=_BATCH_ROWS, batch_format="pyarrow"):
+        for table in self.dataset.iter_batches(batch_size=BATCH_ROWS, batch_format="pyarrow"):
             yield from batch_records(table, schema, _values)
 
     def split(self, parts: int) -> list[Source]:
