@@ -15,130 +15,33 @@ import urllib.parse
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-import numpy as np
-
 from yogadl_plus.errors import SchemaError, YogaError
-from yogadl_plus.schema import Field, Schema
+from yogadl_plus.schema import Schema
+from yogadl_plus.sources.arrow import (
+    BATCH_ROWS,
+    ColumnValues,
+    arrow_field,
+    arrow_to_schema,
+    batch_records,
+    column_values,
+    is_list_type,
+)
 from yogadl_plus.sources.base import Piece, Source, even_cuts
 
 __all__ = [
+    "NULL_PARTITION",
     "ParquetSource",
     "Partitions",
-    "arrow_to_schema",
-    "batch_records",
-    "column_values",
     "infer_partition_type",
     "resolve_paths",
 ]
 
-_BATCH_ROWS = 4096
 #: The folder name Hive, Spark and pyarrow write for a null partition value.
 NULL_PARTITION = "__HIVE_DEFAULT_PARTITION__"
 # Folders that Spark's, Hive's and pyarrow's readers skip inside a dataset: Spark's _temporary/
 # (the files of attempts that failed or are still running) and hidden ones.
 _HIDDEN = (".", "_")
 _INT_TEXT = re.compile(r"-?(0|[1-9][0-9]*)")
-
-
-def _is_list(arrow_type: Any) -> bool:
-    import pyarrow.types as pat
-
-    return bool(
-        pat.is_list(arrow_type)
-        or pat.is_large_list(arrow_type)
-        or pat.is_fixed_size_list(arrow_type)
-    )
-
-
-def _arrow_field(name: str, arrow_type: Any, nullable: bool) -> Field:
-    import pyarrow.types as pat
-
-    shape: list[int | None] = []
-    inner = arrow_type
-    while _is_list(inner):
-        shape.append(inner.list_size if pat.is_fixed_size_list(inner) else None)
-        inner = inner.value_type
-    if pat.is_dictionary(inner):
-        inner = inner.value_type
-    if pat.is_string(inner) or pat.is_large_string(inner):
-        kind: Any = str
-    elif pat.is_binary(inner) or pat.is_large_binary(inner) or pat.is_fixed_size_binary(inner):
-        kind = bytes
-    elif pat.is_timestamp(inner):
-        kind = np.dtype(f"datetime64[{inner.unit}]")
-    elif pat.is_date32(inner):
-        kind = np.dtype("datetime64[D]")
-    elif pat.is_date64(inner):
-        kind = np.dtype("datetime64[ms]")
-    elif pat.is_integer(inner) or pat.is_floating(inner) or pat.is_boolean(inner):
-        kind = np.dtype(inner.to_pandas_dtype())
-    else:
-        raise SchemaError(
-            f"column {name!r}: Arrow type {arrow_type} is not supported (numbers, bools, "
-            "timestamps, strings, binary and (fixed-size) lists of them are); pick other "
-            "columns with columns=, or flatten it first"
-        )
-    if shape and not isinstance(kind, np.dtype):
-        raise SchemaError(f"column {name!r}: lists of {kind.__name__} are not supported")
-    return Field(name, kind, tuple(shape), nullable=nullable)
-
-
-def arrow_to_schema(arrow_schema: Any, nullable_columns: set[str] | None = None) -> Schema:
-    """A Schema for an Arrow schema: fixed-size lists become fixed dims, lists None dims.
-
-    A column is nullable when ``nullable_columns`` says so (columns that really hold nulls), or,
-    when that is not known, when Arrow declares it nullable.
-    """
-    fields = []
-    for f in arrow_schema:
-        nullable = f.nullable if nullable_columns is None else f.name in nullable_columns
-        fields.append(_arrow_field(f.name, f.type, nullable))
-    return Schema(fields)
-
-
-def column_values(column: Any, field: Field) -> Sequence[Any]:
-    """One Arrow column of a batch as a sequence of record values for ``field``."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    if isinstance(column, pa.ChunkedArray):
-        column = column.combine_chunks()
-    if column.null_count:
-        values = column.to_pylist()
-        if field.kind != "numeric":
-            return values
-        return [None if v is None else np.asarray(v, dtype=field.dtype) for v in values]
-    if field.kind == "str" or field.kind == "bytes":
-        return column.to_pylist()
-    if not field.shape:
-        return column.to_numpy(zero_copy_only=False)
-    if None not in field.shape:
-        flat = column
-        for size in field.shape:
-            lengths = pc.list_value_length(flat)
-            if flat.null_count or pc.min_max(lengths).as_py() != {"min": size, "max": size}:
-                return column.to_pylist()  # ragged: each record is checked, and named
-            flat = flat.flatten()
-        if flat.null_count:
-            return column.to_pylist()  # a null inside an array: each record is checked
-        return flat.to_numpy(zero_copy_only=False).reshape((len(column), *field.shape))
-    try:
-        if _nulls_inside(column):
-            raise ValueError
-        return [np.asarray(v, dtype=field.dtype) for v in column.to_pylist()]
-    except (ValueError, TypeError):
-        # Values that do not make arrays of the field's dtype (ragged inner lists, a null
-        # inside): as they are, for the encoder to name the record and field.
-        return column.to_pylist()
-
-
-def _nulls_inside(column: Any) -> bool:
-    """Whether the values of a list column hold a null at any depth."""
-    while _is_list(column.type):
-        column = column.flatten()
-        if column.null_count:
-            return True
-    return False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -239,7 +142,7 @@ def _discover_partitions(
     for i, key in enumerate(keys):
         texts = [pairs[i][1] for pairs in folders.values()]
         arrow_type = _arrow_type(key, types[key]) if key in types else default_type(key, texts)
-        _arrow_field(key, arrow_type, False)  # a type we store, or a SchemaError naming it
+        arrow_field(key, arrow_type, False)  # a type we store, or a SchemaError naming it
         columns.append(_partition_values(key, texts, arrow_type))
         fields.append(pa.field(key, arrow_type, nullable=None in texts))
     values = {path: tuple(column[j] for column in columns) for j, path in enumerate(folders)}
@@ -336,7 +239,7 @@ class ParquetSource(Source):
         self.paths = [path for path, _ in found]
         self.columns = list(columns) if columns is not None else None
         #: Arrow column -> record values of a field (a subclass decodes its own encodings).
-        self.values: Callable[[Any, Field], Sequence[Any]] = column_values
+        self.values: ColumnValues = column_values
         #: The Hive partition columns and each file's values.
         self.partitions = Partitions()
         if partitioning is not None:
@@ -412,7 +315,7 @@ class ParquetSource(Source):
                         return None  # the Arrow schema's nullability (partitions': exact)
                     if stats.null_count:
                         reported.add(name)
-        nested = {n for n in reported if _is_list(self.arrow_schema.field(n).type)}
+        nested = {n for n in reported if is_list_type(self.arrow_schema.field(n).type)}
         if nested:
             data = self._dataset.to_table(columns=sorted(nested))
             reported -= {n for n in nested if data.column(n).null_count == 0}
@@ -455,7 +358,7 @@ class ParquetSource(Source):
         return "parquet-sha256:" + digest.hexdigest()[:32]
 
     def records(self) -> Iterator[Mapping[str, Any]]:
-        scanner = self._dataset.scanner(columns=list(self.schema.names), batch_size=_BATCH_ROWS)
+        scanner = self._dataset.scanner(columns=list(self.schema.names), batch_size=BATCH_ROWS)
         for batch in scanner.to_batches():
             yield from batch_records(batch, self.schema, self.values)
 
@@ -504,7 +407,7 @@ class _ParquetPiece(Piece):
         arrow_schema: Any,
         offset: int,
         rows: int,
-        values: Callable[[Any, Field], Sequence[Any]],
+        values: ColumnValues,
         kind: str,
         partitions: Partitions,
     ) -> None:
@@ -536,11 +439,11 @@ class _ParquetPiece(Piece):
             if not own:  # partition columns only: the rows are counted, not read
                 for g in groups:
                     rows = parquet.metadata.row_group(g).num_rows
-                    for start in range(0, rows, _BATCH_ROWS):
+                    for start in range(0, rows, BATCH_ROWS):
                         empty = pa.table({})
-                        yield self._attach(empty, path, min(_BATCH_ROWS, rows - start))
+                        yield self._attach(empty, path, min(BATCH_ROWS, rows - start))
                 return
-            batches = parquet.iter_batches(batch_size=_BATCH_ROWS, row_groups=groups, columns=own)
+            batches = parquet.iter_batches(batch_size=BATCH_ROWS, row_groups=groups, columns=own)
             for batch in batches:
                 yield self._attach(pa.Table.from_batches([batch]), path)
 
@@ -560,20 +463,6 @@ class _ParquetPiece(Piece):
                 f"{path}: its columns {table.schema} do not convert to the dataset's "
                 f"{self.arrow_schema}: {exc}"
             ) from exc
-
-
-def batch_records(
-    batch: Any,
-    schema: Schema,
-    values: Callable[[Any, Field], Sequence[Any]] | None = None,
-) -> Iterator[dict[str, Any]]:
-    """The rows of an Arrow record batch or table as records of ``schema`` (columns named as
-    fields); ``values(column, field)`` turns a column into record values (default: ours)."""
-    names = list(schema.names)
-    convert = values or column_values
-    columns = [convert(batch.column(n), schema[n]) for n in names]
-    for row in zip(*columns):
-        yield dict(zip(names, row))
 
 
 def _expand(paths: Any, filesystem: Any) -> tuple[Any, list[tuple[str, str | None]]]:

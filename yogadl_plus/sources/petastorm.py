@@ -28,13 +28,8 @@ import numpy as np
 from yogadl_plus import codecs
 from yogadl_plus.errors import SchemaError
 from yogadl_plus.schema import Field, Schema
-from yogadl_plus.sources.parquet import (
-    NULL_PARTITION,
-    ParquetSource,
-    arrow_to_schema,
-    column_values,
-    resolve_paths,
-)
+from yogadl_plus.sources.arrow import arrow_to_schema, column_values
+from yogadl_plus.sources.parquet import NULL_PARTITION, ParquetSource, resolve_paths
 
 __all__ = ["UNISCHEMA_KEY", "PetastormSource", "load_unischema", "parquet_source"]
 

@@ -10,12 +10,10 @@ import numpy as np
 
 from yogadl_plus.errors import YogaError
 from yogadl_plus.schema import Field, Schema
+from yogadl_plus.sources.arrow import BATCH_ROWS, arrow_field, batch_records, column_values
 from yogadl_plus.sources.base import Piece, Source
-from yogadl_plus.sources.parquet import arrow_to_schema, batch_records, column_values
 
 __all__ = ["RayDatasetSource"]
-
-_BATCH_ROWS = 4096
 
 
 class RayDatasetSource(Source):
@@ -50,7 +48,7 @@ class RayDatasetSource(Source):
 
     def records(self) -> Iterator[Mapping[str, Any]]:
         schema = self.schema
-        for table in self.dataset.iter_batches(batch_size=_BATCH_ROWS, batch_format="pyarrow"):
+        for table in self.dataset.iter_batches(batch_size=BATCH_ROWS, batch_format="pyarrow"):
             yield from batch_records(table, schema, _values)
 
     def split(self, parts: int) -> list[Source]:
@@ -100,20 +98,21 @@ def _num_rows(table: Any) -> int:
     return int(table.num_rows)
 
 
-def _field(arrow_field: Any) -> Field:
-    """Our Field for a column of a Ray dataset: Ray's tensor extension types (numpy columns)
-    by their dtype and shape, every other type as for Parquet."""
+def _field(column: Any) -> Field:
+    """Our Field for a column (an Arrow field) of a Ray dataset: Ray's tensor extension types
+    (numpy columns) by their dtype and shape, every other type as any Arrow column's, not
+    nullable."""
     import pyarrow as pa
 
-    kind = arrow_field.type
+    kind = column.type
     shape = getattr(kind, "shape", None)
     storage = getattr(kind, "storage_type", None)
     if shape is None or storage is None:
-        return arrow_to_schema(pa.schema([arrow_field]), nullable_columns=set()).fields[0]
+        return arrow_field(column.name, kind, nullable=False)
     values = storage.field("data").type if pa.types.is_struct(storage) else storage
     dtype = np.dtype(values.value_type.to_pandas_dtype())
     ndim = getattr(kind, "ndim", None)  # set for variable-shaped tensors
-    return Field(arrow_field.name, dtype, (None,) * ndim if ndim is not None else tuple(shape))
+    return Field(column.name, dtype, (None,) * ndim if ndim is not None else tuple(shape))
 
 
 def _values(column: Any, field: Field) -> Sequence[Any]:

@@ -1,5 +1,6 @@
 """A Spark DataFrame: its partitions are written as chunks by the Spark executors themselves
-(see parallel.build_on_spark); here, what the build knows of it and how a task reads its part.
+(see the build's Spark runner, build_on_spark); here, what the build knows of it and how a task
+reads its part.
 
 Nothing here imports pyspark: the DataFrame and its types are used through their own methods,
 so this module loads on the driver and in executors alike, with or without the extra.
@@ -15,8 +16,8 @@ import numpy as np
 
 from yogadl_plus.errors import SchemaError
 from yogadl_plus.schema import Field, Schema
+from yogadl_plus.sources.arrow import batch_records
 from yogadl_plus.sources.base import Source
-from yogadl_plus.sources.parquet import batch_records
 
 __all__ = ["SparkDataFrameSource", "SparkPartition", "spark_field"]
 

@@ -1,0 +1,151 @@
+"""Arrow data as yogadl_plus records: Arrow types as Fields, Arrow batches and tables as records.
+
+What the sources that read Arrow share (Parquet, Petastorm, Ray, Spark); what only one of them
+knows (Parquet files and Hive folders, Ray's tensor types, Spark's SQL types) stays in its own
+module. pyarrow is imported where it is used, so that importing this module needs no pyarrow.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from yogadl_plus.errors import SchemaError
+from yogadl_plus.schema import Field, Schema
+
+__all__ = [
+    "BATCH_ROWS",
+    "ColumnValues",
+    "arrow_field",
+    "arrow_to_schema",
+    "batch_records",
+    "column_values",
+    "is_list_type",
+]
+
+#: How many rows a source asks for in one Arrow batch when it reads.
+BATCH_ROWS = 4096
+
+#: Turns one Arrow column of a batch into the record values of a field (``column_values``, or a
+#: source's own when its columns hold an encoding of its own).
+ColumnValues = Callable[[Any, Field], Sequence[Any]]
+
+
+def is_list_type(arrow_type: Any) -> bool:
+    """Whether ``arrow_type`` is a list, large list or fixed-size list."""
+    import pyarrow.types as pat
+
+    return bool(
+        pat.is_list(arrow_type)
+        or pat.is_large_list(arrow_type)
+        or pat.is_fixed_size_list(arrow_type)
+    )
+
+
+def arrow_field(name: str, arrow_type: Any, nullable: bool) -> Field:
+    """Our Field for a column ``name`` of ``arrow_type``, or a SchemaError naming the column:
+    fixed-size lists become fixed dims, lists None dims."""
+    import pyarrow.types as pat
+
+    shape: list[int | None] = []
+    inner = arrow_type
+    while is_list_type(inner):
+        shape.append(inner.list_size if pat.is_fixed_size_list(inner) else None)
+        inner = inner.value_type
+    if pat.is_dictionary(inner):
+        inner = inner.value_type
+    if pat.is_string(inner) or pat.is_large_string(inner):
+        kind: Any = str
+    elif pat.is_binary(inner) or pat.is_large_binary(inner) or pat.is_fixed_size_binary(inner):
+        kind = bytes
+    elif pat.is_timestamp(inner):
+        kind = np.dtype(f"datetime64[{inner.unit}]")
+    elif pat.is_date32(inner):
+        kind = np.dtype("datetime64[D]")
+    elif pat.is_date64(inner):
+        kind = np.dtype("datetime64[ms]")
+    elif pat.is_integer(inner) or pat.is_floating(inner) or pat.is_boolean(inner):
+        kind = np.dtype(inner.to_pandas_dtype())
+    else:
+        raise SchemaError(
+            f"column {name!r}: Arrow type {arrow_type} is not supported (numbers, bools, "
+            "timestamps, strings, binary and (fixed-size) lists of them are); pick other "
+            "columns with columns=, or flatten it first"
+        )
+    if shape and not isinstance(kind, np.dtype):
+        raise SchemaError(f"column {name!r}: lists of {kind.__name__} are not supported")
+    return Field(name, kind, tuple(shape), nullable=nullable)
+
+
+def arrow_to_schema(arrow_schema: Any, nullable_columns: set[str] | None = None) -> Schema:
+    """A Schema for an Arrow schema: fixed-size lists become fixed dims, lists None dims.
+
+    A column is nullable when ``nullable_columns`` says so (columns that really hold nulls), or,
+    when that is not known, when Arrow declares it nullable.
+    """
+    fields = []
+    for f in arrow_schema:
+        nullable = f.nullable if nullable_columns is None else f.name in nullable_columns
+        fields.append(arrow_field(f.name, f.type, nullable))
+    return Schema(fields)
+
+
+def column_values(column: Any, field: Field) -> Sequence[Any]:
+    """One Arrow column of a batch as a sequence of record values for ``field``."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    if column.null_count:
+        values = column.to_pylist()
+        if field.kind != "numeric":
+            return values
+        return [None if v is None else np.asarray(v, dtype=field.dtype) for v in values]
+    if field.kind == "str" or field.kind == "bytes":
+        return column.to_pylist()
+    if not field.shape:
+        return column.to_numpy(zero_copy_only=False)
+    if None not in field.shape:
+        flat = column
+        for size in field.shape:
+            lengths = pc.list_value_length(flat)
+            if flat.null_count or pc.min_max(lengths).as_py() != {"min": size, "max": size}:
+                return column.to_pylist()  # ragged: each record is checked, and named
+            flat = flat.flatten()
+        if flat.null_count:
+            return column.to_pylist()  # a null inside an array: each record is checked
+        return flat.to_numpy(zero_copy_only=False).reshape((len(column), *field.shape))
+    try:
+        if _nulls_inside(column):
+            raise ValueError
+        return [np.asarray(v, dtype=field.dtype) for v in column.to_pylist()]
+    except (ValueError, TypeError):
+        # Values that do not make arrays of the field's dtype (ragged inner lists, a null
+        # inside): as they are, for the encoder to name the record and field.
+        return column.to_pylist()
+
+
+def _nulls_inside(column: Any) -> bool:
+    """Whether the values of a list column hold a null at any depth."""
+    while is_list_type(column.type):
+        column = column.flatten()
+        if column.null_count:
+            return True
+    return False
+
+
+def batch_records(
+    batch: Any,
+    schema: Schema,
+    values: ColumnValues | None = None,
+) -> Iterator[dict[str, Any]]:
+    """The rows of an Arrow record batch or table as records of ``schema`` (columns named as
+    fields); ``values(column, field)`` turns a column into record values (default: ours)."""
+    names = list(schema.names)
+    convert = values or column_values
+    columns = [convert(batch.column(n), schema[n]) for n in names]
+    for row in zip(*columns):
+        yield dict(zip(names, row))
