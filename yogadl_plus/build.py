@@ -8,6 +8,7 @@ import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
+from yogadl_plus._version import __version__
 from yogadl_plus.cache.layout import RecordLayout
 from yogadl_plus.cache.manifest import ChunkInfo, Manifest, schema_digest
 from yogadl_plus.cache.reader import ChunkSet
@@ -206,8 +207,6 @@ def finish_version(
     version: str,
 ) -> Manifest:
     """Write the manifest of ``chunks`` into ``folder``: the last step of every build."""
-    from yogadl_plus import __version__
-
     manifest = Manifest(
         dataset_id=dataset_id,
         version=version,
