@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
-import sys
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
@@ -15,6 +15,7 @@ from yogadl_plus.cache.reader import ChunkSet
 from yogadl_plus.cache.writer import DEFAULT_CHUNK_BYTES, ChunkWriter
 from yogadl_plus.checks import check_int
 from yogadl_plus.errors import SourceChangedWarning
+from yogadl_plus.progress import progress_bar
 from yogadl_plus.schema import Schema, infer_schema
 from yogadl_plus.sources import Source, as_source
 from yogadl_plus.sources.spark import SparkDataFrameSource
@@ -132,18 +133,8 @@ def build_version(
     """Write all records of ``source`` as chunks in ``folder``, check them, write the manifest."""
     src = as_source(source)
     schema, records = resolve_schema(src, schema)
-    bar = progress_bar(progress, src.length, f"{dataset_id}:{version}")
-    try:
-        chunks = write_records(
-            folder,
-            records,
-            schema,
-            chunk_bytes,
-            on_block=bar.update if bar is not None else None,
-        )
-    finally:
-        if bar is not None:
-            bar.close()
+    with caching_bar(progress, src.length, dataset_id, version) as advance:
+        chunks = write_records(folder, records, schema, chunk_bytes, on_block=advance)
     return finish_version(folder, src, schema, chunks, dataset_id, version)
 
 
@@ -233,10 +224,8 @@ def _check_readable(
         chunk_set.close()
 
 
-def progress_bar(enabled: bool, total: int | None, name: str) -> Any:
-    """A tqdm bar on stderr when asked for and stderr is a terminal, else None."""
-    if not enabled or not sys.stderr.isatty():
-        return None
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, desc=f"caching {name}", unit=" rec", unit_scale=True, file=sys.stderr)
+def caching_bar(
+    enabled: bool, total: int | None, dataset_id: str, version: str
+) -> contextlib.AbstractContextManager[Callable[[int], object]]:
+    """The progress bar of a build: records cached so far, out of ``total`` if known."""
+    return progress_bar(enabled, f"caching {dataset_id}:{version}", total, " rec")

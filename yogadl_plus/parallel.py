@@ -26,7 +26,7 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from yogadl_plus.build import INFER_RECORDS, finish_version, progress_bar, write_records
+from yogadl_plus.build import INFER_RECORDS, caching_bar, finish_version, write_records
 from yogadl_plus.cache.manifest import ChunkInfo, Manifest
 from yogadl_plus.errors import CacheCorrupted, YogaError
 from yogadl_plus.schema import Schema, infer_schema
@@ -124,21 +124,17 @@ def build_in_parallel(
         schema = infer_schema(list(itertools.islice(records, INFER_RECORDS)))
     sink = storage.chunk_sink(folder, distributed=engine == "ray")
     tasks = [PartTask(i, part, schema, chunk_bytes, sink) for i, part in enumerate(parts)]
-    bar = progress_bar(progress, src.length, f"{dataset_id}:{version}")
-    try:
-        with aborted_on_failure(sink):
-            results = runner.run(tasks, bar.update if bar is not None else lambda _: None)
-            for task in tasks:
-                expected, wrote = task.source.length, results[task.number].records
-                if expected is not None and wrote != expected:
-                    raise CacheCorrupted(
-                        f"part {task.number} ({task.source!r}) wrote {wrote} records, expected "
-                        f"{expected}"
-                    )
-            chunks = settled_chunks(sink, [results[t.number] for t in tasks])
-    finally:
-        if bar is not None:
-            bar.close()
+    bar = caching_bar(progress, src.length, dataset_id, version)
+    with bar as advance, aborted_on_failure(sink):
+        results = runner.run(tasks, advance)
+        for task in tasks:
+            expected, wrote = task.source.length, results[task.number].records
+            if expected is not None and wrote != expected:
+                raise CacheCorrupted(
+                    f"part {task.number} ({task.source!r}) wrote {wrote} records, expected "
+                    f"{expected}"
+                )
+        chunks = settled_chunks(sink, [results[t.number] for t in tasks])
     return finish_version(folder, src, schema, chunks, dataset_id, version)
 
 
