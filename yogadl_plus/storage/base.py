@@ -80,7 +80,7 @@ class Storage(ABC):
         def decorate(make_source: F) -> Callable[..., DataRef]:
             @functools.wraps(make_source)
             def cached(*args: Any, **kwargs: Any) -> DataRef:
-                from yogadl_plus.build import build_version
+                from yogadl_plus.build.records import build_version
 
                 return self.get_or_build(
                     dataset_id,
