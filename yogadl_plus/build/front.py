@@ -5,9 +5,7 @@ from __future__ import annotations
 import warnings
 from typing import TYPE_CHECKING, Any
 
-from yogadl_plus.build.pool import build_in_parallel
 from yogadl_plus.build.records import build_version
-from yogadl_plus.build.spark import build_on_spark
 from yogadl_plus.cache.manifest import Manifest
 from yogadl_plus.cache.writer import DEFAULT_CHUNK_BYTES
 from yogadl_plus.checks import check_int
@@ -67,11 +65,17 @@ def cache_dataset(
         )
 
     def build(folder: str) -> Manifest:
+        # The parallel runners are imported when a build takes them: the process pool's
+        # machinery would add some 8 ms to every `import yogadl_plus`.
         if isinstance(src, SparkDataFrameSource):
+            from yogadl_plus.build.spark import build_on_spark
+
             return build_on_spark(
                 folder, src, dataset_id, version, store, schema=schema, chunk_bytes=chunk_bytes
             )
         if parallel:
+            from yogadl_plus.build.pool import build_in_parallel
+
             return build_in_parallel(
                 folder,
                 src,
