@@ -418,6 +418,26 @@ def test_cacheable_runs_only_on_a_miss(local_storage):
     assert calls == [(8, 3), (2, 4)]
 
 
+def test_cacheable_builds_with_the_builder_the_build_layer_hands_down(local_storage, monkeypatch):
+    from yogadl_plus.build.records import build_version
+    from yogadl_plus.storage import base
+
+    built = []
+
+    def builder(folder, source, dataset_id, version):
+        built.append((dataset_id, version))
+        return build_version(folder, source, dataset_id, version, progress=False)
+
+    monkeypatch.setattr(base, "_source_builder", None)
+    make = local_storage.cacheable("ds", "v1")(lambda: [record(i) for i in range(3)])
+    with pytest.raises(RuntimeError, match="set_source_builder"):
+        make()
+    assert local_storage.list() == []
+    base.set_source_builder(builder)
+    check_all_and_close(make(), 3)
+    assert built == [("ds", "v1")]
+
+
 # --- chunk roll-over ---------------------------------------------------------------------------
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from yogadl_plus import codecs, predicates, sources
+from yogadl_plus._version import __version__
 from yogadl_plus.boundary import TransformError
 from yogadl_plus.build import cache_dataset
 from yogadl_plus.dataref import DataRef
@@ -34,8 +35,6 @@ from yogadl_plus.storage import (
 )
 from yogadl_plus.stream import Stream
 from yogadl_plus.workers import WorkerDied
-
-__version__ = "0.1.0"
 
 _ADAPTERS = ("tensorflow", "torch", "keras")
 

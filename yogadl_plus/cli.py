@@ -16,7 +16,7 @@ import re
 import sys
 import time
 import traceback
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -24,6 +24,7 @@ import numpy as np
 import yogadl_plus as ydl
 from yogadl_plus.build import ENGINES
 from yogadl_plus.cache.integrity import verify_and_stamp
+from yogadl_plus.progress import progress_bar
 from yogadl_plus.storage import copy_version
 from yogadl_plus.storage.remote import RemoteStorage
 
@@ -87,19 +88,12 @@ def _emit(args: argparse.Namespace, data: Any, text: str) -> None:
         print(text)
 
 
-@contextlib.contextmanager
 def _progress(
     args: argparse.Namespace, desc: str, total: int | None, unit: str
-) -> Iterator[Callable[[int], object]]:
-    """An ``advance(n)`` for a tqdm bar on stderr, or a no-op when stderr is no terminal or
-    --no-progress was given (bars would litter logs and pipes)."""
-    if args.no_progress or not sys.stderr.isatty():
-        yield lambda n: None
-        return
-    from tqdm.auto import tqdm
-
-    with tqdm(total=total, desc=desc, unit=unit, unit_scale=True, file=sys.stderr) as bar:
-        yield bar.update
+) -> contextlib.AbstractContextManager[Callable[[int], object]]:
+    """An ``advance(n)`` for a bar on stderr, or a no-op when stderr is no terminal or
+    --no-progress was given."""
+    return progress_bar(not args.no_progress, desc, total, unit)
 
 
 def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:

@@ -1,93 +1,47 @@
 """Parallel builds: cut a source into parts, write each part's chunks in its own task (a pool of
 processes on this machine, or Ray tasks on a cluster), then check them and publish one version.
-(Spark DataFrames are built by Spark's own tasks, the same way: see spark_build.py.)
+(Spark DataFrames are built by Spark's own tasks, the same way: see build/spark.py.)
 
-The driver keeps exactly one result per part, whatever happened to other attempts: a part
-whose task died (its process killed) or failed with an ``OSError`` (a dropped connection) runs
-again, up to ``ATTEMPTS`` times, and writes files of its own (see storage/sink.py), so no record
-is lost or written twice. Other errors (a record that does not fit the schema) fail the build
-at once. Nothing is published unless every part is in place.
+Both runners keep to the part protocol of build/parts.py: a part whose task died, or failed
+with an error worth retrying, runs again (up to ``ATTEMPTS`` times), and nothing is published
+unless every part is in place.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import functools
 import itertools
 import multiprocessing
 import os
 import pickle
 import tempfile
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from yogadl_plus.build import INFER_RECORDS, finish_version, progress_bar, write_records
-from yogadl_plus.cache.manifest import ChunkInfo, Manifest
+from yogadl_plus.build.parts import (
+    ATTEMPTS,
+    RETRIED,
+    PartResult,
+    PartTask,
+    aborted_on_failure,
+    settled_chunks,
+    write_part,
+)
+from yogadl_plus.build.records import INFER_RECORDS, caching_bar, finish_version
+from yogadl_plus.cache.manifest import Manifest
 from yogadl_plus.errors import CacheCorrupted, YogaError
 from yogadl_plus.schema import Schema, infer_schema
 from yogadl_plus.sources.base import Source
-from yogadl_plus.storage.objects import TransientStorageError
-from yogadl_plus.storage.sink import ChunkSink, part_prefix
 from yogadl_plus.workers import WorkerDied
 
 if TYPE_CHECKING:
     from yogadl_plus.storage.base import Storage
 
-__all__ = [
-    "ATTEMPTS",
-    "RETRIED",
-    "PartResult",
-    "PartTask",
-    "aborted_on_failure",
-    "build_in_parallel",
-    "settled_chunks",
-    "write_part",
-]
+__all__ = ["build_in_parallel"]
 
-ATTEMPTS = 3
 _PARTS_PER_SLOT = 4  # more parts than slots: a slow part does not leave the others idle
-# Errors worth another attempt of a part: a dropped connection, a timeout, a flaky store. Other
-# errors (a missing file, a bad record) would fail again: they end the build at once.
-RETRIED: tuple[type[BaseException], ...] = (ConnectionError, TimeoutError, TransientStorageError)
-
-
-@dataclass(frozen=True)
-class PartTask:
-    """Everything a task needs to write one part; sent to the worker as it is."""
-
-    number: int
-    source: Source
-    schema: Schema
-    chunk_bytes: int
-    sink: ChunkSink
-
-
-@dataclass(frozen=True)
-class PartResult:
-    number: int
-    chunks: list[ChunkInfo]
-    records: int
-
-
-def write_part(task: PartTask) -> PartResult:
-    """In a worker: write one part's records as chunks and hand them to the sink."""
-    prefix = part_prefix(task.number, uuid.uuid4().hex[:8])
-    with task.sink.folder() as folder:
-        chunks = write_records(
-            folder,
-            task.source.records(),
-            task.schema,
-            task.chunk_bytes,
-            first=task.source.offset or 0,
-            prefix=prefix,
-            on_chunk=functools.partial(task.sink.deliver, folder),
-        )
-    return PartResult(task.number, chunks, sum(c.records for c in chunks))
 
 
 def build_in_parallel(
@@ -124,40 +78,18 @@ def build_in_parallel(
         schema = infer_schema(list(itertools.islice(records, INFER_RECORDS)))
     sink = storage.chunk_sink(folder, distributed=engine == "ray")
     tasks = [PartTask(i, part, schema, chunk_bytes, sink) for i, part in enumerate(parts)]
-    bar = progress_bar(progress, src.length, f"{dataset_id}:{version}")
-    try:
-        with aborted_on_failure(sink):
-            results = runner.run(tasks, bar.update if bar is not None else lambda _: None)
-            for task in tasks:
-                expected, wrote = task.source.length, results[task.number].records
-                if expected is not None and wrote != expected:
-                    raise CacheCorrupted(
-                        f"part {task.number} ({task.source!r}) wrote {wrote} records, expected "
-                        f"{expected}"
-                    )
-            chunks = settled_chunks(sink, [results[t.number] for t in tasks])
-    finally:
-        if bar is not None:
-            bar.close()
+    bar = caching_bar(progress, src.length, dataset_id, version)
+    with bar as advance, aborted_on_failure(sink):
+        results = runner.run(tasks, advance)
+        for task in tasks:
+            expected, wrote = task.source.length, results[task.number].records
+            if expected is not None and wrote != expected:
+                raise CacheCorrupted(
+                    f"part {task.number} ({task.source!r}) wrote {wrote} records, expected "
+                    f"{expected}"
+                )
+        chunks = settled_chunks(sink, [results[t.number] for t in tasks])
     return finish_version(folder, src, schema, chunks, dataset_id, version)
-
-
-@contextlib.contextmanager
-def aborted_on_failure(sink: ChunkSink) -> Iterator[None]:
-    """Undo what tasks delivered when the build fails: chunks that tasks uploaded into a bucket
-    go now, not at the next build."""
-    try:
-        yield
-    except BaseException:
-        sink.abort()
-        raise
-
-
-def settled_chunks(sink: ChunkSink, results: list[PartResult]) -> list[ChunkInfo]:
-    """The chunks of ``results`` (parts in order), checked in place, other attempts' gone."""
-    chunks = list(itertools.chain.from_iterable(r.chunks for r in results))
-    sink.settle(chunks)
-    return chunks
 
 
 class _PoolRunner:
@@ -244,7 +176,7 @@ def _fresh_processes() -> multiprocessing.context.BaseContext:
     if "forkserver" not in multiprocessing.get_all_start_methods():
         return multiprocessing.get_context("spawn")
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["yogadl_plus.parallel", "pyarrow.parquet"])
+    context.set_forkserver_preload(["yogadl_plus.build.pool", "pyarrow.parquet"])
     return context
 
 

@@ -21,10 +21,7 @@ import warnings
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from yogadl_plus.build import finish_version
-from yogadl_plus.cache.manifest import Manifest
-from yogadl_plus.errors import CacheCorrupted, SchemaError, YogaError
-from yogadl_plus.parallel import (
+from yogadl_plus.build.parts import (
     RETRIED,
     PartResult,
     PartTask,
@@ -32,6 +29,9 @@ from yogadl_plus.parallel import (
     settled_chunks,
     write_part,
 )
+from yogadl_plus.build.records import finish_version
+from yogadl_plus.cache.manifest import Manifest
+from yogadl_plus.errors import CacheCorrupted, SchemaError, YogaError
 from yogadl_plus.schema import Schema
 from yogadl_plus.sources.spark import SparkDataFrameSource, SparkPartition
 from yogadl_plus.storage.sink import ChunkSink

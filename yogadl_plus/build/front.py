@@ -1,0 +1,113 @@
+"""cache_dataset: read a source once into a published, versioned cache."""
+
+from __future__ import annotations
+
+import warnings
+from typing import TYPE_CHECKING, Any
+
+from yogadl_plus.build.records import build_version
+from yogadl_plus.cache.manifest import Manifest
+from yogadl_plus.cache.writer import DEFAULT_CHUNK_BYTES
+from yogadl_plus.checks import check_int
+from yogadl_plus.errors import SourceChangedWarning
+from yogadl_plus.schema import Schema
+from yogadl_plus.sources import as_source
+from yogadl_plus.sources.spark import SparkDataFrameSource
+from yogadl_plus.storage import check_name, default_storage
+
+if TYPE_CHECKING:
+    from yogadl_plus.dataref import DataRef
+    from yogadl_plus.storage.base import Storage
+
+__all__ = ["ENGINES", "cache_dataset"]
+
+ENGINES = ("local", "ray")
+
+
+def cache_dataset(
+    source: Any,
+    dataset_id: str,
+    version: str,
+    storage: Storage | None = None,
+    *,
+    schema: Schema | None = None,
+    overwrite: bool = False,
+    progress: bool = True,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    workers: int | None = None,
+    engine: str = "local",
+) -> DataRef:
+    """Cache ``source`` as (dataset_id, version) in ``storage`` and return its DataRef.
+
+    If the version exists, the source is not read (unless ``overwrite``). Only one builder of a
+    version runs at a time; concurrent callers wait and read what it published.
+
+    ``workers=k`` builds with a pool of k processes, and ``engine="ray"`` with Ray tasks on the
+    cluster that ``ray.init()`` joins (``workers`` then caps the tasks in flight): the source is
+    cut into parts (Parquet row groups, index ranges of a map-style dataset, blocks of a
+    ``ray.data.Dataset``), each task writes its part's chunks, and the result equals a serial
+    build record for record. A Spark DataFrame is always built by Spark's executors, one task
+    per partition, in partition order.
+    """
+    check_name("dataset_id", dataset_id)
+    check_name("version", version)
+    if engine not in ENGINES:
+        raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
+    if workers is not None:
+        workers = check_int("workers", workers, 1)
+    store = storage if storage is not None else default_storage()
+    src = as_source(source)
+    parallel = engine == "ray" or (workers or 1) > 1
+    if isinstance(src, SparkDataFrameSource) and (engine != "local" or workers is not None):
+        raise ValueError(
+            "a Spark DataFrame is built by Spark, one task per partition: leave out workers= "
+            "and engine= (repartition the DataFrame to change how many tasks write it)"
+        )
+
+    def build(folder: str) -> Manifest:
+        # The parallel runners are imported when a build takes them: the process pool's
+        # machinery would add some 8 ms to every `import yogadl_plus`.
+        if isinstance(src, SparkDataFrameSource):
+            from yogadl_plus.build.spark import build_on_spark
+
+            return build_on_spark(
+                folder, src, dataset_id, version, store, schema=schema, chunk_bytes=chunk_bytes
+            )
+        if parallel:
+            from yogadl_plus.build.pool import build_in_parallel
+
+            return build_in_parallel(
+                folder,
+                src,
+                dataset_id,
+                version,
+                store,
+                schema=schema,
+                progress=progress,
+                chunk_bytes=chunk_bytes,
+                workers=workers,
+                engine=engine,
+            )
+        return build_version(
+            folder,
+            src,
+            dataset_id,
+            version,
+            schema=schema,
+            progress=progress,
+            chunk_bytes=chunk_bytes,
+        )
+
+    dataref = store.get_or_build(dataset_id, version, build, overwrite=overwrite)
+    cached = dataref.manifest.source_fingerprint
+    if not overwrite and cached is not None:
+        current = src.fingerprint()
+        if current is not None and current != cached:
+            warnings.warn(
+                f"the source of {dataset_id!r} version {version!r} has changed since it was "
+                f"cached (cached fingerprint {cached}, now {current}); the cached data is "
+                "returned as is: use a new version or overwrite=True to rebuild",
+                SourceChangedWarning,
+                stacklevel=2,
+            )
+    return dataref

@@ -1,0 +1,93 @@
+"""The part protocol every parallel build follows (a process pool, Ray tasks, Spark tasks): a
+task writes one part of the source as chunk files of its own and returns a PartResult naming
+them; the driver settles one result per part and publishes.
+
+The driver keeps exactly one result per part, whatever happened to other attempts: a part
+whose task died (its process killed) or failed with an ``OSError`` (a dropped connection) runs
+again, up to ``ATTEMPTS`` times, and writes files of its own (see storage/sink.py), so no record
+is lost or written twice. Other errors (a record that does not fit the schema) fail the build
+at once. Nothing is published unless every part is in place.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import itertools
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from yogadl_plus.build.records import write_records
+from yogadl_plus.cache.manifest import ChunkInfo
+from yogadl_plus.schema import Schema
+from yogadl_plus.sources.base import Source
+from yogadl_plus.storage.objects import TransientStorageError
+from yogadl_plus.storage.sink import ChunkSink, part_prefix
+
+__all__ = [
+    "ATTEMPTS",
+    "RETRIED",
+    "PartResult",
+    "PartTask",
+    "aborted_on_failure",
+    "settled_chunks",
+    "write_part",
+]
+
+ATTEMPTS = 3
+# Errors worth another attempt of a part: a dropped connection, a timeout, a flaky store. Other
+# errors (a missing file, a bad record) would fail again: they end the build at once.
+RETRIED: tuple[type[BaseException], ...] = (ConnectionError, TimeoutError, TransientStorageError)
+
+
+@dataclass(frozen=True)
+class PartTask:
+    """Everything a task needs to write one part; sent to the worker as it is."""
+
+    number: int
+    source: Source
+    schema: Schema
+    chunk_bytes: int
+    sink: ChunkSink
+
+
+@dataclass(frozen=True)
+class PartResult:
+    number: int
+    chunks: list[ChunkInfo]
+    records: int
+
+
+def write_part(task: PartTask) -> PartResult:
+    """In a worker: write one part's records as chunks and hand them to the sink."""
+    prefix = part_prefix(task.number, uuid.uuid4().hex[:8])
+    with task.sink.folder() as folder:
+        chunks = write_records(
+            folder,
+            task.source.records(),
+            task.schema,
+            task.chunk_bytes,
+            first=task.source.offset or 0,
+            prefix=prefix,
+            on_chunk=functools.partial(task.sink.deliver, folder),
+        )
+    return PartResult(task.number, chunks, sum(c.records for c in chunks))
+
+
+@contextlib.contextmanager
+def aborted_on_failure(sink: ChunkSink) -> Iterator[None]:
+    """Undo what tasks delivered when the build fails: chunks that tasks uploaded into a bucket
+    go now, not at the next build."""
+    try:
+        yield
+    except BaseException:
+        sink.abort()
+        raise
+
+
+def settled_chunks(sink: ChunkSink, results: list[PartResult]) -> list[ChunkInfo]:
+    """The chunks of ``results`` (parts in order), checked in place, other attempts' gone."""
+    chunks = list(itertools.chain.from_iterable(r.chunks for r in results))
+    sink.settle(chunks)
+    return chunks

@@ -1,0 +1,142 @@
+"""The write primitives every build is made of: the schema to write with, records encoded into
+chunk files that are checked as they close, the manifest written last, and the progress bar; and
+the serial build, which is those steps in a row."""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any
+
+from yogadl_plus._version import __version__
+from yogadl_plus.cache.layout import RecordLayout
+from yogadl_plus.cache.manifest import ChunkInfo, Manifest, schema_digest
+from yogadl_plus.cache.reader import ChunkSet
+from yogadl_plus.cache.writer import DEFAULT_CHUNK_BYTES, ChunkWriter
+from yogadl_plus.progress import progress_bar
+from yogadl_plus.schema import Schema, infer_schema
+from yogadl_plus.sources import Source, as_source
+
+__all__ = [
+    "INFER_RECORDS",
+    "build_version",
+    "caching_bar",
+    "finish_version",
+    "resolve_schema",
+    "write_records",
+]
+
+INFER_RECORDS = 64
+_BLOCK_RECORDS = 4096
+
+
+def build_version(
+    folder: str,
+    source: Any,
+    dataset_id: str,
+    version: str,
+    *,
+    schema: Schema | None = None,
+    progress: bool = True,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+) -> Manifest:
+    """Write all records of ``source`` as chunks in ``folder``, check them, write the manifest."""
+    src = as_source(source)
+    schema, records = resolve_schema(src, schema)
+    with caching_bar(progress, src.length, dataset_id, version) as advance:
+        chunks = write_records(folder, records, schema, chunk_bytes, on_block=advance)
+    return finish_version(folder, src, schema, chunks, dataset_id, version)
+
+
+def resolve_schema(
+    src: Source, schema: Schema | None
+) -> tuple[Schema, Iterator[Mapping[str, Any]]]:
+    """The schema to write with (given, known by the source, or inferred from its first
+    records) and the source's records, none of them lost to the inference."""
+    records = iter(src.records())
+    schema = schema if schema is not None else src.schema
+    if schema is None:
+        head = list(itertools.islice(records, INFER_RECORDS))
+        schema = infer_schema(head)
+        records = itertools.chain(head, records)
+    return schema, records
+
+
+def write_records(
+    folder: str,
+    records: Iterable[Mapping[str, Any]],
+    schema: Schema,
+    chunk_bytes: int,
+    *,
+    first: int = 0,
+    prefix: str = "",
+    on_block: Callable[[int], Any] | None = None,
+    on_chunk: Callable[[ChunkInfo], ChunkInfo] | None = None,
+) -> list[ChunkInfo]:
+    """Encode ``records`` into chunk files ``<prefix>chunk-NNNNN.mdb`` in ``folder`` and check
+    that each reads back. ``first`` is the index of the first record, for error messages.
+    ``on_chunk`` takes each chunk as soon as it is checked (a build task uploads it while it
+    writes the next) and returns it as the manifest will name it."""
+    layout = RecordLayout(schema)
+    encode = layout.encode
+    records = iter(records)
+    written = first
+    chunks: list[ChunkInfo] = []
+
+    def closed(info: ChunkInfo) -> None:
+        _check_readable(folder, schema, [info], layout)
+        chunks.append(on_chunk(info) if on_chunk is not None else info)
+
+    digest = schema_digest(schema)
+    with ChunkWriter(folder, chunk_bytes, prefix, on_close=closed, schema=digest) as writer:
+        while block := list(itertools.islice(records, _BLOCK_RECORDS)):
+            encoded = [encode(r, written + j) for j, r in enumerate(block)]
+            columns = layout.decode_columns(encoded, layout.column_fields)
+            writer.add_many(encoded, columns)
+            written += len(block)
+            if on_block is not None:
+                on_block(len(block))
+    return chunks
+
+
+def finish_version(
+    folder: str,
+    src: Source,
+    schema: Schema,
+    chunks: list[ChunkInfo],
+    dataset_id: str,
+    version: str,
+) -> Manifest:
+    """Write the manifest of ``chunks`` into ``folder``: the last step of every build."""
+    manifest = Manifest(
+        dataset_id=dataset_id,
+        version=version,
+        schema=schema,
+        chunks=chunks,
+        source_fingerprint=src.fingerprint(),
+        source_kind=src.kind,
+        library_version=__version__,
+    )
+    manifest.write(folder)
+    return manifest
+
+
+def _check_readable(
+    folder: str, schema: Schema, chunks: list[ChunkInfo], layout: RecordLayout
+) -> None:
+    """Reopen chunks just written and decode the first and last record of each."""
+    chunk_set = ChunkSet(folder, Manifest("check", "check", schema, chunks))
+    try:
+        for start, info in zip(chunk_set.starts, chunks):
+            for index in {int(start), int(start) + info.records - 1}:
+                layout.decode_record(chunk_set.get(index), schema.fields)
+    finally:
+        chunk_set.close()
+
+
+def caching_bar(
+    enabled: bool, total: int | None, dataset_id: str, version: str
+) -> contextlib.AbstractContextManager[Callable[[int], object]]:
+    """The progress bar of a build: records cached so far, out of ``total`` if known."""
+    return progress_bar(enabled, f"caching {dataset_id}:{version}", total, " rec")
