@@ -42,7 +42,7 @@ from yogadl_plus.errors import CacheCorrupted, DatasetNotFound, StorageError, un
 from yogadl_plus.storage.base import Storage, check_name
 from yogadl_plus.storage.pins import Pin, PinGone, Pins, exclusively
 
-__all__ = ["LocalStorage", "builds_named", "is_leftover"]
+__all__ = ["LocalStorage", "builds_named", "default_storage", "is_leftover"]
 
 # Bookkeeping entries carry a '+', which no dataset_id or version may contain.
 _LOCK = "+lock."
@@ -345,6 +345,14 @@ class LocalStorage(Storage):
         os.rename(os.path.join(parent, version), trash)
         fsync_dir(parent)
         shutil.rmtree(trash, ignore_errors=True)
+
+
+def default_storage() -> LocalStorage:
+    """LocalStorage at $YOGADL_PLUS_HOME, or ~/.cache/yogadl_plus."""
+    root = os.environ.get("YOGADL_PLUS_HOME") or os.path.join(
+        os.path.expanduser("~"), ".cache", "yogadl_plus"
+    )
+    return LocalStorage(root)
 
 
 def _in_build(chunk: ChunkInfo, build: str) -> ChunkInfo:

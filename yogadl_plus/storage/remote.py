@@ -33,7 +33,7 @@ from yogadl_plus.dataref import DataRef
 from yogadl_plus.errors import CacheCorrupted, DatasetNotFound, StorageError
 from yogadl_plus.storage.base import Storage, check_name
 from yogadl_plus.storage.lease import BuildLease
-from yogadl_plus.storage.local import is_leftover
+from yogadl_plus.storage.local import default_storage, is_leftover
 from yogadl_plus.storage.localcache import LocalCache
 from yogadl_plus.storage.objects import ObjectStore
 from yogadl_plus.storage.sink import ChunkSink, UploadSink
@@ -64,8 +64,6 @@ class RemoteStorage(Storage):
         self.objects = objects
         self.url = objects.url
         if local_cache is None:
-            from yogadl_plus.storage import default_storage
-
             local_cache = os.path.join(default_storage().root, "+remote", _url_folder(self.url))
         self.local_cache = LocalCache(os.fspath(local_cache), local_cache_limit)
         self.lease_ttl = float(lease_ttl)
