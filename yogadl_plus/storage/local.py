@@ -201,7 +201,7 @@ class LocalStorage(Storage):
             lock.release()
 
     @contextlib.contextmanager
-    def _staging(self, dataset_id: str, version: str, replace: bool) -> Iterator[str]:
+    def _staging(self, dataset_id: str, version: str, replace: bool, lock: None) -> Iterator[str]:
         parent = os.path.join(self.root, dataset_id)
         # We hold the builder lock: any staging or trash folder of this version is a dead builder's.
         for entry in os.listdir(parent):
