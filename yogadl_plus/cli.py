@@ -23,7 +23,6 @@ import numpy as np
 
 import yogadl_plus as ydl
 from yogadl_plus.build import ENGINES
-from yogadl_plus.cache.integrity import verify_and_stamp
 from yogadl_plus.storage import copy_version
 from yogadl_plus.storage.remote import RemoteStorage
 
@@ -248,9 +247,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         with _progress(
             args, f"verifying {ref.dataset_id}:{ref.version}", len(chunks), " chunk"
         ) as advance:
-            for info in chunks:
-                verify_and_stamp(os.path.join(ref.directory, info.file), info)
-                advance(1)
+            ref.verify(on_chunk=lambda _: advance(1))
     except ydl.CacheCorrupted:
         if isinstance(storage, ydl.LocalStorage):
             raise

@@ -21,6 +21,7 @@ import os
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from typing import Any, cast
 
 import lmdb
@@ -490,13 +491,15 @@ class ChunkSet:
             start += take
         return values
 
-    def verify(self) -> None:
-        """Re-hash every chunk file against the manifest; CacheCorrupted names the first bad one."""
+    def verify(self, on_chunk: Callable[[ChunkInfo], object] | None = None) -> None:
+        """Re-hash every chunk file against the manifest; CacheCorrupted names the first bad one
+        by its path. ``on_chunk(info)`` is called after each chunk that matches (progress)."""
         for number, info in enumerate(self.chunks):
-            path = os.path.join(self.directory, info.file)
-            state = verify_and_stamp(path, info, self._where(number))
+            state = verify_and_stamp(os.path.join(self.directory, info.file), info)
             if self._states[number] is not None and self._states[number] != state:
                 self._forget(number)  # a good file, but not the one open: open it again
+            if on_chunk is not None:
+                on_chunk(info)
 
     def __len__(self) -> int:
         return self.num_records
