@@ -38,8 +38,8 @@ class Storage(ABC):
         self, dataset_id: str, version: str
     ) -> contextlib.AbstractContextManager[Any]:
         """Held by the one builder of (dataset_id, version), across threads, processes, machines.
-        Yields what ``_staging`` is handed as ``lock`` (a bucket's build lease, which can be
-        lost; None where the lock cannot be)."""
+        Yields what ``_staging`` is handed as ``lock``: a bucket's build lease (which can be
+        lost), or None (a file lock, which cannot)."""
 
     @abstractmethod
     def _staging(
