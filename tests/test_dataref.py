@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -137,3 +140,19 @@ def test_a_collected_datarefs_release_never_waits_for_the_open_lock(tmp_path):
     assert not reader._ENVIRONMENTS.collected
     del again  # a DataRef dropped while the lock is free releases at once
     assert not reader._ENVIRONMENTS.collected
+
+
+def test_verify_reports_each_chunk_that_matches_and_names_a_damaged_one(tmp_path):
+    storage = ydl.LocalStorage(tmp_path)
+    ref = ydl.cache_dataset(make_records, "d", "v", storage, chunk_bytes=200_000, progress=False)
+    seen = []
+    ref.verify(on_chunk=seen.append)
+    assert seen == list(ref.manifest.chunks)
+    path = Path(ref.directory) / ref.manifest.chunks[-1].file
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(data)
+    seen.clear()
+    with pytest.raises(ydl.CacheCorrupted, match=f"^chunk {re.escape(str(path))} has sha256"):
+        ref.verify(on_chunk=seen.append)
+    assert seen == list(ref.manifest.chunks[:-1])

@@ -118,6 +118,47 @@ def test_a_reader_in_a_worker_process_keeps_its_build(tmp_path):
     stream.close()
 
 
+def _read_when_told(blob: bytes, ready, go, out: str) -> None:
+    import pickle
+
+    ref = pickle.loads(blob)  # takes its own pins, in this process
+    ready.set()
+    go.wait(120)
+    Path(out).write_text(json.dumps(whole(ref)))
+
+
+def test_a_dataref_unpickled_in_a_spawned_process_pins_its_build_there(tmp_path):
+    """What the storage hands a DataRef to keep its build (its pins) pickles itself: taken
+    again in a process that unpickles it, even once the process that pickled it let go."""
+    import multiprocessing
+    import pickle
+
+    storage = ydl.LocalStorage(tmp_path / "store")
+    ref = build(storage, 1000, seed=1)
+    old = ref.manifest.chunks[0].file.split("/")[0]
+    blob = pickle.dumps(ref)
+    del ref  # from here on, only the child pins the old build
+    context = multiprocessing.get_context("spawn")
+    ready, go = context.Event(), context.Event()
+    out = tmp_path / "child.json"
+    child = context.Process(target=_read_when_told, args=(blob, ready, go, str(out)))
+    child.start()
+    folder = Path(storage.path("ds", "v1"))
+    try:
+        assert ready.wait(120)
+        build(storage, 900, seed=2, overwrite=True)  # removes every build nobody pins
+        assert old in {p.name for p in folder.iterdir() if p.is_dir()}
+        go.set()
+        child.join(120)
+    finally:
+        if child.is_alive():
+            child.kill()
+    assert child.exitcode == 0
+    assert json.loads(out.read_text()) == [1000, 1]
+    assert whole(storage.fetch("ds", "v1")) == (900, 2)  # and the old build goes now
+    assert old not in {p.name for p in folder.iterdir() if p.is_dir()}
+
+
 def test_delete_while_reading_lets_the_reader_finish(tmp_path):
     storage = ydl.LocalStorage(tmp_path / "store")
     old = build(storage, 2000, seed=1)

@@ -347,6 +347,29 @@ def test_builder_killed_mid_upload_leaves_no_version_and_its_lease_expires(
     assert builds() == {c.file.split("/")[0] for c in again.manifest.chunks}
 
 
+def test_chunk_sink_names_the_build_staged_in_its_folder_from_any_thread(
+    spec: dict, tmp_path: Path
+) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    storage = make_storage(spec, tmp_path / "m")
+    seen: list[tuple[str, Any]] = []
+
+    def rows() -> Any:
+        # Runs inside the staging block: the build's folder is the one "+build." folder.
+        (folder,) = (tmp_path / "m" / "d").glob("+build.v.*")
+        with ThreadPoolExecutor(1) as pool:  # a task's thread, not the builder's
+            seen.append((str(folder), pool.submit(storage.chunk_sink, str(folder), True).result()))
+        yield from records(10)
+
+    ref = ydl.cache_dataset(rows(), "d", "v", storage, progress=False)
+    folder, sink = seen[0]
+    assert sink.base == "d/v/"
+    assert {sink.build} == {c.file.split("/")[0] for c in ref.manifest.chunks}
+    with pytest.raises(ValueError, match="is not the staging folder of a build"):
+        storage.chunk_sink(folder, True)  # the block has ended
+
+
 # --------------------------------------------------------------------------- the lease itself
 
 

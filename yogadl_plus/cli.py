@@ -23,7 +23,6 @@ import numpy as np
 
 import yogadl_plus as ydl
 from yogadl_plus.build import ENGINES
-from yogadl_plus.cache.integrity import verify_and_stamp
 from yogadl_plus.progress import progress_bar
 from yogadl_plus.storage import copy_version
 from yogadl_plus.storage.remote import RemoteStorage
@@ -242,9 +241,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         with _progress(
             args, f"verifying {ref.dataset_id}:{ref.version}", len(chunks), " chunk"
         ) as advance:
-            for info in chunks:
-                verify_and_stamp(os.path.join(ref.directory, info.file), info)
-                advance(1)
+            ref.verify(on_chunk=lambda _: advance(1))
     except ydl.CacheCorrupted:
         if isinstance(storage, ydl.LocalStorage):
             raise
@@ -403,6 +400,55 @@ def build_parser() -> argparse.ArgumentParser:
         "70 internal error (a bug: please report its traceback), 130 interrupted",
     )
     parser.add_argument("--version", action="version", version=f"yogadl_plus {ydl.__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(
+        name: str,
+        run: Callable[[argparse.Namespace], int],
+        about: str,
+        *parents: argparse.ArgumentParser,
+        options: Callable[[argparse.ArgumentParser], None] | None = None,
+    ) -> None:
+        p = sub.add_parser(name, parents=list(parents), help=about, description=about)
+        p.set_defaults(run=run)
+        if options is not None:
+            options(p)
+
+    storage, output, progress, version = _shared_options()
+    command("demo", cmd_demo, "cache the bundled example dataset and tour it", storage)
+    command(
+        "build",
+        cmd_build,
+        "cache Parquet data, or what a Python function returns, as a version",
+        storage,
+        output,
+        progress,
+        options=_build_options,
+    )
+    command("ls", cmd_ls, "list cached (dataset_id, version) pairs", storage, output)
+    command("info", cmd_info, "show a version's schema, size, source and location", version)
+    command("head", cmd_head, "print the first records as a table", version, options=_head_options)
+    command("verify", cmd_verify, "re-check every chunk's checksum", version, progress)
+    for name, run, about in (
+        ("push", cmd_push, "copy a version from --storage to URL"),
+        ("pull", cmd_pull, "copy a version from URL into --storage"),
+    ):
+        command(name, run, about, version, progress, options=_copy_options)
+    command("rm", cmd_rm, "delete a version", version)
+    command(
+        "bench",
+        cmd_bench,
+        "measure how fast a version streams",
+        version,
+        progress,
+        options=_bench_options,
+    )
+    return parser
+
+
+def _shared_options() -> tuple[argparse.ArgumentParser, ...]:
+    """Parent parsers of the options several commands take: --storage; --json;
+    --no-progress; and a version (--storage, --json, dataset_id, version)."""
     storage = argparse.ArgumentParser(add_help=False)
     storage.add_argument(
         "--storage",
@@ -419,25 +465,10 @@ def build_parser() -> argparse.ArgumentParser:
     version = argparse.ArgumentParser(add_help=False, parents=[storage, output])
     version.add_argument("dataset_id")
     version.add_argument("version")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    return storage, output, progress, version
 
-    def command(
-        name: str, run: Callable[[argparse.Namespace], int], about: str, *parents: Any
-    ) -> Any:
-        p = sub.add_parser(name, parents=list(parents), help=about, description=about)
-        p.set_defaults(run=run)
-        return p
 
-    command("demo", cmd_demo, "cache the bundled example dataset and tour it", storage)
-
-    p = command(
-        "build",
-        cmd_build,
-        "cache Parquet data, or what a Python function returns, as a version",
-        storage,
-        output,
-        progress,
-    )
+def _build_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "source",
         nargs="+",
@@ -463,28 +494,18 @@ def build_parser() -> argparse.ArgumentParser:
         "e.g. via RAY_ADDRESS)",
     )
 
-    command("ls", cmd_ls, "list cached (dataset_id, version) pairs", storage, output)
-    command("info", cmd_info, "show a version's schema, size, source and location", version)
 
-    p = command("head", cmd_head, "print the first records as a table", version)
+def _head_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("-n", type=int, default=5, help="how many records (default 5)")
     p.add_argument("--fields", help="comma-separated fields to show")
 
-    command("verify", cmd_verify, "re-check every chunk's checksum", version, progress)
 
-    for name, run, about in (
-        ("push", cmd_push, "copy a version from --storage to URL"),
-        ("pull", cmd_pull, "copy a version from URL into --storage"),
-    ):
-        p = command(name, run, about, version, progress)
-        p.add_argument(
-            "url", metavar="URL", help="s3://bucket/prefix, gs://bucket/prefix or a path"
-        )
-        p.add_argument("--overwrite", action="store_true", help="replace the version if it exists")
+def _copy_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("url", metavar="URL", help="s3://bucket/prefix, gs://bucket/prefix or a path")
+    p.add_argument("--overwrite", action="store_true", help="replace the version if it exists")
 
-    command("rm", cmd_rm, "delete a version", version)
 
-    p = command("bench", cmd_bench, "measure how fast a version streams", version, progress)
+def _bench_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shuffle", action="store_true", help="shuffle every epoch")
     p.add_argument("--seed", type=int, help="shuffle seed (needed with --num-shards > 1)")
     p.add_argument("--batch-size", type=int, help="stream batches of this size (default: records)")
@@ -494,7 +515,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shard-rank", type=int, default=0, help="this shard (default 0)")
     p.add_argument("--shard-by", choices=["records", "chunks"], default="records")
     p.add_argument("--epochs", type=int, default=1, help="epochs to time (default 1)")
-    return parser
 
 
 def _exit_code(exc: BaseException) -> int | None:

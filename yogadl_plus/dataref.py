@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import operator
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from yogadl_plus.cache.layout import RecordLayout
-from yogadl_plus.cache.manifest import Manifest
+from yogadl_plus.cache.manifest import ChunkInfo, Manifest
 from yogadl_plus.cache.reader import ChunkSet
 from yogadl_plus.schema import Field, Schema
 
@@ -97,9 +97,10 @@ class DataRef:
 
         return Stream(self, **kwargs)
 
-    def verify(self) -> None:
-        """Re-hash every chunk against the manifest; raises CacheCorrupted on a mismatch."""
-        self._chunks.verify()
+    def verify(self, on_chunk: Callable[[ChunkInfo], object] | None = None) -> None:
+        """Re-hash every chunk against the manifest; raises CacheCorrupted on a mismatch.
+        ``on_chunk(info)`` is called after each chunk that matches (for a progress bar)."""
+        self._chunks.verify(on_chunk)
 
     def close(self) -> None:
         """Release this process's LMDB handles now (they reopen on the next read). Every

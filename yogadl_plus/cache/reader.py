@@ -21,6 +21,7 @@ import os
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from typing import Any, cast
 
 import lmdb
@@ -34,8 +35,9 @@ from yogadl_plus.cache.integrity import (
     trusted,
     verify_and_stamp,
 )
+from yogadl_plus.cache.keys import IDENTITY_KEY, column_key, record_key, record_keys
 from yogadl_plus.cache.manifest import ChunkInfo, Manifest, schema_digest
-from yogadl_plus.cache.writer import IDENTITY_KEY, chunk_identity, column_key, record_key
+from yogadl_plus.cache.writer import chunk_identity
 from yogadl_plus.errors import CacheCorrupted, YogaError, unreadable
 
 __all__ = ["RECHECK_SECONDS", "ChunkSet"]
@@ -430,7 +432,7 @@ class ChunkSet:
             number = int(np.searchsorted(self.starts, index, side="right")) - 1
             local = index - int(self.starts[number])
         try:
-            value = self.txn(number).get(local.to_bytes(4, "big"))
+            value = self.txn(number).get(record_key(local))
         except lmdb.Error as exc:
             raise self._failed(number, exc, f"record {index}") from None
         if value is None:
@@ -446,15 +448,12 @@ class ChunkSet:
             if n > 2 and indices[-1] - indices[0] == n - 1 and (np.diff(indices) == 1).all():
                 values = self._get_run(int(indices[0]), n)
             elif len(self.chunks) == 1:
-                get = self.txn(0).get
-                keys = np.asarray(indices, dtype=">u4").tobytes()
-                values = [get(keys[j : j + 4]) for j in range(0, len(keys), 4)]
+                values = list(map(self.txn(0).get, record_keys(indices)))
             else:
                 chunk, local = self.locate(np.asarray(indices, dtype=np.int64))
-                keys = local.astype(">u4").tobytes()
                 # Only the chunks this batch touches are opened.
                 gets = {int(c): self.txn(int(c)).get for c in np.unique(chunk)}
-                values = [gets[c](keys[4 * j : 4 * j + 4]) for j, c in enumerate(chunk.tolist())]
+                values = [gets[c](key) for c, key in zip(chunk.tolist(), record_keys(local))]
         except lmdb.Error as exc:
             raise self._failed(None, exc, f"a batch of {n} records") from None
         # all() is the cheap test (a missing value is None); an empty value is falsy too.
@@ -492,13 +491,15 @@ class ChunkSet:
             start += take
         return values
 
-    def verify(self) -> None:
-        """Re-hash every chunk file against the manifest; CacheCorrupted names the first bad one."""
+    def verify(self, on_chunk: Callable[[ChunkInfo], object] | None = None) -> None:
+        """Re-hash every chunk file against the manifest; CacheCorrupted names the first bad one
+        by its path. ``on_chunk(info)`` is called after each chunk that matches (progress)."""
         for number, info in enumerate(self.chunks):
-            path = os.path.join(self.directory, info.file)
-            state = verify_and_stamp(path, info, self._where(number))
+            state = verify_and_stamp(os.path.join(self.directory, info.file), info)
             if self._states[number] is not None and self._states[number] != state:
                 self._forget(number)  # a good file, but not the one open: open it again
+            if on_chunk is not None:
+                on_chunk(info)
 
     def __len__(self) -> int:
         return self.num_records

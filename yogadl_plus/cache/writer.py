@@ -12,34 +12,24 @@ import lmdb
 import numpy as np
 
 from yogadl_plus.cache.integrity import file_sha256, stamp
+from yogadl_plus.cache.keys import IDENTITY_KEY, KEY_BYTES, column_key, record_keys
 from yogadl_plus.cache.manifest import MAX_CHUNK_RECORDS, ChunkInfo, new_chunk_id
 from yogadl_plus.errors import CacheCorrupted, unwritable
 
 __all__ = [
     "DEFAULT_CHUNK_BYTES",
-    "IDENTITY_KEY",
     "ChunkWriter",
     "chunk_file_name",
     "chunk_identity",
-    "column_key",
-    "record_key",
 ]
 
 DEFAULT_CHUNK_BYTES = 256 << 20
 _COMMIT_BYTES = 64 << 20
 _COMMIT_RECORDS = 50_000
-# The largest 4-byte key, never a record's (a chunk holds at most MAX_CHUNK_RECORDS - 1): it
-# sorts after every record and before every column key, so appends stay in key order.
-IDENTITY_KEY = b"\xff\xff\xff\xff"
 
 
 def chunk_file_name(number: int, prefix: str = "") -> str:
     return f"{prefix}chunk-{number:05d}.mdb"
-
-
-def record_key(local_index: int) -> bytes:
-    """The LMDB key of a record inside its chunk: big-endian, so keys sort in record order."""
-    return local_index.to_bytes(4, "big")
 
 
 def chunk_identity(info: ChunkInfo, schema: str) -> dict[str, Any]:
@@ -53,12 +43,6 @@ def chunk_identity(info: ChunkInfo, schema: str) -> dict[str, Any]:
         "columns": list(info.columns),
         "schema": schema,
     }
-
-
-def column_key(name: str) -> bytes:
-    """The LMDB key of a whole-chunk column array: longer than a record key and starting with
-    the largest one, so it sorts after every record (appends stay in key order)."""
-    return b"\xff\xff\xff\xff" + name.encode("utf-8")
 
 
 class ChunkWriter:
@@ -126,10 +110,10 @@ class ChunkWriter:
             stop = start
             taken = 0
             while stop < len(values) and taken < room:
-                taken += len(values[stop]) + 4
+                taken += len(values[stop]) + KEY_BYTES
                 stop += 1
             first = self._chunk_records
-            keys = [record_key(first + j) for j in range(stop - start)]
+            keys = record_keys(np.arange(first, first + stop - start))
             self._pending.extend(zip(keys, values[start:stop]))
             for name, column in (columns or {}).items():
                 self._columns.setdefault(name, []).append(column[start:stop])

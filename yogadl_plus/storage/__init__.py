@@ -8,7 +8,7 @@ from urllib.parse import unquote, urlparse
 
 from yogadl_plus.storage.base import Storage, check_name
 from yogadl_plus.storage.gcs import GCSStorage
-from yogadl_plus.storage.local import LocalStorage
+from yogadl_plus.storage.local import LocalStorage, default_storage
 from yogadl_plus.storage.s3 import S3Storage
 from yogadl_plus.storage.transfer import copy_version
 
@@ -22,14 +22,6 @@ __all__ = [
     "default_storage",
     "open_storage",
 ]
-
-
-def default_storage() -> LocalStorage:
-    """LocalStorage at $YOGADL_PLUS_HOME, or ~/.cache/yogadl_plus."""
-    root = os.environ.get("YOGADL_PLUS_HOME") or os.path.join(
-        os.path.expanduser("~"), ".cache", "yogadl_plus"
-    )
-    return LocalStorage(root)
 
 
 def open_storage(url: str | os.PathLike[str], **options: Any) -> Storage:

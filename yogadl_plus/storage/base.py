@@ -57,14 +57,17 @@ class Storage(ABC):
     @abstractmethod
     def _builder_lock(
         self, dataset_id: str, version: str
-    ) -> contextlib.AbstractContextManager[None]:
-        """Held by the one builder of (dataset_id, version), across threads, processes, machines."""
+    ) -> contextlib.AbstractContextManager[Any]:
+        """Held by the one builder of (dataset_id, version), across threads, processes, machines.
+        Yields what ``_staging`` is handed as ``lock``: a bucket's build lease (which can be
+        lost), or None (a file lock, which cannot)."""
 
     @abstractmethod
     def _staging(
-        self, dataset_id: str, version: str, replace: bool
+        self, dataset_id: str, version: str, replace: bool, lock: Any
     ) -> contextlib.AbstractContextManager[str]:
-        """A private local folder to build into; published whole when the block ends cleanly."""
+        """A private local folder to build into; published whole when the block ends cleanly.
+        ``lock``: what ``_builder_lock`` yielded, held around the whole block."""
 
     @abstractmethod
     def _versions(self) -> Iterator[tuple[str, str]]: ...
@@ -145,10 +148,10 @@ class Storage(ABC):
         check_name("version", version)
         if not overwrite and self._manifest_exists(dataset_id, version):
             return self._open(dataset_id, version)
-        with self._builder_lock(dataset_id, version):
+        with self._builder_lock(dataset_id, version) as lock:
             exists = self._manifest_exists(dataset_id, version)
             if exists and not overwrite:
                 return self._open(dataset_id, version)
-            with self._staging(dataset_id, version, replace=exists) as folder:
+            with self._staging(dataset_id, version, replace=exists, lock=lock) as folder:
                 build(folder)
         return self._open(dataset_id, version)

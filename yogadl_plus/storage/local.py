@@ -42,7 +42,7 @@ from yogadl_plus.errors import CacheCorrupted, DatasetNotFound, StorageError, un
 from yogadl_plus.storage.base import Storage, check_name
 from yogadl_plus.storage.pins import Pin, PinGone, Pins, exclusively
 
-__all__ = ["LocalStorage", "builds_named", "is_leftover"]
+__all__ = ["LocalStorage", "build_pin_path", "builds_named", "default_storage", "is_leftover"]
 
 # Bookkeeping entries carry a '+', which no dataset_id or version may contain.
 _LOCK = "+lock."
@@ -69,7 +69,8 @@ def builds_named(manifest: Manifest) -> set[str]:
     return {c.file.split("/", 1)[0] if "/" in c.file else "" for c in manifest.chunks}
 
 
-def _pin_path(folder: str, build: str) -> str:
+def build_pin_path(folder: str, build: str) -> str:
+    """The pin of build folder ``build`` (see pins.py) of the version in ``folder``."""
     return os.path.join(folder, build, _PIN)
 
 
@@ -144,7 +145,9 @@ class LocalStorage(Storage):
         for _ in range(_OPEN_ATTEMPTS):
             data, manifest = self._read(dataset_id, version)
             try:
-                pins = Pins([Pin(_pin_path(folder, b)) for b in sorted(builds_named(manifest))])
+                pins = Pins(
+                    [Pin(build_pin_path(folder, b)) for b in sorted(builds_named(manifest))]
+                )
             except PinGone as gone:
                 if self._still(folder, data):
                     build = os.path.relpath(os.path.dirname(str(gone)), folder)
@@ -201,7 +204,7 @@ class LocalStorage(Storage):
             lock.release()
 
     @contextlib.contextmanager
-    def _staging(self, dataset_id: str, version: str, replace: bool) -> Iterator[str]:
+    def _staging(self, dataset_id: str, version: str, replace: bool, lock: None) -> Iterator[str]:
         parent = os.path.join(self.root, dataset_id)
         # We hold the builder lock: any staging or trash folder of this version is a dead builder's.
         for entry in os.listdir(parent):
@@ -289,7 +292,7 @@ class LocalStorage(Storage):
         for entry in entries:
             path = os.path.join(folder, entry)
             if _is_build(entry) and entry not in named:
-                with exclusively(_pin_path(folder, entry)) as free:
+                with exclusively(build_pin_path(folder, entry)) as free:
                     if free:
                         shutil.rmtree(path, ignore_errors=True)
             elif entry.startswith(MANIFEST_NAME + ".") and entry.endswith(".tmp"):
@@ -297,7 +300,7 @@ class LocalStorage(Storage):
                     os.remove(path)
         if "" not in named and any(_is_flat_chunk(e) for e in entries):
             # Chunks of a yogadl_plus 0.1.0 build, in the version folder itself.
-            with exclusively(_pin_path(folder, "")) as free:
+            with exclusively(build_pin_path(folder, "")) as free:
                 if free:
                     for entry in [*entries, _PIN]:
                         if _is_flat_chunk(entry) or entry == _PIN:
@@ -337,6 +340,15 @@ class LocalStorage(Storage):
         fsync_dir(folder)
         self._collect(folder, None)
 
+    def remove_discarded(self) -> None:
+        """What discards killed half-way left (renamed away: nobody can read it)."""
+        with contextlib.suppress(OSError):
+            for dataset in os.scandir(self.root):
+                if dataset.is_dir() and "+" not in dataset.name:
+                    for entry in os.scandir(dataset.path):
+                        if entry.name.startswith(_TRASH) and entry.is_dir():
+                            shutil.rmtree(entry.path, ignore_errors=True)
+
     def discard(self, dataset_id: str, version: str) -> None:
         """Take a version's folder away in one rename, then delete it, pinned or not: for a
         caller that knows nobody reads it (a local cache's eviction), holding the lock."""
@@ -345,6 +357,14 @@ class LocalStorage(Storage):
         os.rename(os.path.join(parent, version), trash)
         fsync_dir(parent)
         shutil.rmtree(trash, ignore_errors=True)
+
+
+def default_storage() -> LocalStorage:
+    """LocalStorage at $YOGADL_PLUS_HOME, or ~/.cache/yogadl_plus."""
+    root = os.environ.get("YOGADL_PLUS_HOME") or os.path.join(
+        os.path.expanduser("~"), ".cache", "yogadl_plus"
+    )
+    return LocalStorage(root)
 
 
 def _in_build(chunk: ChunkInfo, build: str) -> ChunkInfo:

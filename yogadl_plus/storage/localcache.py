@@ -23,14 +23,12 @@ from yogadl_plus.cache.integrity import stamp
 from yogadl_plus.cache.manifest import MANIFEST_NAME, ChunkInfo, Manifest, write_durably
 from yogadl_plus.checks import check_int
 from yogadl_plus.errors import CacheLimitWarning, StorageError
-from yogadl_plus.storage.local import LocalStorage
+from yogadl_plus.storage.local import LocalStorage, build_pin_path
 from yogadl_plus.storage.pins import Pin, PinGone, Pins, exclusively
 
 __all__ = ["LocalCache"]
 
 _PIN = "+pin."
-_BUILD_PIN = "+pin"
-_TRASH = "+trash."
 _PART = ".part"
 
 
@@ -122,7 +120,7 @@ class LocalCache:
         folder = self.path(dataset_id, version)
         pins = [Pin(self._pin_path(dataset_id, version), touch=True)]
         try:
-            pins.extend(Pin(os.path.join(folder, b, _BUILD_PIN)) for b in _builds(manifest))
+            pins.extend(Pin(build_pin_path(folder, b)) for b in _builds(manifest))
         except PinGone:
             Pins(pins).release()
             raise
@@ -178,10 +176,11 @@ class LocalCache:
     def _drop_unnamed_builds(self, dataset_id: str, version: str, manifest: Manifest) -> None:
         """Remove the build folders the manifest does not name that no process reads (the
         others go at a later update or pull, once their readers are done)."""
-        for path in _unnamed_builds(self.path(dataset_id, version), manifest):
-            with exclusively(os.path.join(path, _BUILD_PIN)) as free:
+        folder = self.path(dataset_id, version)
+        for build in _unnamed_builds(folder, manifest):
+            with exclusively(build_pin_path(folder, build)) as free:
                 if free:
-                    shutil.rmtree(path, ignore_errors=True)
+                    shutil.rmtree(os.path.join(folder, build), ignore_errors=True)
 
     @staticmethod
     def _download_into(
@@ -222,7 +221,7 @@ class LocalCache:
 
     def _make_room(self, need: int, keep: tuple[str, str]) -> None:
         """Evict least-recently-used copies not in use until ``need`` more bytes fit the limit."""
-        self._remove_trash()
+        self.local.remove_discarded()
         if self.limit is None:
             return
         copies = sorted(self.copies(), key=lambda c: c[3])
@@ -245,15 +244,6 @@ class LocalCache:
                 CacheLimitWarning,
                 stacklevel=3,
             )
-
-    def _remove_trash(self) -> None:
-        """Copies an eviction killed half-way left (renamed away: nobody can read them)."""
-        with contextlib.suppress(OSError):
-            for dataset in os.scandir(self.root):
-                if dataset.is_dir() and "+" not in dataset.name:
-                    for entry in os.scandir(dataset.path):
-                        if entry.name.startswith(_TRASH) and entry.is_dir():
-                            shutil.rmtree(entry.path, ignore_errors=True)
 
     def _evict(self, dataset_id: str, version: str) -> bool:
         """Remove one copy if no process is pulling or reading it; whether it was removed."""
@@ -286,7 +276,7 @@ def _unnamed_builds(folder: str, manifest: Manifest) -> list[str]:
     """The build folders of a local copy that its manifest does not name."""
     named = set(_builds(manifest))
     try:
-        return [e.path for e in os.scandir(folder) if e.is_dir() and e.name not in named]
+        return [e.name for e in os.scandir(folder) if e.is_dir() and e.name not in named]
     except OSError:
         return []
 

@@ -33,7 +33,7 @@ from yogadl_plus.dataref import DataRef
 from yogadl_plus.errors import CacheCorrupted, DatasetNotFound, StorageError
 from yogadl_plus.storage.base import Storage, check_name
 from yogadl_plus.storage.lease import BuildLease
-from yogadl_plus.storage.local import is_leftover
+from yogadl_plus.storage.local import default_storage, is_leftover
 from yogadl_plus.storage.localcache import LocalCache
 from yogadl_plus.storage.objects import ObjectStore
 from yogadl_plus.storage.sink import ChunkSink, UploadSink
@@ -64,14 +64,14 @@ class RemoteStorage(Storage):
         self.objects = objects
         self.url = objects.url
         if local_cache is None:
-            from yogadl_plus.storage import default_storage
-
             local_cache = os.path.join(default_storage().root, "+remote", _url_folder(self.url))
         self.local_cache = LocalCache(os.fspath(local_cache), local_cache_limit)
         self.lease_ttl = float(lease_ttl)
         self.max_transfers = max_transfers
         self._bucket_checked = False
-        self._leases = threading.local()
+        # The builds being staged here, by staging folder (chunk_sink looks them up).
+        self._staged: dict[str, _Build] = {}
+        self._staged_lock = threading.Lock()
         #: Called with a chunk's size in bytes after each chunk upload or download (progress
         #: bars); from the transfer threads.
         self.on_transfer: Callable[[int], object] | None = None
@@ -227,22 +227,14 @@ class RemoteStorage(Storage):
 
     # --- building and publishing ---
 
-    @contextlib.contextmanager
-    def _builder_lock(self, dataset_id: str, version: str) -> Iterator[None]:
-        lease = BuildLease(self.objects, self._key(dataset_id, version, LEASE_NAME), self.lease_ttl)
-        with lease:
-            self._leases.held = lease  # for _publish, in this thread
-            try:
-                yield
-            finally:
-                self._leases.held = None
-
-    def _lease_lost(self) -> bool:
-        lease = getattr(self._leases, "held", None)
-        return lease is not None and lease.lost
+    def _builder_lock(self, dataset_id: str, version: str) -> BuildLease:
+        """The version's build lease (yielded as itself: _publish checks it was not lost)."""
+        return BuildLease(self.objects, self._key(dataset_id, version, LEASE_NAME), self.lease_ttl)
 
     @contextlib.contextmanager
-    def _staging(self, dataset_id: str, version: str, replace: bool) -> Iterator[str]:
+    def _staging(
+        self, dataset_id: str, version: str, replace: bool, lock: BuildLease
+    ) -> Iterator[str]:
         """Build into a local folder; then upload it as a new build and publish its manifest."""
         cache_parent = os.path.join(self.local_cache.root, dataset_id)
         os.makedirs(cache_parent, exist_ok=True)
@@ -253,12 +245,15 @@ class RemoteStorage(Storage):
         folder = os.path.join(cache_parent, f"{_BUILD}{version}.{uuid.uuid4().hex[:12]}")
         os.makedirs(folder)
         # The remote folder of this build, known before it starts (tasks may upload into it).
-        self._leases.build = (folder, self._key(dataset_id, version), f"b-{uuid.uuid4().hex[:16]}")
+        build = _Build(self._key(dataset_id, version), f"b-{uuid.uuid4().hex[:16]}")
+        with self._staged_lock:
+            self._staged[folder] = build
         try:
             yield folder
-            self._publish(dataset_id, version, folder, replace)
+            self._publish(dataset_id, version, folder, build, replace, lock)
         finally:
-            self._leases.build = None
+            with self._staged_lock:
+                del self._staged[folder]
             shutil.rmtree(folder, ignore_errors=True)
 
     def chunk_sink(self, folder: str, distributed: bool) -> ChunkSink:
@@ -266,25 +261,35 @@ class RemoteStorage(Storage):
         as the local copy); distributed tasks upload their chunks into the build themselves."""
         if not distributed:
             return super().chunk_sink(folder, distributed)
-        building = getattr(self._leases, "build", None)
-        if building is None or building[0] != folder:
+        with self._staged_lock:
+            build = self._staged.get(folder)
+        if build is None:
             raise ValueError(f"{folder} is not the staging folder of a build of {self.url}")
-        return UploadSink(self.objects, building[1], building[2])
+        return UploadSink(self.objects, build.base, build.id)
 
-    def _publish(self, dataset_id: str, version: str, folder: str, replace: bool) -> None:
+    def _publish(
+        self,
+        dataset_id: str,
+        version: str,
+        folder: str,
+        build: _Build,
+        replace: bool,
+        lease: BuildLease,
+    ) -> None:
+        """Upload the chunks built in ``folder`` (those tasks did not upload already) into
+        ``build``'s remote folder and publish its manifest, unless ``lease`` was lost."""
         built = Manifest.read(folder)
         manifest_key = self._key(dataset_id, version, MANIFEST_NAME)
         old = self.objects.token(manifest_key)
         if old is not None and not replace:
             return  # published by a builder that lost its lease to us: theirs stands
-        if self._lease_lost():
+        if lease.lost:
             raise StorageError(
                 f"{self.url}/{self._key(dataset_id, version, LEASE_NAME)}: this builder lost its "
                 "build lease (it could not renew it for lease_ttl seconds) and another took over: "
                 "nothing was published; fetch the version, or build again"
             )
-        build = self._leases.build[2]
-        prefix = self._key(dataset_id, version, build + "/")
+        prefix = build.prefix
         here = [c for c in built.chunks if "/" not in c.file]  # the rest: uploaded by tasks
         try:
             self.upload_chunks(folder, here, prefix)
@@ -297,7 +302,7 @@ class RemoteStorage(Storage):
         manifest = dataclasses.replace(
             built,
             chunks=[
-                c if "/" in c.file else dataclasses.replace(c, file=f"{build}/{c.file}")
+                c if "/" in c.file else dataclasses.replace(c, file=f"{build.id}/{c.file}")
                 for c in built.chunks
             ],
         )
@@ -312,7 +317,7 @@ class RemoteStorage(Storage):
             # Another build published first (only possible after we lost the lease): keep theirs.
             self._delete_keys([k for k, _ in self.objects.keys(prefix)])
             return
-        if not self._lease_lost():
+        if not lease.lost:
             self._collect_garbage(dataset_id, version)
         if len(here) == len(built.chunks):
             self.local_cache.adopt(dataset_id, version, body, manifest, folder)
@@ -365,6 +370,18 @@ class RemoteStorage(Storage):
         base = self._key(dataset_id, version)
         self._delete_keys([k for k, _ in self.objects.keys(base) if not k.endswith(LEASE_NAME)])
         self.local_cache.remove(dataset_id, version)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Build:
+    """One build attempt of a version: its chunks go under ``<base><id>/`` in the bucket."""
+
+    base: str  # "<dataset_id>/<version>/"
+    id: str  # "b-<16 hex>", a new one per attempt
+
+    @property
+    def prefix(self) -> str:
+        return f"{self.base}{self.id}/"
 
 
 def _written_by_us(objects: ObjectStore, key: str, body: bytes) -> bool:
