@@ -19,6 +19,9 @@ Rows (S = 200,000 records of float32[64] + int64, 264 bytes; B = 3,000 records o
   S build                  cache_dataset of the 200,000 records
   B shuffled batch64       shuffled batches of 64 big records (many chunks open)
   B shuffled records       shuffled, record by record
+  S pool build, 2 workers  cache_dataset(<4 Parquet files of S>, workers=2): the process pool
+  S torch loader ...       ydl.torch.make_dataloader, shuffled batches of 256, 2 worker processes
+  S torch StreamSampler    the record indices of one shuffled epoch
 """
 
 from __future__ import annotations
@@ -48,6 +51,9 @@ ROWS = [
     ("S build", "records/s"),
     ("B shuffled batch64", "records/s"),
     ("B shuffled records", "records/s"),
+    ("S pool build, 2 workers", "records/s"),
+    ("S torch loader batch256, 2 workers", "records/s"),
+    ("S torch StreamSampler", "indices/s"),
 ]
 
 
@@ -135,6 +141,34 @@ def worker(data: str, repeats: int) -> dict[str, float]:
 
     out["B shuffled batch64"] = best(big_epoch(batch_size=64), BIG)
     out["B shuffled records"] = best(big_epoch(), BIG)
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.table({"x": pa.FixedSizeListArray.from_arrays(x.reshape(-1), 64), "label": label})
+    parquet = os.path.join(data, "parquet")
+    os.makedirs(parquet)
+    for part in range(4):
+        rows = table.slice(part * SMALL // 4, SMALL // 4)
+        pq.write_table(rows, os.path.join(parquet, f"part-{part}.parquet"), row_group_size=10_000)
+    pool_builds = [0]
+
+    def pool_build() -> None:
+        pool_builds[0] += 1
+        name = f"p{pool_builds[0]}"
+        ydl.cache_dataset(parquet, "s", name, storage, progress=False, workers=2).close()
+
+    out["S pool build, 2 workers"] = best(pool_build, SMALL)
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        return out
+    loader = ydl.torch.make_dataloader(
+        ref.stream(shuffle=True, shuffle_seed=0, batch_size=256), num_workers=2
+    )
+    out["S torch loader batch256, 2 workers"] = best(lambda: sum(1 for _ in loader), SMALL)
+    sampler = ydl.torch.StreamSampler(ref, shuffle=True, shuffle_seed=0)
+    out["S torch StreamSampler"] = best(lambda: sum(1 for _ in sampler), SMALL)
     return out
 
 
@@ -146,8 +180,16 @@ def run_checkout(library: str, repeats: int) -> dict[str, float]:
             "import bench_integrity as b; "
             f"print(json.dumps(b.worker({data!r}, {repeats})))"
         )
+        # PYTHONPATH too: the build's pool workers come from a forkserver, which starts from
+        # the environment, not from this process's sys.path.
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([library, HERE])}
         done = subprocess.run(
-            [sys.executable, "-c", code], capture_output=True, text=True, cwd=data, check=False
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            cwd=data,
+            check=False,
+            env=env,
         )
         if done.returncode != 0:
             raise SystemExit(f"{library}: the benchmark failed:\n{done.stderr[-3000:]}")
