@@ -268,6 +268,35 @@ def test_a_backup_of_another_stream_is_refused_naming_what_differs(ref, tmp_path
         _fit(resized, backup)
 
 
+def test_a_backup_written_before_stream_states_still_restores(ref, tmp_path):
+    backup = str(tmp_path / "backup")
+    stream = stream_of(ref, fields=["x", "y"])
+    _fit(stream, backup, save_freq=3, delete_checkpoint=False)
+    path = os.path.join(backup, "training_metadata.json")
+    with open(path) as f:
+        metadata = json.load(f)
+    # What BackupAndRestore wrote before the stream's identity came from stream.state().
+    metadata["yogadl_plus"]["stream"] = {
+        "dataset": f"{ref.dataset_id}:{ref.version}",
+        "records": len(ref),
+        "order": repr(stream.order),
+        "batch_size": 8,
+        "drop_last": False,
+    }
+    with open(path, "w") as f:
+        json.dump(metadata, f)
+    resumed = stream_of(ref, fields=["x", "y"])
+    callback = ydl.keras.BackupAndRestore(backup, resumed, delete_checkpoint=False)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    callback.set_model(model)
+    callback.on_train_begin()
+    assert resumed.offset == metadata["yogadl_plus"]["offset"] == 6 * 8
+    other = ref.stream(shuffle=True, shuffle_seed=4, batch_size=8, fields=["x", "y"])
+    with pytest.raises(ValueError, match="seed=4"):
+        _fit(other, backup)
+
+
 def test_damaged_or_foreign_backups_raise_cache_corrupted(ref, tmp_path):
     backup = str(tmp_path / "backup")
     _fit(stream_of(ref, fields=["x", "y"]), backup, save_freq=2, delete_checkpoint=False)

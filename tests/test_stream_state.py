@@ -170,6 +170,11 @@ def test_the_torch_loader_state_carries_the_stream_state(ref):
                                                  num_shards=2))  # fmt: skip
     with pytest.raises(ValueError, match="num_shards"):
         other.load_state_dict(state)
+    # A state saved before it carried the stream's state resumes on its seed check.
+    older = {k: v for k, v in state.items() if k != "stream"}
+    fresh = ydl.torch.make_dataloader(ref.stream(shuffle=True, shuffle_seed=3, batch_size=4))
+    fresh.load_state_dict(older)
+    assert next(iter(fresh))["i"].tolist() == next(it)["i"].tolist()
 
 
 # --- caches a module owns ---

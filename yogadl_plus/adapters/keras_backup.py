@@ -190,7 +190,9 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
 
     def _check(self, metadata: dict[str, Any]) -> None:
         position = metadata[KEY]
-        saved, now = position["stream"], _identity(self.stream)
+        saved = position["stream"]
+        # Backups written before streams had a StreamState name the order by its repr.
+        now = _identity(self.stream) if "fingerprint" in saved else _legacy_identity(self.stream)
         differ = {k: (saved.get(k), v) for k, v in now.items() if saved.get(k) != v}
         if differ:
             what = "; ".join(f"{k}: backed up {a!r}, now {b!r}" for k, (a, b) in differ.items())
@@ -214,6 +216,19 @@ def _identity(stream: Stream) -> dict[str, Any]:
     # The order as one line of settings, so a message names the one that differs ("seed=4").
     identity["order"] = ", ".join(f"{k}={v!r}" for k, v in identity["order"].items())
     return {**identity, "batch_size": stream.batch_size, "drop_last": stream.drop_last}
+
+
+def _legacy_identity(stream: Stream) -> dict[str, Any]:
+    """The identity that backups of yogadl_plus before 0.1.0's StreamState hold, so that such a
+    backup still restores after an upgrade."""
+    ref = stream.dataref
+    return {
+        "dataset": f"{ref.dataset_id}:{ref.version}",
+        "records": len(ref),
+        "order": repr(stream.order),
+        "batch_size": stream.batch_size,
+        "drop_last": stream.drop_last,
+    }
 
 
 def _digest_or_none(path: str) -> str | None:
