@@ -291,6 +291,18 @@ CHUNK_SHARDS_TAKE_NO_GLOBAL_ORDER = (
 )
 
 
+def _settings_or(
+    settings: OrderSettings | None, options: dict[str, Any], **defaults: Any
+) -> OrderSettings:
+    """The settings an order is made with: given whole, or as OrderSettings' keywords (over
+    ``defaults``)."""
+    if settings is None:
+        return OrderSettings(**{**defaults, **options})
+    if options:
+        raise TypeError(f"pass OrderSettings or keywords, not both: got {sorted(options)}")
+    return settings
+
+
 class ShardOrder:
     """The record order of one shard of a stream, epoch by epoch, as a pure function.
 
@@ -311,10 +323,7 @@ class ShardOrder:
     def __init__(
         self, num_records: int, settings: OrderSettings | None = None, **options: Any
     ) -> None:
-        if settings is None:
-            settings = OrderSettings(**options)
-        elif options:
-            raise TypeError(f"pass OrderSettings or keywords, not both: got {sorted(options)}")
+        settings = _settings_or(settings, options)
         if settings.shuffle and settings.seed is None:
             raise ValueError(
                 "shuffle=True needs a seed, got seed=None: pass shuffle_seed; the Stream "
@@ -465,10 +474,7 @@ class ChunkShardOrder(ShardOrder):
     def __init__(
         self, chunk_records: Sequence[int], settings: OrderSettings | None = None, **options: Any
     ) -> None:
-        if settings is None:
-            settings = OrderSettings(**{"shard_by": "chunks", **options})
-        elif options:
-            raise TypeError(f"pass OrderSettings or keywords, not both: got {sorted(options)}")
+        settings = _settings_or(settings, options, shard_by="chunks")
         num_shards, shard_rank = settings.num_shards, settings.shard_rank
         counts = np.asarray(chunk_records, dtype=np.int64)
         starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)

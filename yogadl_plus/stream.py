@@ -105,8 +105,10 @@ class Stream:
         self.fields = dataref.select(fields)
         self.ngram = ngram
         self.anchors = ngram.anchors(dataref) if ngram is not None else None
-        positions = len(self.anchors) if self.anchors is not None else len(dataref)
-        self.order = self.settings.order(positions, [c.records for c in dataref.manifest.chunks])
+        # What the order arranges: records, or n-gram windows.
+        self.num_positions = len(self.anchors) if self.anchors is not None else len(dataref)
+        chunk_records = [c.records for c in dataref.manifest.chunks]
+        self.order = self.settings.order(self.num_positions, chunk_records)
         self.predicate = predicate
         self.transform = transform
         self.batch_size = batch_size
@@ -209,7 +211,7 @@ class Stream:
         return StreamState(
             dataset=f"{self.dataref.dataset_id}:{self.dataref.version}",
             fingerprint=build_fingerprint(self.dataref.manifest),
-            positions=len(self.anchors) if self.anchors is not None else len(self.dataref),
+            positions=self.num_positions,
             order=order_identity(self.settings),
             ngram=repr(self.ngram) if self.ngram is not None else None,
             offset=check_int("offset", offset, 0),
