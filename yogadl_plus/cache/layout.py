@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from yogadl_plus import codecs
+from yogadl_plus.cache.recycle import ArrayRecycler
 from yogadl_plus.errors import CacheCorrupted, SchemaError
 from yogadl_plus.schema import Field, Schema
 
@@ -39,6 +40,14 @@ _TOO_LARGE_FIX = (
 )
 # Unselected bytes a bulk copy may carry along before per-field copies become cheaper.
 _SPAN_SLACK_BYTES = 4096
+# Many bytes of one field are copied into an array numpy allocates (which asks the kernel for
+# huge pages) instead of joined into a bytearray: past glibc's 32 MiB mmap threshold, every
+# join gets fresh 4 KiB pages, a page fault each.
+_GATHER_INTO_ARRAY_BYTES = 1 << 20
+# Records whose selected span is at least this big are copied field by field straight into
+# each field's array: one copy of their bytes instead of two (a structured copy and a split),
+# while the slicing that costs per record stays small next to the bytes.
+_SPLIT_RECORD_BYTES = 4096
 
 
 def _struct_dtype(fields: Sequence[Field], offsets: list[int], itemsize: int) -> np.dtype:
@@ -95,6 +104,8 @@ class RecordLayout:
         self._bitmap_zero = bytes(self.bitmap_bytes)
         self._decoders = {f.name: self._field_decoder(f) for f in schema}
         self._plans: dict[tuple[Field, ...], tuple[int, int, np.dtype | None, bool]] = {}
+        # Big batch arrays reuse the memory of those the caller dropped (see cache/recycle.py).
+        self.recycler = ArrayRecycler()
 
     # --- writing ---
 
@@ -294,7 +305,10 @@ class RecordLayout:
             lo = min(self.offset[f.name] for f in fields)
             hi = max(self.offset[f.name] + f.nbytes for f in fields)
             selected = sum(f.nbytes for f in fields)
-            if (hi - lo) - selected > max(_SPAN_SLACK_BYTES, selected):
+            one_field = len(fields) == 1 and hi - lo == selected
+            if (hi - lo) - selected > max(_SPAN_SLACK_BYTES, selected) or (
+                hi - lo >= _SPLIT_RECORD_BYTES and not one_field
+            ):
                 plan = (lo, hi, None, False)
             else:
                 whole = (
@@ -310,7 +324,11 @@ class RecordLayout:
     ) -> dict[str, np.ndarray]:
         n = len(values)
         lo, hi, dtype, whole = self._fixed_plan(fields)
-        if dtype is None:
+        if dtype is None or (
+            len(fields) == 1
+            and hi - lo == fields[0].nbytes
+            and n * (hi - lo) >= _GATHER_INTO_ARRAY_BYTES
+        ):
             return {f.name: self._decode_one_fixed(values, f) for f in fields}
         # A record that is all selected fixed fields is copied as is, without slicing.
         buffer = bytearray().join(values if whole else [v[lo:hi] for v in values])
@@ -328,7 +346,26 @@ class RecordLayout:
 
     def _decode_one_fixed(self, values: Sequence[memoryview | bytes], f: Field) -> np.ndarray:
         start, stop = self.offset[f.name], self.offset[f.name] + f.nbytes
-        buffer = bytearray().join([v[start:stop] for v in values])
-        if len(buffer) != len(values) * f.nbytes:
-            raise CacheCorrupted(f"field {f.name!r}: record sizes do not match the stored schema")
-        return np.frombuffer(buffer, f.dtype).reshape(_stacked(len(values), f))
+        n = len(values)
+        if n * f.nbytes < _GATHER_INTO_ARRAY_BYTES:
+            buffer = bytearray().join([v[start:stop] for v in values])
+            if len(buffer) != n * f.nbytes:
+                raise CacheCorrupted(
+                    f"field {f.name!r}: record sizes do not match the stored schema"
+                )
+            return np.frombuffer(buffer, f.dtype).reshape(_stacked(n, f))
+        out = self.recycler.empty(_stacked(n, f), f.dtype)
+        target = out.data.cast("B")
+        size = f.nbytes
+        # Records of fixed fields only all have one size: a longer one is as wrong as a short one.
+        record_size = None if self.variable else self.fixed_end
+        position = 0
+        for value in values:
+            if (record_size is not None and len(value) != record_size) or len(value) < stop:
+                raise CacheCorrupted(
+                    f"field {f.name!r}: a record of {len(value)} bytes does not match the stored "
+                    "schema's layout; run storage.verify() and rebuild the version"
+                )
+            target[position : position + size] = value[start:stop]
+            position += size
+        return out
