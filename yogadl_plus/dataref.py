@@ -106,6 +106,7 @@ class DataRef:
         """Release this process's LMDB handles now (they reopen on the next read). Every
         thread of the process reads through them: close only once no thread reads."""
         self._chunks.close()
+        self._layout.recycler.clear()
 
     # --- for the Stream and adapters ---
 
@@ -143,6 +144,11 @@ class DataRef:
         """The raw record values at checked indices, valid in this thread until its next read
         transaction ends; decode them with ``layout``."""
         return self._chunks.get_many(indices)
+
+    def read_ahead(self, indices: np.ndarray) -> None:
+        """Hint: these checked record indices are read soon; their pages are asked of the disk
+        in the background (cold disks). Returns at once; what is read does not change."""
+        self._chunks.read_ahead(indices)
 
     @property
     def layout(self) -> RecordLayout:

@@ -32,8 +32,17 @@ __all__ = ["Stream"]
 # Positions whose order is computed at once: few first, so the first item comes fast.
 _FIRST_BLOCK = 32
 _ORDER_BLOCK = 4096
-# Positions a unit of work reads when iterating record by record (bounds memory and latency).
+# Positions a unit of work reads when iterating record by record (bounds memory and latency)...
 _READ_BLOCK = 512
+# ... and about the most bytes it reads: big records come in blocks that stay in the CPU's cache
+# and under malloc's mmap threshold (so their memory is reused instead of mapped afresh, a page
+# fault per 4 KiB), and a record kept by the caller keeps no more than this alive.
+_READ_BLOCK_BYTES = 4 << 20
+# How far ahead of the units being read the stream tells the DataRef which records come next
+# (cache/readahead.py: a cold disk gets that many bytes of reads in flight), in stored bytes and
+# at most in positions (small records: one leaf page each).
+_READ_AHEAD_BYTES = 32 << 20
+_READ_AHEAD_POSITIONS = 8192
 # Iterations whose ledgers offset_after can still answer for: the current one, and those a
 # consumer reading ahead across epochs (tf.data's .repeat() with a prefetch) may still be in.
 _LEDGERS_KEPT = 3
@@ -114,6 +123,19 @@ class Stream:
         self.batch_size = batch_size
         self.drop_last = drop_last
         self.positions_per_epoch = self.order.shard_length
+        record_bytes = _record_bytes(dataref)
+        windows = self.anchors is not None
+        self._read_block = (
+            _READ_BLOCK
+            if windows
+            else max(1, min(_READ_BLOCK, int(_READ_BLOCK_BYTES // record_bytes)))
+        )
+        # N-gram windows are not hinted: a position is a window of several records.
+        self._read_ahead = (
+            0
+            if windows or not _READ_AHEAD_BYTES
+            else max(1, min(_READ_AHEAD_POSITIONS, int(_READ_AHEAD_BYTES // record_bytes)))
+        )
         self._reader = BlockReader(
             dataref,
             self.fields,
@@ -336,7 +358,7 @@ class Stream:
         """
         length = self.order.epoch_shard_length(epoch)
         if self.batch_size is None and position < length:
-            stop = min(position + _FIRST_BLOCK, length)
+            stop = min(position + min(_FIRST_BLOCK, unit), length)
             yield position, self.order.indices(epoch, position, stop)
             position = stop
         span = max(unit, _ORDER_BLOCK // unit * unit)
@@ -348,15 +370,31 @@ class Stream:
             position = stop
 
     def _blocks(self, epoch: int, position: int) -> Iterator[Block]:
-        unit = _READ_BLOCK if self.batch_size is None else self.batch_size
+        unit = self._read_block if self.batch_size is None else self.batch_size
         if self.predicate is not None:
             # Batches fill from passing records across units; a unit of one batch's positions
             # would leave each unit's fixed cost to a handful of passing records.
-            unit = max(unit, _READ_BLOCK)
+            unit = max(unit, self._read_block)
         units = self._units(epoch, position, unit)
+        if self._read_ahead:
+            units = self._hinted(units)
         if self._pool is None:
             return map(self._reader, units)
         return self._pool.map(units)
+
+    def _hinted(self, units: Iterator[tuple[int, np.ndarray]]) -> Iterator[tuple[int, np.ndarray]]:
+        """``units``, telling the DataRef about each one about ``_read_ahead`` positions before
+        it is read (a cold disk reads them meanwhile: cache/readahead.py)."""
+        queued: deque[tuple[int, np.ndarray]] = deque()
+        positions = 0
+        for unit in units:
+            self.dataref.read_ahead(unit[1])
+            queued.append(unit)
+            positions += len(unit[1])
+            while queued and positions - len(queued[0][1]) >= self._read_ahead:
+                positions -= len(queued[0][1])
+                yield queued.popleft()
+        yield from queued
 
     def _epoch_done(self, epoch: int, ledger: Ledger) -> None:
         self._advance(epoch, self.order.epoch_shard_length(epoch))
@@ -400,6 +438,13 @@ class Stream:
             self._advance(epoch, end)
             yield batch
         self._epoch_done(epoch, ledger)
+
+
+def _record_bytes(dataref: DataRef) -> float:
+    """The bytes a record takes in the chunk files, on average (at least 1)."""
+    chunks = dataref.manifest.chunks
+    records = sum(c.records for c in chunks)
+    return max(1.0, sum(c.bytes for c in chunks) / records) if records else 1.0
 
 
 def _check_worker_options(prefetch: int | None, worker_type: str) -> None:

@@ -37,6 +37,7 @@ from yogadl_plus.cache.integrity import (
 )
 from yogadl_plus.cache.keys import IDENTITY_KEY, column_key, record_key, record_keys
 from yogadl_plus.cache.manifest import ChunkInfo, Manifest, schema_digest
+from yogadl_plus.cache.readahead import ReadAhead
 from yogadl_plus.cache.writer import chunk_identity
 from yogadl_plus.errors import CacheCorrupted, YogaError, unreadable
 
@@ -165,6 +166,7 @@ class ChunkSet:
         # Shared environments this set holds; released on close() or when it is collected.
         self._held: list[tuple[int, int]] = []
         self._finalizer = weakref.finalize(self, _ENVIRONMENTS.release_later, self._held)
+        self._ahead: ReadAhead | None = None
         _OPEN_SETS.add(self)
 
     def _drop_handles(self) -> None:
@@ -180,6 +182,8 @@ class ChunkSet:
         """Let go of this set's LMDB handles; the next read opens them again. While other
         threads read through this set, only this thread's transactions go: unmapping the files
         under their reads would crash the process."""
+        if self._ahead is not None:
+            self._ahead.close()
         with self._lock:
             txns = getattr(self._local, "txns", None) or []
             for txn in txns:
@@ -490,6 +494,17 @@ class ChunkSet:
             values.extend([None] * (take - len(run)))  # reported as missing by the caller
             start += take
         return values
+
+    def read_ahead(self, indices: np.ndarray) -> None:
+        """Start reading these records' pages from disk in the background (see
+        cache/readahead.py): a hint, returns at once, changes nothing that is read."""
+        ahead = self._ahead
+        if ahead is None:
+            with self._lock:
+                ahead = self._ahead
+                if ahead is None:
+                    ahead = self._ahead = ReadAhead(self.directory, self.chunks, self.starts)
+        ahead.hint(indices)
 
     def verify(self, on_chunk: Callable[[ChunkInfo], object] | None = None) -> None:
         """Re-hash every chunk file against the manifest; CacheCorrupted names the first bad one

@@ -1,0 +1,203 @@
+"""Big records and cold disks: read-ahead along the order, the page map it relies on, big
+batches that reuse memory. None of it may change a byte of what is read."""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+import yogadl_plus as ydl
+from yogadl_plus.cache.pages import page_map
+from yogadl_plus.cache.recycle import RECYCLED_BYTES, ArrayRecycler
+
+
+def _cache(storage, name, n, size, chunk_bytes=1 << 20, variable=False):
+    fields = [ydl.Field("y", np.int64)]
+    fields.append(ydl.Field("x", np.uint8, (None,) if variable else (size,)))
+    schema = ydl.Schema(fields)
+
+    def records():
+        for i in range(n):
+            length = size if not variable else (size * (1 + i % 7)) // 4 + 1
+            yield {"x": np.full(length, i % 251, np.uint8), "y": np.int64(i)}
+
+    return ydl.cache_dataset(
+        records, "ra", name, storage, schema=schema, progress=False, chunk_bytes=chunk_bytes
+    )
+
+
+def _map_base(path: str) -> int:
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            if line.rstrip().endswith(path):
+                return int(line.split("-")[0], 16)
+    raise AssertionError(f"{path} is not mapped")
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="needs /proc/self/maps")
+@pytest.mark.parametrize(
+    ("n", "size", "variable"),
+    [(300, 20_000, False), (40_000, 200, False), (500, 9_000, True)],
+    ids=["overflow values", "small records, deep tree", "mixed sizes"],
+)
+def test_page_map_finds_where_lmdb_keeps_each_value(local_storage, n, size, variable):
+    """Every record's span holds exactly the bytes LMDB hands out for it (its own value where
+    the value has its own pages, else its leaf page), in every chunk."""
+    ref = _cache(local_storage, f"m{n}-{size}", n, size, variable=variable)
+    chunks = ref.manifest.chunks
+    assert len(chunks) > 1
+    start = 0
+    for number, info in enumerate(chunks):
+        path = os.path.join(ref.directory, info.file)
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            pages = page_map(fd, info.records)
+        finally:
+            os.close(fd)
+        assert pages is not None
+        local = np.arange(info.records)
+        offsets, lengths = pages.spans(local)
+        values = ref.read_values(local + start)  # maps the file in this thread
+        base = _map_base(path)
+        for k, value in enumerate(values):
+            at = np.frombuffer(value, np.uint8).ctypes.data - base if len(value) else None
+            if at is None:
+                continue
+            if lengths[k] == len(value) and len(value) > 2048:
+                assert offsets[k] == at, (number, k)
+            else:  # a value inside its leaf page
+                assert offsets[k] <= at and at + len(value) <= offsets[k] + lengths[k], (number, k)
+        start += info.records
+
+
+def test_page_map_of_a_file_that_is_not_lmdb_is_none(tmp_path):
+    for content in (b"", b"\0" * 100, os.urandom(64 << 10)):
+        path = tmp_path / "f.mdb"
+        path.write_bytes(content)
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            assert page_map(fd, 10) is None
+        finally:
+            os.close(fd)
+
+
+def test_page_map_of_a_damaged_tree_is_none_or_in_bounds(local_storage):
+    """A flipped byte in a branch or leaf page never makes the map point outside the file (a
+    hint is harmless, an exception here would not be)."""
+    ref = _cache(local_storage, "dmg", 40_000, 200, chunk_bytes=64 << 20)
+    info = ref.manifest.chunks[0]
+    with open(os.path.join(ref.directory, info.file), "rb") as f:
+        data = bytearray(f.read())
+    rng = np.random.default_rng(0)
+    for trial in range(30):
+        copy = bytearray(data)
+        page = int(rng.integers(2, len(data) // 4096))
+        copy[page * 4096 + int(rng.integers(0, 4096))] ^= 0xFF
+        path = os.path.join(ref.directory, f"damaged-{trial}")
+        with open(path, "wb") as f:
+            f.write(copy)
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            pages = page_map(fd, info.records)
+            if pages is not None:
+                offsets, lengths = pages.spans(np.arange(info.records))
+                assert (offsets >= 0).all() and (offsets + lengths <= len(copy) + 4096).all()
+        finally:
+            os.close(fd)
+            os.remove(path)
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+@pytest.mark.parametrize("size", [200, 50_000])
+def test_read_ahead_changes_nothing_that_is_read(local_storage, monkeypatch, shuffle, size):
+    """The same items with read-ahead as without (small and big records, shuffled or not,
+    records and batches), and the thread stops with the DataRef."""
+    import yogadl_plus.stream as stream_module
+
+    ref = _cache(local_storage, f"same{size}", 400, size)
+    with_ahead = [r["y"] for r in ref.stream(shuffle=shuffle, shuffle_seed=3)]
+    batches = [b["x"].copy() for b in ref.stream(shuffle=shuffle, shuffle_seed=3, batch_size=64)]
+    monkeypatch.setattr(stream_module, "_READ_AHEAD_BYTES", 0)
+    plain = ref.stream(shuffle=shuffle, shuffle_seed=3)
+    assert plain._read_ahead == 0
+    assert [r["y"] for r in plain] == with_ahead
+    for got, want in zip(ref.stream(shuffle=shuffle, shuffle_seed=3, batch_size=64), batches):
+        np.testing.assert_array_equal(got["x"], want)
+    ref.close()
+    assert not [t for t in threading.enumerate() if t.name == "yogadl-readahead"]
+
+
+def test_a_damaged_chunk_is_still_refused_with_read_ahead(local_storage):
+    """Read-ahead reads pages into the cache, never past the checks: a chunk with a flipped
+    byte is CacheCorrupted before any record of it is served."""
+    ref = _cache(local_storage, "flip", 300, 20_000)
+    info = ref.manifest.chunks[1]
+    path = os.path.join(ref.directory, info.file)
+    with open(path, "rb") as f:
+        data = bytearray(f.read())
+    data[len(data) // 2] ^= 0x01
+    os.chmod(path, 0o644)
+    with open(path, "wb") as f:
+        f.write(data)
+    fresh = local_storage.fetch("ra", "flip")
+    with pytest.raises(ydl.CacheCorrupted, match=info.file):
+        for _ in fresh.stream():
+            pass
+
+
+def test_recycled_arrays_are_reused_only_when_nothing_refers_to_them():
+    recycler = ArrayRecycler()
+    shape = (RECYCLED_BYTES // 1024, 1024)
+    first = recycler.empty(shape, np.uint8)
+    address = first.ctypes.data
+    view = first[10:20]
+    del first
+    second = recycler.empty(shape, np.uint8)  # the first is still seen through ``view``
+    assert not np.shares_memory(second, view)
+    del view
+    third = recycler.empty((shape[0] // 4, 1024), np.float32)  # the same bytes, now free
+    assert third.ctypes.data == address and third.dtype == np.float32
+    assert not np.shares_memory(second, third)
+    assert recycler.empty((10,), np.float32).shape == (10,)  # small: plain np.empty
+    recycler.clear()
+    assert recycler.empty(shape, np.uint8).ctypes.data != address or sys.getrefcount(third) > 1
+
+
+def test_big_batches_kept_by_the_caller_are_never_overwritten(local_storage):
+    """Batches past the recycling size: a batch the caller keeps (or a torch tensor over it)
+    keeps its contents while later batches reuse the memory of dropped ones."""
+    torch = pytest.importorskip("torch")
+    ref = _cache(local_storage, "keep", 96, 400_000, chunk_bytes=16 << 20)
+    stream = ref.stream(batch_size=96, shuffle=True, shuffle_seed=1)
+    kept, tensors, seen = [], [], []
+    for epoch in range(8):
+        for batch in stream:
+            assert batch["x"].nbytes >= RECYCLED_BYTES
+            expected = (batch["y"] % 251).astype(np.uint8)
+            np.testing.assert_array_equal(batch["x"][:, 0], expected)
+            np.testing.assert_array_equal(batch["x"][:, -1], expected)
+            seen.append(batch["x"].ctypes.data)
+            if epoch == 0:
+                kept.append((batch["x"], expected))
+            elif epoch == 1:
+                tensors.append((torch.from_numpy(batch["x"]), expected))
+    assert len(set(seen[2:])) < len(seen[2:])  # memory of dropped batches was reused
+    for array, expected in kept:
+        np.testing.assert_array_equal(array[:, 0], expected)
+    for tensor, expected in tensors:
+        np.testing.assert_array_equal(tensor.numpy()[:, 5], expected)
+
+
+def test_big_record_mode_reads_in_small_blocks(local_storage):
+    """Record by record, big records come in blocks of a few MiB (not 512 records), and a
+    record kept by the caller is right after many more were read."""
+    ref = _cache(local_storage, "blocks", 200, 300_000, chunk_bytes=32 << 20)
+    stream = ref.stream(shuffle=True, shuffle_seed=2)
+    assert stream._read_block < 32
+    records = list(stream)
+    for r in records:
+        assert (r["x"] == r["y"] % 251).all()

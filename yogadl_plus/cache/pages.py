@@ -1,0 +1,168 @@
+"""Where each record's bytes lie in a chunk file, read from LMDB's page structure alone.
+
+Read-ahead needs a record's place in the file before reading it: asking LMDB for the value
+(``txn.get``) already reads every page of it, 4 KiB at a time. So the tree is walked here with
+plain ``pread``s of its branch and leaf pages (a small share of the file for big records: a
+leaf page lists ~150 of them), following LMDB's documented on-disk layout (lmdb.h, mdb.c:
+page header, meta page, nodes). This is a hint for the page cache only: records are always
+read through LMDB itself and checked as before, so a file this module misreads costs speed,
+never data. Anything unexpected makes ``page_map`` return None (no read-ahead for that chunk).
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+
+import numpy as np
+
+from yogadl_plus.cache.keys import IDENTITY_KEY, KEY_BYTES
+
+__all__ = ["PageMap", "page_map"]
+
+_PAGE_HEADER = 16  # PAGEHDRSZ: pgno (8), pad (2), flags (2), lower (2), upper (2)
+_P_BRANCH, _P_LEAF, _P_META = 0x01, 0x02, 0x08
+_F_BIGDATA = 0x01  # a leaf node whose value lives on overflow pages
+_MAGIC = 0xBEEFC0DE
+_INVALID_PAGE = 2**64 - 1
+_META = struct.Struct("<IIQQ")  # magic, version, fixed address, map size
+_DB = struct.Struct("<IHHQQQQQ")  # pad (page size in the free DB), flags, depth, branch, leaf,
+# overflow pages, entries, root
+_NODE = struct.Struct("<HHHH")  # lo, hi, flags, key size
+# Leaf pages read to map overflow values at most (beyond, whole leaf pages are the spans).
+_MAX_LEAF_PAGES = 1 << 14
+
+
+class _Unexpected(Exception):
+    """The file is not laid out as this module expects: no read-ahead for it."""
+
+
+class PageMap:
+    """``spans(local)``: (file offsets, lengths) holding the given records of one chunk: a
+    value on its own pages (big records) where the leaves say so, else its leaf page."""
+
+    def __init__(
+        self,
+        page_size: int,
+        leaf_first: np.ndarray,
+        leaf_pgno: np.ndarray,
+        values: tuple[np.ndarray, np.ndarray] | None,
+    ) -> None:
+        self._page_size = page_size
+        self._leaf_first = leaf_first
+        self._leaf_pgno = leaf_pgno
+        self._values = values
+
+    def spans(self, local: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        if self._values is not None:
+            return self._values[0][local], self._values[1][local]
+        leaf = np.searchsorted(self._leaf_first, local, side="right") - 1
+        offsets = self._leaf_pgno[leaf] * self._page_size
+        return offsets, np.full(len(local), self._page_size, dtype=np.int64)
+
+
+def page_map(fd: int, records: int) -> PageMap | None:
+    """The spans of a chunk's ``records`` records, or None where the file is not as expected."""
+    try:
+        return _Walk(fd).run(records)
+    except (_Unexpected, OSError, struct.error, ValueError, IndexError):
+        return None
+
+
+class _Walk:
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.file_pages = 0
+        self.page_size = 0
+
+    def read_page(self, pgno: int) -> bytes:
+        if not 2 <= pgno < self.file_pages:
+            raise _Unexpected(f"page {pgno} outside the file")
+        data = os.pread(self.fd, self.page_size, pgno * self.page_size)
+        if len(data) != self.page_size:
+            raise _Unexpected("short read")
+        return data
+
+    def run(self, records: int) -> PageMap:
+        first = os.pread(self.fd, 4096, 0)
+        self.page_size = _DB.unpack_from(first, _PAGE_HEADER + _META.size)[0]
+        if self.page_size < 512 or self.page_size & (self.page_size - 1):
+            raise _Unexpected("page size")
+        size = os.fstat(self.fd).st_size
+        self.file_pages = size // self.page_size
+        metas = [self._meta(os.pread(self.fd, self.page_size, n * self.page_size)) for n in (0, 1)]
+        _, root, depth, overflow = max(m for m in metas if m is not None)
+        if root == _INVALID_PAGE or depth < 1:
+            raise _Unexpected("empty tree")
+        # Walk the branch levels down to the leaves, in key order.
+        level = [(0, root)]  # (first local index under the page, page number)
+        for _ in range(depth - 1):
+            level = [child for first, pgno in level for child in self._children(pgno, first)]
+        leaf_first = np.array([first_key for first_key, _ in level], dtype=np.int64)
+        leaf_pgno = np.array([pgno for _, pgno in level], dtype=np.int64)
+        pages = PageMap(self.page_size, leaf_first, leaf_pgno, None)
+        if not overflow or len(level) > _MAX_LEAF_PAGES:
+            return pages  # small records: a record's span is its leaf page
+        offsets, lengths = pages.spans(np.arange(records))
+        for _, pgno in level:
+            self._leaf_spans(pgno, offsets, lengths)
+        return PageMap(self.page_size, leaf_first, leaf_pgno, (offsets, lengths))
+
+    def _meta(self, page: bytes) -> tuple[int, int, int, int] | None:
+        if len(page) < _PAGE_HEADER + _META.size + 2 * _DB.size + 16:
+            return None
+        flags = struct.unpack_from("<H", page, 10)[0]
+        magic = _META.unpack_from(page, _PAGE_HEADER)[0]
+        if not flags & _P_META or magic != _MAGIC:
+            raise _Unexpected("not an LMDB meta page")
+        main = _DB.unpack_from(page, _PAGE_HEADER + _META.size + _DB.size)
+        depth, overflow, root = main[2], main[5], main[7]
+        txnid = struct.unpack_from("<Q", page, _PAGE_HEADER + _META.size + 2 * _DB.size + 8)[0]
+        return txnid, root, depth, overflow
+
+    def _nodes(self, page: bytes, kind: int) -> list[tuple[int, int, int, bytes, int]]:
+        """(lo, hi, flags, key, data offset) of each node of a branch or leaf page."""
+        flags, lower = struct.unpack_from("<HH", page, 10)
+        if not flags & kind:
+            raise _Unexpected("page of another kind")
+        count = (lower - _PAGE_HEADER) >> 1
+        if not 0 <= count <= self.page_size // 2:
+            raise _Unexpected("node count")
+        nodes = []
+        for i in range(count):
+            at = struct.unpack_from("<H", page, _PAGE_HEADER + 2 * i)[0]
+            lo, hi, node_flags, key_size = _NODE.unpack_from(page, at)
+            key = page[at + _NODE.size : at + _NODE.size + key_size]
+            nodes.append((lo, hi, node_flags, key, at + _NODE.size + key_size))
+        return nodes
+
+    def _children(self, pgno: int, first_key: int) -> list[tuple[int, int]]:
+        """(first record under it, page number) of each child of a branch page whose own first
+        record is ``first_key``."""
+        children = []
+        for n, (lo, hi, flags, key, _) in enumerate(self._nodes(self.read_page(pgno), _P_BRANCH)):
+            child = lo | hi << 16 | flags << 32
+            # The first node's key is implicit: its subtree starts where the page's does.
+            first = first_key if n == 0 else _local(key)
+            if first is not None:
+                children.append((first, child))
+        return children
+
+    def _leaf_spans(self, pgno: int, offsets: np.ndarray, lengths: np.ndarray) -> None:
+        page = self.read_page(pgno)
+        for lo, hi, flags, key, data_at in self._nodes(page, _P_LEAF):
+            local = _local(key)
+            if local is None or local >= len(offsets) or not flags & _F_BIGDATA:
+                continue
+            value_page = struct.unpack_from("<Q", page, data_at)[0]
+            if not 2 <= value_page < self.file_pages:
+                raise _Unexpected("overflow page outside the file")
+            offsets[local] = value_page * self.page_size + _PAGE_HEADER
+            lengths[local] = lo | hi << 16
+
+
+def _local(key: bytes) -> int | None:
+    """The record index a key names, None for the identity and column keys."""
+    if len(key) != KEY_BYTES or key == IDENTITY_KEY:
+        return None
+    return int.from_bytes(key, "big")

@@ -1,0 +1,184 @@
+"""Reads ahead of a stream on a cold disk: the pages of the records it reads next are asked of
+the disk, many at once, while it reads the ones before.
+
+The order is a pure function, so the stream knows exactly which records come next and hands
+their indices to ``ReadAhead.hint``. A background thread finds where their bytes lie
+(cache/pages.py) and asks the kernel for those ranges with ``posix_fadvise(WILLNEED)``, which
+starts the reads and returns: the disk sees a deep queue of reads of the records' own size (one
+100 KiB read instead of 25 page faults of 4 KiB taken one after another), and only the bytes the
+stream will read. Pages already in memory cost a few probes per hint (``RWF_NOWAIT`` reads of
+one byte), nothing more. Hints change only what is in the page cache, never what is read: a
+stale or wrong hint costs speed, not data.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import os
+import threading
+import weakref
+from collections.abc import Sequence
+
+import numpy as np
+
+from yogadl_plus.cache.manifest import ChunkInfo
+from yogadl_plus.cache.pages import PageMap, page_map
+
+__all__ = ["PENDING_HINTS", "ReadAhead"]
+
+#: Hints waiting for the thread at most; older ones are dropped (the stream has read past them).
+PENDING_HINTS = 16
+# Spans probed for residency per chunk and hint: all in memory means nothing to ask for.
+_PROBES = 4
+# Spans closer than this are asked for as one range (sequential reads become big ones).
+_MERGE_GAP = 64 << 10
+_CAN_PROBE = hasattr(os, "preadv") and hasattr(os, "RWF_NOWAIT")
+_ALL: weakref.WeakSet[ReadAhead] = weakref.WeakSet()
+
+
+class ReadAhead:
+    """``hint(indices)``: start reading these records of a version's chunks from disk."""
+
+    def __init__(self, directory: str, chunks: Sequence[ChunkInfo], starts: np.ndarray) -> None:
+        self._directory = directory
+        self._chunks = chunks
+        self._starts = starts
+        self._lock = threading.Condition()
+        self._pending: collections.deque[np.ndarray] = collections.deque(maxlen=PENDING_HINTS)
+        self._thread: threading.Thread | None = None
+        self._files: dict[int, tuple[int, PageMap] | None] = {}
+        self._closed = False
+        _ALL.add(self)
+
+    def hint(self, indices: np.ndarray) -> None:
+        """Ask for these global record indices' pages, in the background (never blocks)."""
+        if not len(indices) or self._closed:
+            return
+        with self._lock:
+            self._pending.append(indices)
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=_run_thread,
+                    args=(weakref.ref(self),),
+                    name="yogadl-readahead",
+                    daemon=True,
+                )
+                self._thread.start()
+            self._lock.notify()
+
+    def close(self) -> None:
+        """Stop the thread and close the files (a later hint starts again)."""
+        with self._lock:
+            self._pending.clear()
+            thread, self._thread = self._thread, None
+            self._closed = True
+            self._lock.notify()
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
+        for entry in self._files.values():
+            if entry is not None:
+                with contextlib.suppress(OSError):
+                    os.close(entry[0])
+        self._files = {}
+        self._closed = False
+
+    def _forget_after_fork(self) -> None:
+        # The thread did not come along; the file descriptors did and stay usable.
+        self._lock = threading.Condition()
+        self._pending.clear()
+        self._thread = None
+
+    def _next(self) -> np.ndarray | None:
+        """The next hint to serve; None when the thread should end."""
+        with self._lock:
+            while not self._pending and self._thread is threading.current_thread():
+                self._lock.wait(timeout=1.0)
+            if self._thread is not threading.current_thread():
+                return None
+            return self._pending.popleft()
+
+    def _serve(self, indices: np.ndarray) -> None:
+        chunk = np.searchsorted(self._starts, indices, side="right") - 1
+        for number in np.unique(chunk).tolist():
+            entry = self._file(number)
+            if entry is None:
+                continue
+            fd, pages = entry
+            local = indices[chunk == number] - self._starts[number]
+            offsets, lengths = pages.spans(local)
+            if _resident(fd, offsets[:_PROBES]):
+                continue
+            for start, length in _merged(offsets, lengths):
+                with contextlib.suppress(OSError):
+                    os.posix_fadvise(fd, start, length, os.POSIX_FADV_WILLNEED)
+
+    def _file(self, number: int) -> tuple[int, PageMap] | None:
+        if number in self._files:
+            return self._files[number]
+        info = self._chunks[number]
+        entry: tuple[int, PageMap] | None = None
+        try:
+            fd = os.open(os.path.join(self._directory, info.file), os.O_RDONLY)
+        except OSError:
+            fd = -1  # not on disk (a chunk a sharded pull left out): nothing to read ahead
+        if fd >= 0:
+            pages = page_map(fd, info.records)
+            if pages is None:
+                os.close(fd)
+            else:
+                entry = (fd, pages)
+        self._files[number] = entry
+        return entry
+
+
+def _run_thread(owner: weakref.ref[ReadAhead]) -> None:
+    """The read-ahead thread: serve hints until the ReadAhead closes or is collected."""
+    while True:
+        ahead = owner()
+        if ahead is None:
+            return
+        indices = ahead._next()
+        if indices is None:
+            return
+        with contextlib.suppress(Exception):  # a hint never fails a read; reads say what's wrong
+            ahead._serve(indices)
+        del ahead
+
+
+def _resident(fd: int, offsets: np.ndarray) -> bool:
+    """True when the first byte of each span is in the page cache."""
+    if not _CAN_PROBE:
+        return False
+    probe = bytearray(1)
+    for offset in offsets.tolist():
+        try:
+            if os.preadv(fd, [probe], offset, os.RWF_NOWAIT) != 1:
+                return False
+        except OSError:  # BlockingIOError: not in memory (or the flag is refused)
+            return False
+    return True
+
+
+def _merged(offsets: np.ndarray, lengths: np.ndarray) -> list[tuple[int, int]]:
+    """The spans sorted and joined where they touch or nearly do: (start, length) ranges."""
+    order = np.argsort(offsets, kind="stable")
+    starts, ends = offsets[order], offsets[order] + lengths[order]
+    ranges: list[tuple[int, int]] = []
+    begin, end = int(starts[0]), int(ends[0])
+    for s, e in zip(starts[1:].tolist(), ends[1:].tolist()):
+        if s <= end + _MERGE_GAP:
+            end = max(end, e)
+        else:
+            ranges.append((begin, end - begin))
+            begin, end = s, e
+    ranges.append((begin, end - begin))
+    return ranges
+
+
+def _forget_threads_after_fork() -> None:
+    for ahead in list(_ALL):
+        ahead._forget_after_fork()
+
+
+os.register_at_fork(after_in_child=_forget_threads_after_fork)
