@@ -1,0 +1,197 @@
+"""Bytes at the speed of the machine: big records warm against memcpy, and cold reads against
+the disk's own bandwidth, measured in the same run.
+
+Warm (page cache hot): for values of 64 KiB, 96 KiB, 1 MiB and 4 MiB (uint8[size] + int64,
+about --gib GiB each), a shuffled epoch record by record and in batches of 64, as bytes/s and as
+a ratio to one numpy copy of a 512 MiB array into memory it already touched (memcpy).
+
+Cold (--cold, needs root: it runs ``sync; echo 3 > /proc/sys/vm/drop_caches`` before each
+run): the disk's random reads of the record's size and of 4 KiB at queue depth 1 and 16, and
+its sequential 1 MiB reads at depth 16 (O_DIRECT preads from threads, fio's equivalent), then a
+true global shuffle, a sequential pass (shuffle=False) and a shuffle of small (264 B) records,
+each for --seconds, as a ratio to the matching disk figure.
+
+    python bench/bench_bytes.py [--root DIR] [--gib 1] [--cold] [--seconds 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import mmap
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import yogadl_plus as ydl
+from bench._common import warm
+
+SIZES = [64 << 10, 96 << 10, 1 << 20, 4 << 20]
+SMALL = 256  # + the int64: 264 B records
+
+
+def build(storage: ydl.LocalStorage, size: int, count: int) -> ydl.DataRef:
+    schema = ydl.Schema([ydl.Field("x", np.uint8, (size,)), ydl.Field("y", np.int64)])
+
+    def records():
+        base = np.random.default_rng(0).integers(0, 255, size, dtype=np.uint8)
+        for i in range(count):
+            yield {"x": np.roll(base, i % 997), "y": np.int64(i)}
+
+    return ydl.cache_dataset(
+        records, "bytes", f"s{size}-n{count}", storage, schema=schema, progress=False
+    )
+
+
+def memcpy_rate() -> float:
+    source = np.ones(512 << 20, np.uint8)
+    target = np.empty_like(source)
+    np.copyto(target, source)
+    best = 0.0
+    for _ in range(3):
+        start = time.perf_counter()
+        np.copyto(target, source)
+        best = max(best, source.nbytes / (time.perf_counter() - start))
+    return best
+
+
+def epoch_rate(ref: ydl.DataRef, seconds: float | None = None, **kwargs) -> float:
+    """Bytes/s of the records' fields handed out by a stream (stopped after ``seconds``)."""
+    stream = ref.stream(**kwargs)
+    size = ref.schema["x"].shape[0] + 8
+    count = 0
+    start = time.perf_counter()
+    for item in stream:
+        count += len(item["y"]) if kwargs.get("batch_size") else 1
+        if seconds is not None and count % 64 == 0 and time.perf_counter() - start > seconds:
+            break
+    return count * size / (time.perf_counter() - start)
+
+
+def drop_caches() -> None:
+    subprocess.run(["sync"], check=True)
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write("3\n")
+
+
+def disk_rate(paths: list[str], block: int, depth: int, seconds: float, sequential: bool) -> float:
+    """Bytes/s of O_DIRECT reads of ``block`` bytes by ``depth`` threads over ``paths``."""
+    drop_caches()
+    fds = [os.open(p, os.O_RDONLY | os.O_DIRECT) for p in paths]
+    sizes = [os.fstat(fd).st_size // block for fd in fds]
+    deadline = time.perf_counter() + seconds
+
+    def reader(k: int) -> int:
+        buffer = mmap.mmap(-1, block)
+        rng = np.random.default_rng(k)
+        done = 0
+        position = k
+        while time.perf_counter() < deadline:
+            if sequential:
+                file = (position * block) // (sizes[0] * block) % len(fds)
+                offset = position % sizes[file]
+                position += depth
+            else:
+                file = int(rng.integers(len(fds)))
+                offset = int(rng.integers(sizes[file]))
+            done += os.preadv(fds[file], [buffer], offset * block)
+        return done
+
+    start = time.perf_counter()
+    with ThreadPoolExecutor(depth) as pool:
+        total = sum(pool.map(reader, range(depth)))
+    elapsed = time.perf_counter() - start
+    for fd in fds:
+        os.close(fd)
+    return total / elapsed
+
+
+def chunk_paths(ref: ydl.DataRef) -> list[str]:
+    return [os.path.join(ref.directory, c.file) for c in ref.manifest.chunks]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--root", default="/tmp/ydl-bench-bytes")
+    parser.add_argument("--gib", type=float, default=1.0, help="GiB per warm dataset")
+    parser.add_argument("--cold", action="store_true", help="cold runs (root: drops caches)")
+    parser.add_argument("--cold-gib", type=float, default=4.0)
+    parser.add_argument("--seconds", type=float, default=8.0)
+    parser.add_argument("--sizes", default=",".join(str(s) for s in SIZES))
+    args = parser.parse_args()
+    storage = ydl.LocalStorage(args.root)
+    print(f"yogadl_plus from {os.path.dirname(ydl.__file__)}")
+    memcpy = memcpy_rate()
+    print(f"\nWarm, shuffled (memcpy {memcpy / 1e9:.1f} GB/s, a 512 MiB numpy copy)\n")
+    print("| value | records | record by record | ratio | batches of 64 | ratio |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for size in [int(s) for s in args.sizes.split(",")]:
+        count = max(64, int(args.gib * (1 << 30) // size))
+        ref = build(storage, size, count)
+        warm(ref.directory)
+        records = max(epoch_rate(ref, shuffle=True, shuffle_seed=1) for _ in range(2))
+        batches = max(
+            epoch_rate(ref, shuffle=True, shuffle_seed=1, batch_size=64) for _ in range(2)
+        )
+        print(
+            f"| {size >> 10} KiB | {count} | {records / 1e9:.2f} GB/s | {records / memcpy:.2f}x "
+            f"| {batches / 1e9:.2f} GB/s | {batches / memcpy:.2f}x |"
+        )
+    if not args.cold:
+        return 0
+    if os.geteuid() != 0:
+        print("\n--cold needs root (it drops the page cache); skipped")
+        return 0
+    size = 100 << 10
+    big = build(storage, size, int(args.cold_gib * (1 << 30) // size))
+    small = build(storage, SMALL, int(args.cold_gib * (1 << 30) // 1400))
+    seconds = args.seconds
+    paths = chunk_paths(big)
+    disk = {
+        "random 100 KiB, depth 16": disk_rate(paths, size, 16, seconds, False),
+        "random 100 KiB, depth 1": disk_rate(paths, size, 1, seconds, False),
+        "sequential 1 MiB, depth 16": disk_rate(paths, 1 << 20, 16, seconds, True),
+        "random 4 KiB, depth 16": disk_rate(chunk_paths(small), 4096, 16, seconds, False),
+    }
+    print("\nThe disk (O_DIRECT preads from threads)\n")
+    for name, rate in disk.items():
+        print(f"- {name}: {rate / 1e6:.0f} MB/s")
+
+    def cold(ref: ydl.DataRef, **kwargs) -> float:
+        drop_caches()
+        fresh = storage.fetch(ref.dataset_id, ref.version)
+        return epoch_rate(fresh, seconds, **kwargs)
+
+    rows = [
+        (
+            "true global shuffle, 100 KiB",
+            cold(big, shuffle=True, shuffle_seed=1),
+            "random 100 KiB, depth 16",
+            size + 8,
+        ),
+        ("sequential (shuffle=False), 100 KiB", cold(big), "sequential 1 MiB, depth 16", size + 8),
+        (
+            "true global shuffle, 264 B",
+            cold(small, shuffle=True, shuffle_seed=1),
+            "random 4 KiB, depth 16",
+            SMALL + 8,
+        ),
+    ]
+    print("\nCold (page cache dropped before each run)\n")
+    print("| path | records/s | MB/s | against | ratio |")
+    print("| --- | --- | --- | --- | --- |")
+    for name, rate, against, record in rows:
+        base = disk[against]
+        # Small records: records/s against the disk's 4 KiB reads per second.
+        ratio = (rate / record) / (base / 4096) if record < 4096 else rate / base
+        print(f"| {name} | {rate / record:.0f} | {rate / 1e6:.0f} | {against} | {ratio:.2f}x |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
