@@ -7,6 +7,10 @@ rather than a materialized ``np.random.permutation``, so a billion records need 
 billion-entry array (up to 1024 records, where a table costs nothing, it is an exact keyed
 Fisher-Yates shuffle), and the order is identical in every process because the keys come from
 ``hashlib.blake2b`` of the seed and epoch, never from Python's salted ``hash()``.
+
+A windowed shuffle (``shuffle_window=W``, ``WindowPermutation``) permutes the chunks, then the
+records within each window of ``W`` consecutive chunks of that permutation, with the same keyed
+permutations: a reader works on about ``W`` chunks at a time, in O(chunks) memory per epoch.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ __all__ = [
     "OrderSettings",
     "Permutation",
     "ShardOrder",
+    "WindowPermutation",
 ]
 
 _ROUNDS = 6
@@ -52,6 +57,9 @@ _SCALAR_TAIL = 8
 # table: a Feistel network over a tiny domain reaches only some of the n! orders (n <= 6 is
 # visibly non-uniform), and a table this small costs nothing.
 _TABLE_MAX = 1024
+# Windows whose permutations a WindowPermutation keeps: a block of positions straddles a few
+# windows, and small windows' tables cost O(records) to make, so a block must not remake them.
+_WINDOWS_KEPT = 16
 
 
 def _fisher_yates(n: int, key: int) -> npt.NDArray[np.int64]:
@@ -78,6 +86,31 @@ def _round_keys(seed: int, epoch: int) -> tuple[int, ...]:
         f"{seed}:{epoch}".encode("ascii"), digest_size=8 * _ROUNDS, person=b"ydl-order-v1"
     ).digest()
     return tuple(int.from_bytes(digest[8 * i : 8 * i + 8], "little") for i in range(_ROUNDS))
+
+
+def _range_message(position: int, n: int) -> str:
+    if not n:
+        return f"Got position {position}, but the permutation is empty (n=0)"
+    return f"Got position {position}, allowed positions are in [0, {n - 1}]"
+
+
+def _checked_positions(
+    positions: npt.ArrayLike, n: int
+) -> tuple[npt.NDArray[Any], npt.NDArray[np.uint64]]:
+    """``positions`` as an array, and as a uint64 copy; TypeError unless they are integers,
+    IndexError naming the first one outside ``[0, n)``."""
+    pos = np.asarray(positions)
+    if pos.dtype.kind not in "iu":
+        if pos.size:
+            raise TypeError(f"positions must be integers, got dtype {pos.dtype}")
+        pos = pos.astype(np.int64)
+    # Negative int64 wraps to huge uint64, so one comparison checks both ends of the range.
+    work = pos.astype(np.uint64)
+    out_of_range = work >= np.uint64(n)
+    if out_of_range.any():
+        bad = int(pos.reshape(-1)[np.flatnonzero(out_of_range)[0]])
+        raise IndexError(_range_message(bad, n))
+    return pos, work
 
 
 class Permutation:
@@ -115,7 +148,7 @@ class Permutation:
             raise TypeError(f"Permutation positions are ints, got the bool {position!r}")
         pos = operator.index(position)
         if not 0 <= pos < self.n:
-            raise IndexError(self._range_message(pos))
+            raise IndexError(_range_message(pos, self.n))
         if self.n <= _TABLE_MAX:
             return int(self._small_table()[pos])
         return self._walk_scalar(self._network_scalar(pos))
@@ -125,23 +158,8 @@ class Permutation:
 
         Raises IndexError if a position is outside ``[0, n)``.
         """
-        pos = np.asarray(positions)
-        if pos.dtype.kind not in "iu":
-            if pos.size:
-                raise TypeError(f"positions must be integers, got dtype {pos.dtype}")
-            pos = pos.astype(np.int64)
-        # Negative int64 wraps to huge uint64, so one comparison checks both ends of the range.
-        work = pos.astype(np.uint64)
-        out_of_range = work >= np.uint64(self.n)
-        if out_of_range.any():
-            bad = int(pos.reshape(-1)[np.flatnonzero(out_of_range)[0]])
-            raise IndexError(self._range_message(bad))
+        pos, work = _checked_positions(positions, self.n)
         return self._permute(work.reshape(-1)).reshape(pos.shape)
-
-    def _range_message(self, position: int) -> str:
-        if not self.n:
-            return f"Got position {position}, but the permutation is empty (n=0)"
-        return f"Got position {position}, allowed positions are in [0, {self.n - 1}]"
 
     def _small_table(self) -> npt.NDArray[np.int64]:
         if self._table is None:
@@ -222,6 +240,144 @@ class Permutation:
         return left * side + right
 
 
+def _window_key(seed: int, epoch: int, window: int, part: str) -> int:
+    """The seed of one part (``"chunks"``, or a window's number) of a windowed epoch: its own
+    BLAKE2b domain, so no part's permutation is another's or a full shuffle's."""
+    digest = hashlib.blake2b(
+        f"{seed}:{epoch}:{window}:{part}".encode("ascii"), digest_size=8, person=b"ydl-window-v1"
+    ).digest()
+    return int.from_bytes(digest, "little")
+
+
+class WindowPermutation:
+    """A keyed bijection of ``[0, n)`` that keeps a reader on ``window`` chunks at a time.
+
+    The positions are grouped in chunks of ``chunk_records[c]`` positions each (a version's
+    chunks, in storage order). Epoch ``epoch`` puts the chunks in the order of a
+    ``Permutation`` keyed by ``(seed, epoch, window)``; each ``window`` consecutive chunks of
+    that order form a window, and the positions of a window are those of its chunks, in the
+    order of the window's own keyed ``Permutation``. So ``p[position] -> index`` where every
+    index of a window comes from that window's chunks, and window ``k``'s positions all come
+    before window ``k + 1``'s.
+
+    Fixed by ``(chunk_records, window, seed, epoch)`` alone, identical in every process. Memory
+    is O(number of chunks) and never O(n); ``indices`` evaluates many positions at once.
+    """
+
+    __slots__ = (
+        "_chunk_first",
+        "_placed_ends",
+        "_placed_starts",
+        "_window_starts",
+        "_windows",
+        "chunk_order",
+        "epoch",
+        "n",
+        "seed",
+        "window",
+    )
+
+    def __init__(
+        self, chunk_records: Sequence[int] | npt.ArrayLike, window: int, seed: int, epoch: int = 0
+    ) -> None:
+        counts = np.asarray(chunk_records)
+        if counts.ndim != 1 or (counts.size and counts.dtype.kind not in "iu"):
+            raise ValueError(
+                f"chunk_records must be a 1-d sequence of ints, got {counts.dtype} with shape "
+                f"{counts.shape}"
+            )
+        counts = counts.astype(np.int64)
+        if counts.size and counts.min() < 0:
+            raise ValueError(f"chunk_records must be >= 0, got {int(counts.min())}")
+        self.window = check_int("window", window, 1)
+        self.seed = check_int("seed", seed, 0)
+        self.epoch = check_int("epoch", epoch, 0)
+        self.n = int(counts.sum())
+        starts = np.cumsum(counts) - counts  # where each chunk starts in storage order
+        chunks = Permutation(len(counts), _window_key(self.seed, self.epoch, self.window, "chunks"))
+        #: The chunks in this epoch's order (chunk numbers of ``chunk_records``).
+        self.chunk_order = chunks.indices(np.arange(len(counts), dtype=np.int64))
+        self.chunk_order.flags.writeable = False
+        placed = counts[self.chunk_order]
+        self._placed_ends = np.cumsum(placed)  # where each placed chunk ends in the epoch
+        self._placed_starts = self._placed_ends - placed
+        self._chunk_first = starts[self.chunk_order]
+        self._window_starts = self._placed_starts[:: self.window]
+        self._windows: dict[int, Permutation] = {}
+
+    @property
+    def num_windows(self) -> int:
+        """Windows in the epoch: ``ceil(chunks / window)`` (empty chunks count as chunks)."""
+        return len(self._window_starts)
+
+    def window_chunks(self, k: int) -> npt.NDArray[np.int64]:
+        """The chunks of window ``k``, in the epoch's order: what a reader needs while the
+        epoch is in that window (and can fetch before it gets there)."""
+        k = check_int("k", k, 0, max(self.num_windows - 1, 0))
+        return self.chunk_order[k * self.window : (k + 1) * self.window]
+
+    def window_of(self, positions: npt.ArrayLike) -> npt.NDArray[np.int64]:
+        """The window each position falls in, with the shape of ``positions``."""
+        pos, work = _checked_positions(positions, self.n)
+        found = np.searchsorted(self._window_starts, work.view(np.int64), side="right") - 1
+        return found.reshape(pos.shape)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __repr__(self) -> str:
+        return (
+            f"WindowPermutation(chunks={len(self.chunk_order)}, n={self.n}, "
+            f"window={self.window}, seed={self.seed}, epoch={self.epoch})"
+        )
+
+    def __getitem__(self, position: int) -> int:
+        if isinstance(position, (bool, np.bool_)):
+            raise TypeError(f"Permutation positions are ints, got the bool {position!r}")
+        pos = operator.index(position)
+        if not 0 <= pos < self.n:
+            raise IndexError(_range_message(pos, self.n))
+        return int(self._permute(np.array([pos], dtype=np.uint64))[0])
+
+    def indices(self, positions: npt.ArrayLike) -> npt.NDArray[np.int64]:
+        """Returns the index at each position, as int64 with the shape of ``positions``.
+
+        Raises IndexError if a position is outside ``[0, n)``.
+        """
+        pos, work = _checked_positions(positions, self.n)
+        return self._permute(work.reshape(-1)).reshape(pos.shape)
+
+    def _permute(self, values: npt.NDArray[np.uint64]) -> npt.NDArray[np.int64]:
+        """Permutes in-range uint64 positions in place and returns them viewed as int64."""
+        out = values.view(np.int64)
+        if not out.size:
+            return out
+        window = np.searchsorted(self._window_starts, out, side="right") - 1
+        first = self._window_starts[window]
+        local = out - first
+        # A block of positions spans few windows: permute each window's share in one call.
+        by_window = np.argsort(window, kind="stable")
+        cuts = np.flatnonzero(np.diff(window[by_window])) + 1
+        for group in np.split(by_window, cuts):
+            k = int(window[group[0]])
+            local[group] = self._window_permutation(k).indices(local[group])
+        placed = first + local  # the place in the epoch's run of its chunks, one after another
+        slot = np.searchsorted(self._placed_ends, placed, side="right")
+        out[:] = self._chunk_first[slot] + (placed - self._placed_starts[slot])
+        return out
+
+    def _window_permutation(self, k: int) -> Permutation:
+        kept = self._windows  # one read: a concurrent caller can only replace the dict
+        perm = kept.get(k)
+        if perm is None:
+            end = self._window_starts[k + 1] if k + 1 < self.num_windows else self.n
+            size = int(end - self._window_starts[k])
+            perm = Permutation(size, _window_key(self.seed, self.epoch, self.window, str(k)))
+            recent = list(kept.items())[-(_WINDOWS_KEPT - 1) :]
+            self._windows = {**dict(recent), k: perm}
+        return perm
+
+
 SHARD_BY = ("records", "chunks")
 
 
@@ -232,6 +388,13 @@ class OrderSettings:
     ``seed`` may be None with ``shuffle=True`` on one shard (the stream draws one: ``seeded``);
     ``start_offset`` counts this shard's positions from the first epoch, ``global_start`` is
     the elastic resume point (``shard_by="records"`` only). See docs/streams.md.
+
+    ``shuffle_window=W`` (with ``shuffle=True`` only) makes each epoch a ``WindowPermutation``
+    of the positions grouped by chunk instead of a full ``Permutation``: see
+    docs/windowed-shuffle.md. It holds with every other setting: with
+    ``skip_shuffle_at_epoch_end`` every epoch reuses epoch 0's windowed order; with
+    ``shard_by="chunks"`` each shard shuffles its own chunks in windows of W of them; with
+    n-grams the positions (anchors) are grouped by the chunk of their anchor record.
     """
 
     shuffle: bool = False
@@ -243,6 +406,7 @@ class OrderSettings:
     shard_by: str = "records"
     start_offset: int = 0
     global_start: int | None = None
+    shuffle_window: int | None = None
 
     def __post_init__(self) -> None:
         def keep(name: str, value: object) -> None:
@@ -270,6 +434,13 @@ class OrderSettings:
             raise ValueError(f"shard_by must be 'records' or 'chunks', got {self.shard_by!r}")
         if self.shard_by == "chunks" and self.global_start is not None:
             raise ValueError(CHUNK_SHARDS_TAKE_NO_GLOBAL_ORDER)
+        if self.shuffle_window is not None:
+            keep("shuffle_window", check_int("shuffle_window", self.shuffle_window, 1))
+            if not self.shuffle:
+                raise ValueError(
+                    f"shuffle_window={self.shuffle_window} shuffles within windows of chunks: "
+                    "it needs shuffle=True (or leave shuffle_window=None)"
+                )
 
     def seeded(self) -> OrderSettings:
         """These settings, with a freshly drawn seed if they shuffle without one."""
@@ -277,12 +448,17 @@ class OrderSettings:
             return dataclasses.replace(self, seed=secrets.randbits(63))
         return self
 
-    def order(self, num_positions: int, chunk_records: Sequence[int]) -> ShardOrder:
+    def order(
+        self, num_positions: int, chunk_records: Sequence[int] | npt.NDArray[np.int64]
+    ) -> ShardOrder:
         """The order of ``num_positions`` positions (records, or n-gram windows) by these
-        settings: an EpochOrder, or a ChunkShardOrder over chunks of ``chunk_records`` records."""
+        settings: an EpochOrder, or a ChunkShardOrder over chunks of ``chunk_records`` records.
+
+        ``chunk_records`` counts the positions of each chunk (records; for n-grams, the anchors
+        whose anchor record lies in it): the windows of ``shuffle_window`` group them."""
         if self.shard_by == "chunks":
             return ChunkShardOrder(chunk_records, self)
-        return EpochOrder(num_positions, self)
+        return EpochOrder(num_positions, self, chunk_records=chunk_records)
 
 
 CHUNK_SHARDS_TAKE_NO_GLOBAL_ORDER = (
@@ -317,11 +493,20 @@ class ShardOrder:
     in that first epoch, shard ``r`` takes positions ``g0 + r, g0 + r + S, ...``, cut with
     ``drop_shard_remainder`` to a multiple of ``S`` after ``g0``; later epochs are whole.
 
+    With ``shuffle_window=W`` the epoch's order is a ``WindowPermutation`` of the records
+    grouped by ``chunk_records`` (records per chunk, summing to ``num_records``); the rest of
+    the arithmetic is the same.
+
     Made from ``OrderSettings`` (or its keywords: ``EpochOrder(10, shuffle=True, seed=1)``).
     """
 
     def __init__(
-        self, num_records: int, settings: OrderSettings | None = None, **options: Any
+        self,
+        num_records: int,
+        settings: OrderSettings | None = None,
+        *,
+        chunk_records: Sequence[int] | npt.ArrayLike | None = None,
+        **options: Any,
     ) -> None:
         settings = _settings_or(settings, options)
         if settings.shuffle and settings.seed is None:
@@ -339,11 +524,14 @@ class ShardOrder:
         self.num_shards = settings.num_shards
         self.shard_rank = settings.shard_rank
 
+        self.shuffle_window = settings.shuffle_window
+        self._chunk_records = _chunk_counts(chunk_records, self.num_records, self.shuffle_window)
+
         n, shards = self.num_records, self.num_shards
         self.global_length = n - n % shards if self.drop_shard_remainder else n
         self.shard_length = len(range(self.shard_rank, self.global_length, shards))
         self.first_epoch, self.first_global = divmod(self.global_start, n) if n else (0, 0)
-        self._perm: Permutation | None = None
+        self._perm: Permutation | WindowPermutation | None = None
 
     def epoch_start(self, epoch: int) -> int:
         """The global position where ``epoch`` starts: ``global_start``'s in the first epoch."""
@@ -375,7 +563,8 @@ class ShardOrder:
             f"{type(self).__name__}(num_records={self.num_records}, shuffle={self.shuffle}, "
             f"seed={self.seed}, skip_shuffle_at_epoch_end={self.skip_shuffle_at_epoch_end}, "
             f"shard_rank={self.shard_rank}, num_shards={self.num_shards}, "
-            f"drop_shard_remainder={self.drop_shard_remainder}, global_start={self.global_start})"
+            f"drop_shard_remainder={self.drop_shard_remainder}, global_start={self.global_start}"
+            f"{_window_repr(self.shuffle_window)})"
         )
 
     def locate(self, offset: int) -> tuple[int, int]:
@@ -434,16 +623,58 @@ class ShardOrder:
         perm = self._permutation(epoch)
         return global_position if perm is None else perm[global_position]
 
-    def _permutation(self, epoch: int) -> Permutation | None:
+    def _permutation(self, epoch: int) -> Permutation | WindowPermutation | None:
         if not self.shuffle:
             return None
         assert self.seed is not None
         key_epoch = 0 if self.skip_shuffle_at_epoch_end else epoch
         perm = self._perm  # one read, so a concurrent caller can only replace it
         if perm is None or perm.epoch != key_epoch:
-            perm = Permutation(self.num_records, self.seed, key_epoch)
+            if self.shuffle_window is None:
+                perm = Permutation(self.num_records, self.seed, key_epoch)
+            else:
+                assert self._chunk_records is not None
+                perm = WindowPermutation(
+                    self._chunk_records, self.shuffle_window, self.seed, key_epoch
+                )
             self._perm = perm
         return perm
+
+    def window_permutation(self, epoch: int) -> WindowPermutation | None:
+        """The windowed permutation of ``epoch``'s global order (its chunk order and windows,
+        for a reader that fetches chunks ahead), or None without ``shuffle_window``."""
+        perm = self._permutation(check_int("epoch", epoch, 0))
+        return perm if isinstance(perm, WindowPermutation) else None
+
+
+def _chunk_counts(
+    chunk_records: Sequence[int] | npt.ArrayLike | None, num_records: int, window: int | None
+) -> npt.NDArray[np.int64] | None:
+    """The positions per chunk as int64, checked to add up to ``num_records``: only a windowed
+    shuffle needs (and checks) them."""
+    if window is None:
+        return None
+    if chunk_records is None:
+        raise ValueError(
+            "shuffle_window needs the records of each chunk: pass chunk_records (the Stream "
+            "passes its version's)"
+        )
+    counts = np.asarray(chunk_records)
+    if counts.ndim != 1 or (counts.size and counts.dtype.kind not in "iu"):
+        raise ValueError(f"chunk_records must be a 1-d sequence of ints, got {chunk_records!r}")
+    counts = counts.astype(np.int64)
+    if (counts.size and counts.min() < 0) or int(counts.sum()) != num_records:
+        raise ValueError(
+            f"chunk_records must be counts >= 0 adding up to num_records={num_records}, got "
+            f"{len(counts)} chunks adding up to {int(counts.sum())}"
+        )
+    return counts
+
+
+def _window_repr(window: int | None) -> str:
+    # Orders without a window print as they did before windows existed: a Keras backup made
+    # then names its order by this repr.
+    return "" if window is None else f", shuffle_window={window}"
 
 
 class EpochOrder(ShardOrder):
@@ -472,7 +703,10 @@ class ChunkShardOrder(ShardOrder):
     """
 
     def __init__(
-        self, chunk_records: Sequence[int], settings: OrderSettings | None = None, **options: Any
+        self,
+        chunk_records: Sequence[int] | npt.NDArray[np.int64],
+        settings: OrderSettings | None = None,
+        **options: Any,
     ) -> None:
         settings = _settings_or(settings, options, shard_by="chunks")
         num_shards, shard_rank = settings.num_shards, settings.shard_rank
@@ -488,11 +722,12 @@ class ChunkShardOrder(ShardOrder):
         self._starts = starts[mine]  # where each of this shard's chunks starts in the version
         self._ends = np.cumsum(counts[mine])  # ... and ends in this shard's own numbering
         self._local_starts = self._ends - counts[mine]
-        # Within its chunks, the shard is the one shard of an order of their records.
+        # Within its chunks, the shard is the one shard of an order of their records (a
+        # windowed shuffle then windows this shard's chunks).
         whole = dataclasses.replace(
             settings, shard_rank=0, num_shards=1, drop_shard_remainder=False, global_start=None
         )
-        super().__init__(int(self._ends[-1]), whole)
+        super().__init__(int(self._ends[-1]), whole, chunk_records=counts[mine])
         self.settings = settings
         self.chunks = mine
         self.chunk_shard = (shard_rank, num_shards)
@@ -519,5 +754,5 @@ class ChunkShardOrder(ShardOrder):
         return (
             f"ChunkShardOrder(chunks={len(self.chunks)}, records={self.num_records}, "
             f"shuffle={self.shuffle}, seed={self.seed}, shard_rank={rank}, num_shards={shards}, "
-            f"drop_shard_remainder={self.drop_shard_remainder})"
+            f"drop_shard_remainder={self.drop_shard_remainder}{_window_repr(self.shuffle_window)})"
         )
