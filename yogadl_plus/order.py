@@ -28,7 +28,7 @@ import numpy as np
 import numpy.typing as npt
 
 from yogadl_plus.checks import check_bool, check_int
-from yogadl_plus.splitmix import GOLDEN, MASK64, MIX_1, MIX_2, splitmix64
+from yogadl_plus.splitmix import GOLDEN, MASK64, MIX_1, MIX_2, splitmix64, splitmix64_array
 
 __all__ = [
     "ChunkShardOrder",
@@ -66,6 +66,11 @@ def _fisher_yates(n: int, key: int) -> npt.NDArray[np.int64]:
     """A uniformly random order of ``range(n)`` drawn from a splitmix64 stream seeded by
     ``key``: integer arithmetic only, so it is the same on every machine and numpy version."""
     table = list(range(n))
+    draws = _draws_without_rejection(n, key)
+    if draws is not None:
+        for i, j in zip(range(n - 1, 0, -1), draws):
+            table[i], table[j] = table[j], table[i]
+        return np.array(table, dtype=np.int64)
     state = key
     for i in range(n - 1, 0, -1):
         bound = i + 1
@@ -78,6 +83,37 @@ def _fisher_yates(n: int, key: int) -> npt.NDArray[np.int64]:
         j = product >> 64
         table[i], table[j] = table[j], table[i]
     return np.array(table, dtype=np.int64)
+
+
+def _draws_without_rejection(n: int, key: int) -> list[int] | None:
+    """The swap targets ``_fisher_yates`` draws for ``range(n)``, all at once with numpy, or
+    None if one draw of them is rejected (about once in 2**50 tables: the loop then draws).
+
+    A windowed shuffle makes a table per small window, so the draws must not cost a Python
+    loop of splitmix64 each; the result is the loop's, bit for bit.
+    """
+    if n < 2:
+        return []
+    assert n < 1 << 31  # the product's halves below stay inside 64 bits
+    states = np.uint64(key) + np.arange(n - 1, dtype=np.uint64) * np.uint64(GOLDEN)
+    bounds = np.arange(n, 1, -1, dtype=np.uint64)
+    targets, low_word = _wide_product(splitmix64_array(states), bounds)
+    reject_below = (np.uint64(MASK64) % bounds + np.uint64(1)) % bounds  # (2**64) % bound
+    if (low_word < reject_below).any():
+        return None
+    return [int(j) for j in targets.tolist()]
+
+
+def _wide_product(
+    draws: npt.NDArray[np.uint64], bounds: npt.NDArray[np.uint64]
+) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint64]]:
+    """The high and low 64-bit words of each 128-bit ``draw * bound``, for bounds below 2**31
+    (numpy has no 128-bit integers: the draw is taken in 32-bit halves)."""
+    high_part = (draws >> np.uint64(32)) * bounds
+    low_part = (draws & np.uint64(0xFFFFFFFF)) * bounds
+    high_word = (high_part + (low_part >> np.uint64(32))) >> np.uint64(32)
+    low_word = (high_part << np.uint64(32)) + low_part  # wraps modulo 2**64, as it should
+    return high_word, low_word
 
 
 def _round_keys(seed: int, epoch: int) -> tuple[int, ...]:
@@ -352,17 +388,25 @@ class WindowPermutation:
         out = values.view(np.int64)
         if not out.size:
             return out
-        window = np.searchsorted(self._window_starts, out, side="right") - 1
-        first = self._window_starts[window]
-        local = out - first
-        # A block of positions spans few windows: permute each window's share in one call.
-        by_window = np.argsort(window, kind="stable")
-        cuts = np.flatnonzero(np.diff(window[by_window])) + 1
-        for group in np.split(by_window, cuts):
-            k = int(window[group[0]])
-            local[group] = self._window_permutation(k).indices(local[group])
-        placed = first + local  # the place in the epoch's run of its chunks, one after another
-        slot = np.searchsorted(self._placed_ends, placed, side="right")
+        starts = self._window_starts
+        lowest, highest = np.searchsorted(starts, [out.min(), out.max()], side="right") - 1
+        if lowest == highest:
+            # The usual block: all in one window, whose few chunks are searched alone.
+            k = int(lowest)
+            placed = starts[k] + self._window_permutation(k).indices(out - starts[k])
+            ends = self._placed_ends[k * self.window : (k + 1) * self.window]
+            slot = k * self.window + np.searchsorted(ends, placed, side="right")
+        else:
+            window = np.searchsorted(starts, out, side="right") - 1
+            local = out - starts[window]
+            # A block of positions spans few windows: permute each window's share in one call.
+            by_window = np.argsort(window, kind="stable")
+            cuts = np.flatnonzero(np.diff(window[by_window])) + 1
+            for group in np.split(by_window, cuts):
+                k = int(window[group[0]])
+                local[group] = self._window_permutation(k).indices(local[group])
+            placed = starts[window] + local  # the place in the epoch's run of chunks
+            slot = np.searchsorted(self._placed_ends, placed, side="right")
         out[:] = self._chunk_first[slot] + (placed - self._placed_starts[slot])
         return out
 
