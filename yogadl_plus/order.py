@@ -57,8 +57,12 @@ _SCALAR_TAIL = 8
 # table: a Feistel network over a tiny domain reaches only some of the n! orders (n <= 6 is
 # visibly non-uniform), and a table this small costs nothing.
 _TABLE_MAX = 1024
-# Windows whose permutations a WindowPermutation keeps: a block of positions straddles a few
-# windows, and small windows' tables cost O(records) to make, so a block must not remake them.
+# A windowed shuffle's windows use tables only this small: every shard makes the table of every
+# window it reads from, so a table would cost each shard all the window's records, and S shards
+# S times the epoch; the network costs each only its own positions.
+_WINDOW_TABLE_MAX = 64
+# Small windows' tables a WindowPermutation keeps: a block of positions straddles a few
+# windows, and a table costs O(records) to make, so the next block must not remake it.
 _WINDOWS_KEPT = 16
 
 
@@ -149,23 +153,90 @@ def _checked_positions(
     return pos, work
 
 
+def _side_of(n: int) -> int:
+    """The side ``a = ceil(sqrt(n))`` of the network's square domain ``Z_a x Z_a`` for ``n``."""
+    return math.isqrt(n - 1) + 1 if n > 1 else 1
+
+
+def _feistel(
+    values: npt.NDArray[np.uint64],
+    side: np.uint64 | npt.NDArray[np.uint64],
+    keys: Sequence[np.uint64 | npt.NDArray[np.uint64]],
+) -> None:
+    """One pass of the network with these round ``keys``, in place, over values in
+    ``[0, side * side)``. ``side`` and each key are one number, or one per value (a windowed
+    shuffle permutes many windows, each with its own network, in one pass)."""
+    left = values // side
+    right = values - left * side
+    t = np.empty_like(values)
+    u = np.empty_like(values)
+    for i, key in enumerate(keys):
+        src, dst = (right, left) if i % 2 == 0 else (left, right)
+        np.bitwise_xor(src, key, out=t)
+        np.multiply(t, _C1_U64, out=t)
+        np.right_shift(t, _SHIFT_U64, out=u)
+        np.bitwise_xor(t, u, out=t)
+        np.multiply(t, _C2_U64, out=t)
+        # Top 32 bits times a, top half of that: uniform in [0, a) without a division.
+        np.right_shift(t, _HALF_WORD_U64, out=t)
+        np.multiply(t, side, out=t)
+        np.right_shift(t, _HALF_WORD_U64, out=t)
+        # (dst + t) mod a for dst, t < a: subtracting a wraps to a huge uint64 when the
+        # sum is already below a, so the minimum picks the right one.
+        np.add(dst, t, out=dst)
+        np.subtract(dst, side, out=u)
+        np.minimum(dst, u, out=dst)
+    np.multiply(left, side, out=left)
+    np.add(left, right, out=values)
+
+
+def _feistel_scalar(value: int, side: int, keys: Sequence[int]) -> int:
+    """``_feistel`` of one value, with Python ints: for the last few values of a cycle walk,
+    where a numpy pass would cost ~70 ufunc calls."""
+    left, right = divmod(value, side)
+    for i, key in enumerate(keys):
+        src = right if i % 2 == 0 else left
+        t = ((src ^ key) * MIX_1) & MASK64
+        t ^= t >> _SHIFT
+        t = ((((t * MIX_2) & MASK64) >> 32) * side) >> 32
+        if i % 2 == 0:
+            left = (left + t) % side
+        else:
+            right = (right + t) % side
+    return left * side + right
+
+
 class Permutation:
     """A keyed pseudo-random bijection of ``[0, n)``: ``p[position] -> index``.
 
     Fixed by ``(n, seed, epoch)`` alone, identical in every process. Construction and memory
-    are O(1); ``indices`` evaluates many positions at once with numpy.
+    are O(1); ``indices`` evaluates many positions at once with numpy. Up to ``table_max``
+    positions (1024 unless a windowed shuffle asks for fewer) the order is an exact keyed
+    Fisher-Yates shuffle, kept as a table made on first use.
     """
 
-    __slots__ = ("_keys", "_np_keys", "_side", "_table", "_walk_limit", "epoch", "n", "seed")
+    __slots__ = (
+        "_keys",
+        "_np_keys",
+        "_side",
+        "_table",
+        "_table_max",
+        "_walk_limit",
+        "epoch",
+        "n",
+        "seed",
+    )
 
-    def __init__(self, n: int, seed: int, epoch: int = 0) -> None:
+    def __init__(self, n: int, seed: int, epoch: int = 0, *, table_max: int = _TABLE_MAX) -> None:
         self.n = check_int("n", n, 0, _MAX_N)
         self.seed = check_int("seed", seed, 0)
         self.epoch = check_int("epoch", epoch, 0)
+        # Up to table_max positions the order is a keyed Fisher-Yates table (see _TABLE_MAX).
+        self._table_max = check_int("table_max", table_max, 0, _TABLE_MAX)
         # A balanced Feistel network over Z_a x Z_a with a = ceil(sqrt(n)): the domain a * a
         # overshoots n by fewer than 2a values, so cycle-walking rarely needs a second pass.
         # (Halves of h bits would overshoot by up to 4x, and the walk would cost up to 4x.)
-        self._side = math.isqrt(self.n - 1) + 1 if self.n > 1 else 1
+        self._side = _side_of(self.n)
         # A walk through a bijection reaches [0, n) within this many steps; more means a bug,
         # which had better raise than hang a data loader.
         self._walk_limit = self._side * self._side - self.n + 1
@@ -185,7 +256,7 @@ class Permutation:
         pos = operator.index(position)
         if not 0 <= pos < self.n:
             raise IndexError(_range_message(pos, self.n))
-        if self.n <= _TABLE_MAX:
+        if self.n <= self._table_max:
             return int(self._small_table()[pos])
         return self._walk_scalar(self._network_scalar(pos))
 
@@ -204,7 +275,7 @@ class Permutation:
 
     def _permute(self, values: npt.NDArray[np.uint64]) -> npt.NDArray[np.int64]:
         """Permutes in-range uint64 positions in place and returns them viewed as int64."""
-        if self.n <= _TABLE_MAX:
+        if self.n <= self._table_max:
             values[:] = self._small_table()[values.view(np.int64)]
             return values.view(np.int64)
         for begin in range(0, values.size, _CHUNK):
@@ -237,52 +308,21 @@ class Permutation:
 
         Must equal ``_network_scalar`` value for value.
         """
-        side = np.uint64(self._side)
-        left = values // side
-        right = values - left * side
-        t = np.empty_like(values)
-        u = np.empty_like(values)
-        for i, key in enumerate(self._np_keys):
-            src, dst = (right, left) if i % 2 == 0 else (left, right)
-            np.bitwise_xor(src, key, out=t)
-            np.multiply(t, _C1_U64, out=t)
-            np.right_shift(t, _SHIFT_U64, out=u)
-            np.bitwise_xor(t, u, out=t)
-            np.multiply(t, _C2_U64, out=t)
-            # Top 32 bits times a, top half of that: uniform in [0, a) without a division.
-            np.right_shift(t, _HALF_WORD_U64, out=t)
-            np.multiply(t, side, out=t)
-            np.right_shift(t, _HALF_WORD_U64, out=t)
-            # (dst + t) mod a for dst, t < a: subtracting a wraps to a huge uint64 when the
-            # sum is already below a, so the minimum picks the right one.
-            np.add(dst, t, out=dst)
-            np.subtract(dst, side, out=u)
-            np.minimum(dst, u, out=dst)
-        np.multiply(left, side, out=left)
-        np.add(left, right, out=values)
+        _feistel(values, np.uint64(self._side), self._np_keys)
 
     def _network_scalar(self, value: int) -> int:
-        side = self._side
-        left, right = divmod(value, side)
-        for i, key in enumerate(self._keys):
-            src = right if i % 2 == 0 else left
-            t = ((src ^ key) * MIX_1) & MASK64
-            t ^= t >> _SHIFT
-            t = ((((t * MIX_2) & MASK64) >> 32) * side) >> 32
-            if i % 2 == 0:
-                left = (left + t) % side
-            else:
-                right = (right + t) % side
-        return left * side + right
+        return _feistel_scalar(value, self._side, self._keys)
 
 
-def _window_key(seed: int, epoch: int, window: int, part: str) -> int:
-    """The seed of one part (``"chunks"``, or a window's number) of a windowed epoch: its own
-    BLAKE2b domain, so no part's permutation is another's or a full shuffle's."""
+def _window_keys(seed: int, epoch: int, window: int) -> tuple[int, ...]:
+    """A windowed epoch's keys: the chunk permutation's seed, then the base of each round's
+    window keys. Their own BLAKE2b domain, so none is a full shuffle's key."""
     digest = hashlib.blake2b(
-        f"{seed}:{epoch}:{window}:{part}".encode("ascii"), digest_size=8, person=b"ydl-window-v1"
+        f"{seed}:{epoch}:{window}".encode("ascii"),
+        digest_size=8 * (_ROUNDS + 1),
+        person=b"ydl-window-v1",
     ).digest()
-    return int.from_bytes(digest, "little")
+    return tuple(int.from_bytes(digest[8 * i : 8 * i + 8], "little") for i in range(_ROUNDS + 1))
 
 
 class WindowPermutation:
@@ -292,7 +332,8 @@ class WindowPermutation:
     chunks, in storage order). Epoch ``epoch`` puts the chunks in the order of a
     ``Permutation`` keyed by ``(seed, epoch, window)``; each ``window`` consecutive chunks of
     that order form a window, and the positions of a window are those of its chunks, in the
-    order of the window's own keyed ``Permutation``. So ``p[position] -> index`` where every
+    order of the window's own keyed ``Permutation`` (a table only up to 64 records, so that a
+    shard's cost stays its own positions'). So ``p[position] -> index`` where every
     index of a window comes from that window's chunks, and window ``k``'s positions all come
     before window ``k + 1``'s.
 
@@ -301,9 +342,11 @@ class WindowPermutation:
     """
 
     __slots__ = (
+        "_base_keys",
         "_chunk_first",
         "_placed_ends",
         "_placed_starts",
+        "_window_sizes",
         "_window_starts",
         "_windows",
         "chunk_order",
@@ -330,7 +373,8 @@ class WindowPermutation:
         self.epoch = check_int("epoch", epoch, 0)
         self.n = int(counts.sum())
         starts = np.cumsum(counts) - counts  # where each chunk starts in storage order
-        chunks = Permutation(len(counts), _window_key(self.seed, self.epoch, self.window, "chunks"))
+        chunk_seed, *self._base_keys = _window_keys(self.seed, self.epoch, self.window)
+        chunks = Permutation(len(counts), chunk_seed)
         #: The chunks in this epoch's order (chunk numbers of ``chunk_records``).
         self.chunk_order = chunks.indices(np.arange(len(counts), dtype=np.int64))
         self.chunk_order.flags.writeable = False
@@ -339,7 +383,8 @@ class WindowPermutation:
         self._placed_starts = self._placed_ends - placed
         self._chunk_first = starts[self.chunk_order]
         self._window_starts = self._placed_starts[:: self.window]
-        self._windows: dict[int, Permutation] = {}
+        self._window_sizes = np.diff(np.append(self._window_starts, self.n))
+        self._windows: dict[int, npt.NDArray[np.int64]] = {}  # recent small windows' tables
 
     @property
     def num_windows(self) -> int:
@@ -385,41 +430,115 @@ class WindowPermutation:
 
     def _permute(self, values: npt.NDArray[np.uint64]) -> npt.NDArray[np.int64]:
         """Permutes in-range uint64 positions in place and returns them viewed as int64."""
-        out = values.view(np.int64)
+        for begin in range(0, values.size, _CHUNK):
+            self._permute_chunk(values[begin : begin + _CHUNK].view(np.int64))
+        return values.view(np.int64)
+
+    def _permute_chunk(self, out: npt.NDArray[np.int64]) -> None:
         if not out.size:
-            return out
+            return
         starts = self._window_starts
         lowest, highest = np.searchsorted(starts, [out.min(), out.max()], side="right") - 1
         if lowest == highest:
             # The usual block: all in one window, whose few chunks are searched alone.
             k = int(lowest)
-            placed = starts[k] + self._window_permutation(k).indices(out - starts[k])
+            placed = out - starts[k]
+            self._permute_in_window(placed, k)
+            placed += starts[k]
             ends = self._placed_ends[k * self.window : (k + 1) * self.window]
             slot = k * self.window + np.searchsorted(ends, placed, side="right")
         else:
             window = np.searchsorted(starts, out, side="right") - 1
-            local = out - starts[window]
-            # A block of positions spans few windows: permute each window's share in one call.
-            by_window = np.argsort(window, kind="stable")
-            cuts = np.flatnonzero(np.diff(window[by_window])) + 1
-            for group in np.split(by_window, cuts):
-                k = int(window[group[0]])
-                local[group] = self._window_permutation(k).indices(local[group])
-            placed = starts[window] + local  # the place in the epoch's run of chunks
+            placed = out - starts[window]
+            self._permute_in_windows(placed, window)
+            placed += starts[window]  # the place in the epoch's run of chunks
             slot = np.searchsorted(self._placed_ends, placed, side="right")
         out[:] = self._chunk_first[slot] + (placed - self._placed_starts[slot])
-        return out
 
-    def _window_permutation(self, k: int) -> Permutation:
-        kept = self._windows  # one read: a concurrent caller can only replace the dict
-        perm = kept.get(k)
-        if perm is None:
-            end = self._window_starts[k + 1] if k + 1 < self.num_windows else self.n
-            size = int(end - self._window_starts[k])
-            perm = Permutation(size, _window_key(self.seed, self.epoch, self.window, str(k)))
-            recent = list(kept.items())[-(_WINDOWS_KEPT - 1) :]
-            self._windows = {**dict(recent), k: perm}
-        return perm
+    def _permute_in_window(self, local: npt.NDArray[np.int64], k: int) -> None:
+        """Permutes offsets in window ``k``, in place, by the window's own permutation."""
+        size = int(self._window_sizes[k])
+        keys = self._round_keys(np.array([k], dtype=np.uint64))
+        if size <= _WINDOW_TABLE_MAX:
+            local[:] = self._table(k, size, int(keys[0][0]))[local]
+            return
+        work = local.view(np.uint64)
+        _walk(work, np.uint64(size), np.uint64(_side_of(size)), tuple(key[0] for key in keys))
+
+    def _permute_in_windows(self, local: npt.NDArray[np.int64], window: np.ndarray) -> None:
+        """Permutes offsets, each in its own window, in place: the networks of all the
+        windows in one pass, so a shard that takes a few positions of each of many windows
+        pays per position, not per window."""
+        windows, which = np.unique(window, return_inverse=True)
+        sizes = self._window_sizes[windows]
+        keys = self._round_keys(windows.astype(np.uint64))
+        small = sizes <= _WINDOW_TABLE_MAX
+        for i in np.flatnonzero(small).tolist():
+            mine = np.flatnonzero(which == i)
+            table = self._table(int(windows[i]), int(sizes[i]), int(keys[0][i]))
+            local[mine] = table[local[mine]]
+        big = np.flatnonzero(~small[which])
+        if not big.size:
+            return
+        sides = np.array([_side_of(int(size)) for size in sizes.tolist()], dtype=np.uint64)
+        at = which[big]
+        work = local[big].view(np.uint64)
+        _walk(work, sizes.astype(np.uint64)[at], sides[at], tuple(key[at] for key in keys))
+        local[big] = work.view(np.int64)
+
+    def _round_keys(self, windows: npt.NDArray[np.uint64]) -> list[npt.NDArray[np.uint64]]:
+        """Each round's key for each of ``windows``: output k of a splitmix64 stream seeded by
+        the round's base key, so a block's windows get their keys in one numpy step."""
+        steps = windows * np.uint64(GOLDEN)
+        return [splitmix64_array(np.uint64(base) + steps) for base in self._base_keys]
+
+    def _table(self, k: int, size: int, key: int) -> npt.NDArray[np.int64]:
+        """Window ``k``'s order when it is small: a keyed Fisher-Yates table, as
+        ``Permutation`` makes for small orders."""
+        found = self._windows.get(k)
+        if found is None:
+            found = _fisher_yates(size, key)
+            # Replaced, never changed in place: a concurrent reader sees the old dict or the new.
+            recent = list(self._windows.items())[-(_WINDOWS_KEPT - 1) :]
+            self._windows = {**dict(recent), k: found}
+        return found
+
+
+def _walk(
+    values: npt.NDArray[np.uint64],
+    n: np.uint64 | npt.NDArray[np.uint64],
+    side: np.uint64 | npt.NDArray[np.uint64],
+    keys: tuple[np.uint64 | npt.NDArray[np.uint64], ...],
+) -> None:
+    """Passes ``values`` through the network (``side``, ``keys``) in place, again and again
+    for those still outside ``[0, n)``: ``Permutation``'s network with cycle-walking, where
+    ``n``, ``side`` and the keys may differ value by value."""
+
+    def each(x: Any, at: Any) -> Any:
+        return x[at] if isinstance(x, np.ndarray) else x
+
+    _feistel(values, side, keys)
+    pending = np.flatnonzero(values >= n)
+    # A walk through a bijection of [0, side * side) reaches [0, n) within side * side - n + 1
+    # steps; more means a bug, which had better raise than hang a data loader.
+    limit = int(np.max(np.asarray(side) * np.asarray(side) - np.asarray(n))) + 1
+    for _ in range(limit):
+        if pending.size <= _SCALAR_TAIL:
+            break
+        walked = values[pending]
+        _feistel(walked, each(side, pending), tuple(each(key, pending) for key in keys))
+        values[pending] = walked
+        pending = pending[walked >= each(n, pending)]
+    for i in pending.tolist():
+        value, steps = int(values[i]), 0
+        size, width = int(each(n, i)), int(each(side, i))
+        round_keys = [int(each(key, i)) for key in keys]
+        while value >= size:
+            value = _feistel_scalar(value, width, round_keys)
+            steps += 1
+            if steps > limit:
+                raise RuntimeError("cycle-walking did not end; the network is not a bijection")
+        values[i] = value
 
 
 SHARD_BY = ("records", "chunks")
