@@ -331,11 +331,13 @@ class WindowPermutation:
     The positions are grouped in chunks of ``chunk_records[c]`` positions each (a version's
     chunks, in storage order). Epoch ``epoch`` puts the chunks in the order of a
     ``Permutation`` keyed by ``(seed, epoch, window)``; each ``window`` consecutive chunks of
-    that order form a window, and the positions of a window are those of its chunks, in the
-    order of the window's own keyed ``Permutation`` (a table only up to 64 records, so that a
-    shard's cost stays its own positions'). So ``p[position] -> index`` where every
-    index of a window comes from that window's chunks, and window ``k``'s positions all come
-    before window ``k + 1``'s.
+    that order form a window (the last one, the chunks left over), and the positions of a
+    window are those of its chunks, in the order of the window's own keyed bijection: the
+    network ``Permutation`` uses (a Fisher-Yates table up to 64 records only, so that a shard
+    pays for its own positions, not for whole windows' tables), keyed by splitmix64 of the
+    epoch's keys and the window's number. So ``p[position] -> index`` where every index of a
+    window comes from that window's chunks, and window ``k``'s positions all come before
+    window ``k + 1``'s.
 
     Fixed by ``(chunk_records, window, seed, epoch)`` alone, identical in every process. Memory
     is O(number of chunks) and never O(n); ``indices`` evaluates many positions at once.
