@@ -145,6 +145,25 @@ def test_a_window_of_one_chunk_keeps_each_chunk_together_and_mixes_within() -> N
     assert not np.array_equal(values, np.sort(values))  # in another order than storage
 
 
+def test_records_are_mixed_within_each_window() -> None:
+    # Windows of 500 records (the network) and of 40 (a table): within each window, place and
+    # record are uncorrelated, neighbours too, and no two windows share an order.
+    for size in (500, 40):
+        counts = [size] * 200
+        values = whole(WindowPermutation(counts, 1, seed=11, epoch=2))
+        local = (values % size).reshape(200, size)  # each window is one chunk here
+        place = np.arange(size)
+        r_place = [np.corrcoef(place, row)[0, 1] for row in local]
+        r_next = [np.corrcoef(row[:-1], row[1:])[0, 1] for row in local]
+        # (neighbours in a uniform order of n correlate by -1/(n-1) on average: no repeats)
+        assert abs(np.mean(r_place)) < 0.04
+        assert abs(np.mean(r_next) + 1 / (size - 1)) < 0.04
+        assert len({row.tobytes() for row in local}) == 200
+        # and each record's place is spread evenly over the window (chi-square, 9 dof)
+        deciles = np.bincount((np.argsort(local, axis=1)[:, 0] * 10) // size, minlength=10)
+        assert float(((deciles - 20.0) ** 2 / 20.0).sum()) < 30.0
+
+
 def test_windowed_orders_are_pinned_across_versions() -> None:
     # Checkpoints store (seed, window, offset) only: if these change, resuming a run made with
     # an older version silently repeats and skips records. Change them only with a format bump.
