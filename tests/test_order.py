@@ -585,3 +585,29 @@ def test_chunk_shards_have_no_global_offset() -> None:
     order = ChunkShardOrder([5, 5, 5], num_shards=2, shard_rank=1)
     assert not isinstance(order, EpochOrder)
     assert not hasattr(order, "global_offset")
+
+
+def test_small_tables_drawn_at_once_equal_the_draw_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Windowed shuffles make a table per small window, so the draws are vectorized; the tables
+    # must stay those of the loop (which also takes over when a draw would be rejected).
+    from yogadl_plus import order as order_module
+
+    keys = [0, 1, 2**64 - 1, 0x9E3779B97F4A7C15, 123456789012345]
+    sizes = [0, 1, 2, 3, 7, 64, 1000, 1024]
+    fast = {(n, k): order_module._fisher_yates(n, k).tolist() for n in sizes for k in keys}
+    monkeypatch.setattr(order_module, "_draws_without_rejection", lambda n, key: None)
+    for (n, k), table in fast.items():
+        assert order_module._fisher_yates(n, k).tolist() == table
+
+
+def test_wide_products_match_python_integers() -> None:
+    from yogadl_plus.order import _wide_product
+
+    rng = np.random.default_rng(5)
+    draws = rng.integers(0, 2**64, size=2000, dtype=np.uint64, endpoint=False)
+    draws[:3] = [0, 2**64 - 1, 2**63]
+    bounds = rng.integers(1, 2**31, size=2000, dtype=np.uint64)
+    bounds[:3] = [2**31 - 1, 2**31 - 1, 1]
+    high, low = _wide_product(draws, bounds)
+    for d, b, h, lo in zip(draws.tolist(), bounds.tolist(), high.tolist(), low.tolist()):
+        assert (h, lo) == divmod(d * b, 2**64)

@@ -57,7 +57,8 @@ class Stream:
     shards. A consumer that reads ahead resumes with ``offset_after(epoch, items consumed)``.
 
     Order: ``shuffle``, ``shuffle_seed`` (drawn when None; required with shards),
-    ``skip_shuffle_at_epoch_end``, ``shard_rank``/``num_shards``/``drop_shard_remainder``,
+    ``skip_shuffle_at_epoch_end``, ``shuffle_window`` (shuffle within windows of that many
+    chunks; docs/windowed-shuffle.md), ``shard_rank``/``num_shards``/``drop_shard_remainder``,
     ``start_offset`` (positions of this shard from epoch 0), ``global_start`` (elastic resume).
     Boundary: ``fields``, ``predicate`` (ydl.predicates), ``ngram`` (ydl.NGram), ``transform``,
     ``batch_size``/``drop_last``. Workers: ``num_workers``, ``worker_type`` ("thread" or
@@ -74,6 +75,7 @@ class Stream:
         shuffle: bool = False,
         shuffle_seed: int | None = None,
         skip_shuffle_at_epoch_end: bool = False,
+        shuffle_window: int | None = None,
         shard_rank: int = 0,
         num_shards: int = 1,
         drop_shard_remainder: bool = False,
@@ -104,6 +106,7 @@ class Stream:
             shard_by=shard_by,
             start_offset=start_offset,
             global_start=global_start,
+            shuffle_window=shuffle_window,
         ).seeded()
         self.shuffle_seed = self.settings.seed
         self.num_workers = check_int("num_workers", num_workers, 0)
@@ -116,7 +119,11 @@ class Stream:
         self.anchors = ngram.anchors(dataref) if ngram is not None else None
         # What the order arranges: records, or n-gram windows.
         self.num_positions = len(self.anchors) if self.anchors is not None else len(dataref)
-        chunk_records = [c.records for c in dataref.manifest.chunks]
+        chunk_records = np.array([c.records for c in dataref.manifest.chunks], dtype=np.int64)
+        if self.anchors is not None:
+            # A window's chunk is its anchor record's: a windowed shuffle groups anchors so.
+            chunk_of = np.searchsorted(np.cumsum(chunk_records), self.anchors, side="right")
+            chunk_records = np.bincount(chunk_of, minlength=len(chunk_records))
         self.order = self.settings.order(self.num_positions, chunk_records)
         self.predicate = predicate
         self.transform = transform

@@ -25,6 +25,11 @@ __all__ = ["StreamState", "build_fingerprint", "order_identity"]
 # The order settings a state compares: the stream's own start (start_offset) is what the
 # state's offset replaces.
 _ORDER_FIELDS = tuple(f.name for f in dataclasses.fields(OrderSettings) if f.name != "start_offset")
+# Settings added after states were first saved, with the value that orders as before they
+# existed: a state records them only when they differ from it, so states saved before (and
+# Keras backups naming the order's settings) still load, and one saved with them set is
+# refused by a stream without them.
+_ADDED_LATER = {"shuffle_window": None}
 
 
 def build_fingerprint(manifest: Manifest) -> str:
@@ -72,9 +77,11 @@ class StreamState:
         if missing:
             raise ValueError(f"not a stream state: it lacks {missing} (has {sorted(data)})")
         order = data["order"]
-        if not isinstance(order, Mapping) or set(order) != set(_ORDER_FIELDS):
+        required = set(_ORDER_FIELDS) - set(_ADDED_LATER)
+        if not isinstance(order, Mapping) or not required <= set(order) <= set(_ORDER_FIELDS):
             raise ValueError(
-                f"stream state: 'order' must hold {list(_ORDER_FIELDS)}, got {order!r}"
+                f"stream state: 'order' must hold {sorted(required)} (and may hold "
+                f"{sorted(_ADDED_LATER)}), got {order!r}"
             )
         for name in ("dataset", "fingerprint"):
             if not isinstance(data[name], str):
@@ -99,13 +106,16 @@ class StreamState:
         differences = []
         for key in saved:
             if key == "order":
+                was, now = _all_settings(saved["order"]), _all_settings(mine["order"])
                 differences += [
-                    f"{name}: saved {saved['order'][name]!r}, this stream {mine['order'][name]!r}"
+                    f"{name}: saved {was[name]!r}, this stream {now[name]!r}"
                     for name in _ORDER_FIELDS
-                    if saved["order"][name] != mine["order"][name]
+                    if was[name] != now[name]
                 ]
             elif saved[key] != mine[key]:
                 differences.append(f"{key}: saved {saved[key]!r}, this stream {mine[key]!r}")
+        if not differences:
+            return  # one names a later setting at the value that is the same as leaving it out
         hint = ""
         if any(d.startswith(("num_shards", "shard_rank")) for d in differences):
             hint = " (to resume on another number of shards, save stream.global_offset and pass "
@@ -117,5 +127,16 @@ class StreamState:
 
 
 def order_identity(settings: OrderSettings) -> dict[str, Any]:
-    """The order settings a state records (all but the stream's own start_offset)."""
-    return {name: getattr(settings, name) for name in _ORDER_FIELDS}
+    """The order settings a state records: all but the stream's own start_offset, and a
+    setting added later (``shuffle_window``) only where it is not the value that orders as
+    before it existed."""
+    return {
+        name: getattr(settings, name)
+        for name in _ORDER_FIELDS
+        if name not in _ADDED_LATER or getattr(settings, name) != _ADDED_LATER[name]
+    }
+
+
+def _all_settings(order: Mapping[str, Any]) -> dict[str, Any]:
+    """A state's order settings with those it leaves out at their defaults."""
+    return {**_ADDED_LATER, **order}
