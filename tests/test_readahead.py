@@ -3,9 +3,11 @@ batches that reuse memory. None of it may change a byte of what is read."""
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -118,7 +120,9 @@ def test_read_ahead_changes_nothing_that_is_read(local_storage, monkeypatch, shu
     records and batches), and the thread stops with the DataRef."""
     import yogadl_plus.stream as stream_module
 
+    monkeypatch.setattr(stream_module, "_READ_AHEAD_MIN_RECORD_BYTES", 0)
     ref = _cache(local_storage, f"same{size}", 400, size)
+    assert ref.stream()._read_ahead > 0
     with_ahead = [r["y"] for r in ref.stream(shuffle=shuffle, shuffle_seed=3)]
     batches = [b["x"].copy() for b in ref.stream(shuffle=shuffle, shuffle_seed=3, batch_size=64)]
     monkeypatch.setattr(stream_module, "_READ_AHEAD_BYTES", 0)
@@ -128,7 +132,12 @@ def test_read_ahead_changes_nothing_that_is_read(local_storage, monkeypatch, shu
     for got, want in zip(ref.stream(shuffle=shuffle, shuffle_seed=3, batch_size=64), batches):
         np.testing.assert_array_equal(got["x"], want)
     ref.close()
-    assert not [t for t in threading.enumerate() if t.name == "yogadl-readahead"]
+    del plain, ref
+    gc.collect()
+    deadline = time.monotonic() + 5  # idle threads of collected DataRefs end within a second
+    while [t for t in threading.enumerate() if t.name == "yogadl-readahead"]:
+        assert time.monotonic() < deadline, "a read-ahead thread outlived its DataRef"
+        time.sleep(0.05)
 
 
 def test_a_damaged_chunk_is_still_refused_with_read_ahead(local_storage):

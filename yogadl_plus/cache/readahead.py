@@ -31,6 +31,10 @@ __all__ = ["PENDING_HINTS", "ReadAhead"]
 PENDING_HINTS = 16
 # Spans probed for residency per chunk and hint: all in memory means nothing to ask for.
 _PROBES = 4
+# After this many hints in a row found everything in memory, only one hint in _WARM_SAMPLE is
+# looked at (a warm version costs the stream almost nothing); a miss looks at all again.
+_WARM_STREAK = 8
+_WARM_SAMPLE = 16
 # Spans closer than this are asked for as one range (sequential reads become big ones).
 _MERGE_GAP = 64 << 10
 _CAN_PROBE = hasattr(os, "preadv") and hasattr(os, "RWF_NOWAIT")
@@ -49,12 +53,18 @@ class ReadAhead:
         self._thread: threading.Thread | None = None
         self._files: dict[int, tuple[int, PageMap] | None] = {}
         self._closed = False
+        self._resident_streak = 0  # hints in a row whose pages were all in memory
+        self._skipped = 0
         _ALL.add(self)
 
     def hint(self, indices: np.ndarray) -> None:
         """Ask for these global record indices' pages, in the background (never blocks)."""
         if not len(indices) or self._closed:
             return
+        if self._resident_streak >= _WARM_STREAK:
+            self._skipped += 1
+            if self._skipped % _WARM_SAMPLE:
+                return
         with self._lock:
             self._pending.append(indices)
             if self._thread is None:
@@ -89,17 +99,19 @@ class ReadAhead:
         self._pending.clear()
         self._thread = None
 
-    def _next(self) -> np.ndarray | None:
-        """The next hint to serve; None when the thread should end."""
+    def _next(self) -> np.ndarray | bool:
+        """The next hint to serve; True when there was none for a second (the thread lets go
+        of this ReadAhead meanwhile, so that it can be collected); False: the thread ends."""
         with self._lock:
-            while not self._pending and self._thread is threading.current_thread():
+            if not self._pending and self._thread is threading.current_thread():
                 self._lock.wait(timeout=1.0)
             if self._thread is not threading.current_thread():
-                return None
-            return self._pending.popleft()
+                return False
+            return self._pending.popleft() if self._pending else True
 
     def _serve(self, indices: np.ndarray) -> None:
         chunk = np.searchsorted(self._starts, indices, side="right") - 1
+        resident = True
         for number in np.unique(chunk).tolist():
             entry = self._file(number)
             if entry is None:
@@ -109,9 +121,11 @@ class ReadAhead:
             offsets, lengths = pages.spans(local)
             if _resident(fd, offsets[:_PROBES]):
                 continue
+            resident = False
             for start, length in _merged(offsets, lengths):
                 with contextlib.suppress(OSError):
                     os.posix_fadvise(fd, start, length, os.POSIX_FADV_WILLNEED)
+        self._resident_streak = self._resident_streak + 1 if resident else 0
 
     def _file(self, number: int) -> tuple[int, PageMap] | None:
         if number in self._files:
@@ -139,10 +153,11 @@ def _run_thread(owner: weakref.ref[ReadAhead]) -> None:
         if ahead is None:
             return
         indices = ahead._next()
-        if indices is None:
+        if indices is False:
             return
-        with contextlib.suppress(Exception):  # a hint never fails a read; reads say what's wrong
-            ahead._serve(indices)
+        if indices is not True:
+            with contextlib.suppress(Exception):  # a hint never fails a read: reads say it
+                ahead._serve(indices)
         del ahead
 
 
