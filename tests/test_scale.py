@@ -1,10 +1,11 @@
 """The bookkeeping of a version with many chunks (issue 16, item 5): a manifest of 10^4 chunks
-reads back exactly and its damage is named down to the chunk. (The figures:
-bench/bench_scale.py.)"""
+reads back exactly and its damage is named down to the chunk; a DataRef sends its manifest to
+other processes without encoding it again. (The figures: bench/bench_scale.py.)"""
 
 from __future__ import annotations
 
 import json
+import pickle
 import uuid
 
 import numpy as np
@@ -92,3 +93,21 @@ def test_chunks_with_different_columns_are_read_as_they_are():
     ]
     back = Manifest.parse(manifest.to_json().encode(), "here")
     assert [c.columns for c in back.chunks] == [("i",), ("i",), (), (), ("i",), ("i",)]
+
+
+def test_a_dataref_encodes_its_manifest_once_for_all_its_copies(tmp_path, monkeypatch):
+    storage = ydl.LocalStorage(tmp_path)
+    records = ({"i": np.int64(i), "s": f"s{i}"} for i in range(500))
+    ref = ydl.cache_dataset(records, "ds", "v1", storage, chunk_bytes=800, progress=False)
+    assert len(ref.manifest.chunks) > 3
+    encoded = []
+    to_json = Manifest.to_json
+    monkeypatch.setattr(Manifest, "to_json", lambda self: encoded.append(1) or to_json(self))
+    blobs = [pickle.dumps(ref) for _ in range(3)]
+    copy = pickle.loads(blobs[0])
+    again = pickle.loads(pickle.dumps(copy))
+    assert len(encoded) == 1
+    assert copy.manifest == ref.manifest == again.manifest
+    for other in (copy, again):
+        assert [int(other[i]["i"]) for i in (0, 250, 499)] == [0, 250, 499]
+        other.close()
