@@ -4,6 +4,7 @@ item and its memory, against a 10^6-record version of the same shape, in one run
     python bench/bench_scale.py                  # 10^8 records in 10^4 chunks vs 10^6 in 100
     python bench/bench_scale.py --quick          # 10^7 in 10^3 chunks vs 10^5 in 10
     python bench/bench_scale.py --keep DIR       # build into DIR once, reuse it on later runs
+    PYTHONPATH=CHECKOUT python bench/bench_scale.py --keep DIR   # measure another checkout
 
 The versions hold records ``{"i": int64}`` whose value is their own index, 10^4 records per
 chunk. Every chunk is a real chunk file written by the library's own ChunkWriter (the same
@@ -41,8 +42,9 @@ from collections.abc import Callable
 from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
+# Last, so that PYTHONPATH=<another checkout> measures that one's yogadl_plus (before/after).
+sys.path.append(os.path.dirname(HERE))
 
 import numpy as np  # noqa: E402
 from _common import warm  # noqa: E402
