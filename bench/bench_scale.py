@@ -17,11 +17,13 @@ to what RecordLayout encodes), which is what keeps a 10^8-record build near a mi
 several (10^8 records take about 3.2 GB).
 
 Each row runs in a fresh process, after the same operation ran once on a small 8-chunk version (so
-lazy imports and first calls are out of both sizes' figures), with the page cache warm. Time is
-the best of ``--repeats`` processes; RSS growth is the process's resident memory after the
-operation minus before it (LMDB pages it maps count), tracemalloc peak the most Python and numpy
-memory held at once during it (measured in other processes, since tracing slows allocation),
-and "kept" what it still holds afterwards. Ratios are big / small.
+lazy imports and first calls are out of both sizes' figures), with the manifest and the chunks
+it reads read into the page cache just before (some VMs, this one included, page idle file pages
+out within seconds: warming whole versions once would not do). Time is the best of
+``--repeats`` processes; RSS growth is the process's resident memory after the operation minus
+before it, anonymous and file-backed (the LMDB maps' pages) apart; tracemalloc peak the most
+Python and numpy memory held at once during it (measured in other processes, since tracing
+slows allocation), and "kept" what it still holds afterwards. Ratios are big / small.
 """
 
 from __future__ import annotations
@@ -178,11 +180,13 @@ def _rss() -> tuple[int, int]:
     return found["RssAnon"], found["RssFile"]
 
 
-def _prepare(
-    kind: str, root: str, dataset: str, args: dict[str, Any]
-) -> tuple[Callable[[], Any], Callable[[Any], None]]:
-    """What is timed for one row, everything it needs already made, and the check of what it
-    returned (records hold their own index, so a wrong record is seen), run after the timing."""
+Prepared = tuple[Callable[[], Any], Callable[[Any], None], list[int]]
+
+
+def _prepare(kind: str, root: str, dataset: str, args: dict[str, Any]) -> Prepared:
+    """What is timed for one row, everything it needs already made; the check of what it
+    returned (records hold their own index, so a wrong record is seen), run after the timing;
+    and the records it reads (their chunks are read into the page cache just before)."""
     import yogadl_plus as ydl
     from yogadl_plus.cache.manifest import MANIFEST_NAME, Manifest
     from yogadl_plus.dataref import DataRef
@@ -197,34 +201,53 @@ def _prepare(
         _check(ref[len(ref) - 1]["i"], len(ref) - 1)
 
     if kind == "open":
-        return lambda: storage.fetch(dataset, VERSION), same_ref
+        return lambda: storage.fetch(dataset, VERSION), same_ref, [0]
     if kind == "parse":
-        return lambda: Manifest.parse(data, path), lambda m: _check(len(m.chunks) > 0, True)
+        return lambda: Manifest.parse(data, path), lambda m: _check(len(m.chunks) > 0, True), []
     if kind == "dataref":
         manifest = Manifest.parse(data, path)
-        return lambda: DataRef(folder, manifest), same_ref
+        return lambda: DataRef(folder, manifest), same_ref, [0]
     ref = storage.fetch(dataset, VERSION)
     if kind == "first":
+        stream = ref.stream(**args)
+        epoch, position = stream.next_epoch_position
+        # What the first item reads: one unit of records (32) or the batch.
+        want = stream.order_indices(epoch, position, position + args.get("batch_size", 32))
+        del stream
 
         def first_is_right(item: Any) -> None:
-            stream = ref.stream(**args)
-            epoch, position = stream.next_epoch_position
-            want = stream.order_indices(epoch, position, position + args.get("batch_size", 1))
-            _check(np.atleast_1d(item["i"]), want)
+            _check(np.atleast_1d(item["i"]), want[: len(np.atleast_1d(item["i"]))])
 
-        return lambda: next(iter(ref.stream(**args))), first_is_right
+        return lambda: next(iter(ref.stream(**args))), first_is_right, want.tolist()
     if kind == "getitem":
         i = int(np.random.default_rng(SEED).integers(len(ref)))
-        return lambda: ref[i], lambda record: _check(record["i"], i)
+        return lambda: ref[i], lambda record: _check(record["i"], i), [i]
     if kind == "state":
         stream = ref.stream(shuffle=True, shuffle_seed=SEED)
-        return stream.state, lambda state: _check(state.offset, 0)
+        return stream.state, lambda state: _check(state.offset, 0), []
     if kind == "pickle":
-        return lambda: pickle.dumps(ref), lambda blob: same_ref(pickle.loads(blob))
+        return lambda: pickle.dumps(ref), lambda blob: same_ref(pickle.loads(blob)), []
     if kind == "unpickle":
         blob = pickle.dumps(ref)
-        return lambda: pickle.loads(blob), same_ref
+        return lambda: pickle.loads(blob), same_ref, [0]
     raise ValueError(kind)
+
+
+def _warm_chunks(root: str, dataset: str, records: list[int]) -> None:
+    """Read the manifest and the chunk files (with their stamps) holding ``records`` into the
+    page cache. (Some VMs page idle file pages out within seconds: this one's DAMON does.)"""
+    from yogadl_plus.cache.manifest import MANIFEST_NAME, Manifest
+
+    folder = os.path.join(root, dataset, VERSION)
+    manifest = Manifest.read(folder)
+    starts = np.cumsum([c.records for c in manifest.chunks])
+    numbers = np.unique(np.searchsorted(starts, np.asarray(records, dtype=np.int64), "right"))
+    paths = [os.path.join(folder, MANIFEST_NAME)]
+    for number in numbers.tolist():
+        path = os.path.join(folder, manifest.chunks[number].file)
+        paths += [path, path + ".verified"]
+    for path in paths:
+        warm(path)
 
 
 def _check(value: Any, want: Any) -> None:
@@ -235,10 +258,11 @@ def _check(value: Any, want: Any) -> None:
 def run_row(row: str, root: str, dataset: str, records: int, trace: bool) -> dict[str, Any]:
     kind, make_args = OPS[row]
     warm_args = make_args(WARM_RECORDS) if make_args else {}
-    run, check = _prepare(kind, root, WARM_ID, warm_args)
+    run, check, _ = _prepare(kind, root, WARM_ID, warm_args)
     check(run())  # one-time costs (lazy imports, first calls) out of the figures
     args = make_args(records) if make_args else {}
-    run, check = _prepare(kind, root, dataset, args)
+    run, check, reads = _prepare(kind, root, dataset, args)
+    _warm_chunks(root, dataset, reads)
     out: dict[str, Any] = {}
     if trace:
         tracemalloc.start()
@@ -340,7 +364,6 @@ def report(args: argparse.Namespace, root: str) -> None:
         }
     rows: dict[str, dict[str, dict[str, Any]]] = {}
     for label, n in sizes.items():
-        warm(storage.path(ids[label], VERSION))
         for row in OPS:
             runs = [in_fresh_process(row, root, ids[label], n, False) for _ in range(args.repeats)]
             traced = in_fresh_process(row, root, ids[label], n, True)
