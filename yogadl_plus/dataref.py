@@ -37,17 +37,23 @@ class DataRef:
         self._layout = RecordLayout(manifest.schema)
         self._len = manifest.num_records
         self._columns = self._chunks.columns()
+        # The manifest as it travels to other processes: made once, on the first pickle (a
+        # torch DataLoader pickles its dataset for every worker, every epoch).
+        self._manifest_text: str | None = None
 
     def __getstate__(self) -> dict[str, Any]:
+        if self._manifest_text is None:
+            self._manifest_text = self.manifest.to_json()
         return {
             "directory": self.directory,
-            "manifest": self.manifest.to_json(),
+            "manifest": self._manifest_text,
             "hold": self._hold,
         }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         manifest = Manifest.from_json(state["manifest"], state["directory"])
         self.__init__(state["directory"], manifest, state.get("hold"))  # type: ignore[misc]
+        self._manifest_text = state["manifest"]
 
     def __repr__(self) -> str:
         return (

@@ -387,7 +387,8 @@ class ChunkSet:
         """Fields that every chunk also holds as a whole column array."""
         if not self.chunks:
             return frozenset()
-        return frozenset.intersection(*(frozenset(c.columns) for c in self.chunks))
+        # Chunks of one build hold the same columns: intersect each distinct list once.
+        return frozenset.intersection(*map(frozenset, {c.columns for c in self.chunks}))
 
     def column(self, number: int, name: str, dtype: np.dtype) -> np.ndarray:
         """Chunk ``number``'s column of ``name``: a read-only view into the map, valid while
