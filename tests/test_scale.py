@@ -111,3 +111,33 @@ def test_a_dataref_encodes_its_manifest_once_for_all_its_copies(tmp_path, monkey
     for other in (copy, again):
         assert [int(other[i]["i"]) for i in (0, 250, 499)] == [0, 250, 499]
         other.close()
+
+
+def test_a_version_with_more_chunks_than_the_soft_file_limit_reads(tmp_path):
+    """Every open chunk holds a file descriptor: a shuffle over more chunks than a soft
+    ``ulimit -n`` of 64 still reads every record (the reader raises the soft limit towards the
+    hard one), where it used to fail with "Too many open files"."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent(
+        f"""
+        import resource
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (64, hard))
+        import yogadl_plus as ydl
+        storage = ydl.LocalStorage({str(tmp_path)!r})
+        records = ({{"i": i, "pad": b"x" * 3000}} for i in range(400))
+        ref = ydl.cache_dataset(records, "files", "v1", storage, chunk_bytes=8_000, progress=False)
+        assert len(ref.manifest.chunks) > 100, len(ref.manifest.chunks)
+        seen = sorted(int(r["i"]) for r in ref.stream(shuffle=True, shuffle_seed=1))
+        assert seen == list(range(400))
+        print("ok", len(ref.manifest.chunks))
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.startswith("ok")
