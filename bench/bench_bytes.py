@@ -17,8 +17,10 @@ each for --seconds, as a ratio to the matching disk figure.
 from __future__ import annotations
 
 import argparse
+import json
 import mmap
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -111,6 +113,32 @@ def disk_rate(paths: list[str], block: int, depth: int, seconds: float, sequenti
     return total / elapsed
 
 
+def fio_rate(paths: list[str], block: int, depth: int, seconds: float, sequential: bool) -> float:
+    """Bytes/s fio reads with O_DIRECT and libaio at queue ``depth`` over ``paths`` (the
+    reference; disk_rate's threads are the fallback where fio is not installed)."""
+    drop_caches()
+    done = subprocess.run(
+        [
+            "fio",
+            "--name=disk",
+            f"--filename={':'.join(paths)}",
+            "--readonly",
+            "--direct=1",
+            "--ioengine=libaio",
+            f"--iodepth={depth}",
+            f"--bs={block}",
+            f"--rw={'read' if sequential else 'randread'}",
+            f"--runtime={seconds:.0f}",
+            "--time_based",
+            "--output-format=json",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return float(json.loads(done.stdout)["jobs"][0]["read"]["bw_bytes"])
+
+
 def chunk_paths(ref: ydl.DataRef) -> list[str]:
     return [os.path.join(ref.directory, c.file) for c in ref.manifest.chunks]
 
@@ -122,6 +150,7 @@ def main() -> int:
     parser.add_argument("--cold", action="store_true", help="cold runs (root: drops caches)")
     parser.add_argument("--cold-gib", type=float, default=4.0)
     parser.add_argument("--seconds", type=float, default=8.0)
+    parser.add_argument("--no-warm", action="store_true", help="only the cold runs")
     parser.add_argument("--sizes", default=",".join(str(s) for s in SIZES))
     args = parser.parse_args()
     storage = ydl.LocalStorage(args.root)
@@ -130,7 +159,7 @@ def main() -> int:
     print("already touched (memcpy), measured in each round next to the reads; best of 3 rounds\n")
     print("| value | records | memcpy | record by record | ratio | batches of 64 | ratio |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
-    for size in [int(s) for s in args.sizes.split(",")]:
+    for size in [] if args.no_warm else [int(s) for s in args.sizes.split(",")]:
         count = max(64, int(args.gib * (1 << 30) // size))
         ref = build(storage, size, count)
         memcpy = records = batches = 0.0
@@ -150,43 +179,68 @@ def main() -> int:
         return 0
     size = 100 << 10
     big = build(storage, size, int(args.cold_gib * (1 << 30) // size))
-    small = build(storage, SMALL, int(args.cold_gib * (1 << 30) // 1400))
+    # Many more small records than a run reads, so that few share a leaf page with an earlier one.
+    small = build(storage, SMALL, int(args.cold_gib * (1 << 30) // 300))
     seconds = args.seconds
     paths = chunk_paths(big)
+    measure = fio_rate if shutil.which("fio") else disk_rate
     disk = {
-        "random 100 KiB, depth 16": disk_rate(paths, size, 16, seconds, False),
-        "random 100 KiB, depth 1": disk_rate(paths, size, 1, seconds, False),
-        "sequential 1 MiB, depth 16": disk_rate(paths, 1 << 20, 16, seconds, True),
-        "random 4 KiB, depth 16": disk_rate(chunk_paths(small), 4096, 16, seconds, False),
+        "random 100 KiB, depth 16": measure(paths, size, 16, seconds, False),
+        "random 100 KiB, depth 1": measure(paths, size, 1, seconds, False),
+        "sequential 1 MiB, depth 16": measure(paths, 1 << 20, 16, seconds, True),
+        "random 4 KiB, depth 16": measure(chunk_paths(small), 4096, 16, seconds, False),
     }
-    print("\nThe disk (O_DIRECT preads from threads)\n")
+    how = "fio, O_DIRECT, libaio" if measure is fio_rate else "O_DIRECT preads from threads"
+    print(f"\nThe disk ({how})\n")
     for name, rate in disk.items():
         print(f"- {name}: {rate / 1e6:.0f} MB/s")
 
-    def cold(ref: ydl.DataRef, **kwargs) -> float:
-        drop_caches()
-        fresh = storage.fetch(ref.dataset_id, ref.version)
-        return epoch_rate(fresh, seconds, **kwargs)
+    import yogadl_plus.stream as stream_module
 
+    defaults = (stream_module._READ_AHEAD_BYTES, stream_module._READ_AHEAD_MIN_RECORD_BYTES)
+
+    def cold(ref: ydl.DataRef, ahead: str = "default", **kwargs) -> float:
+        """``ahead``: "default", "off" (no read-ahead: the code before issue 16), "all" (small
+        records hinted too)."""
+        stream_module._READ_AHEAD_BYTES = 0 if ahead == "off" else defaults[0]
+        stream_module._READ_AHEAD_MIN_RECORD_BYTES = 0 if ahead == "all" else defaults[1]
+        try:
+            drop_caches()
+            fresh = storage.fetch(ref.dataset_id, ref.version)
+            return epoch_rate(fresh, seconds, **kwargs)
+        finally:
+            stream_module._READ_AHEAD_BYTES, stream_module._READ_AHEAD_MIN_RECORD_BYTES = defaults
+
+    shuffled = {"shuffle": True, "shuffle_seed": 1}
     rows = [
+        ("true global shuffle, 100 KiB", cold(big, **shuffled), "random 100 KiB, depth 16", size),
+        ("... without read-ahead", cold(big, "off", **shuffled), "random 100 KiB, depth 16", size),
+        ("sequential (shuffle=False), 100 KiB", cold(big), "sequential 1 MiB, depth 16", size),
+        ("... without read-ahead", cold(big, "off"), "sequential 1 MiB, depth 16", size),
         (
-            "true global shuffle, 100 KiB",
-            cold(big, shuffle=True, shuffle_seed=1),
+            "shuffle_window=4, 100 KiB",
+            cold(big, shuffle_window=4, **shuffled),
             "random 100 KiB, depth 16",
-            size + 8,
+            size,
         ),
-        ("sequential (shuffle=False), 100 KiB", cold(big), "sequential 1 MiB, depth 16", size + 8),
         (
-            "true global shuffle, 264 B",
-            cold(small, shuffle=True, shuffle_seed=1),
+            "true global shuffle, 264 B (not hinted)",
+            cold(small, **shuffled),
             "random 4 KiB, depth 16",
-            SMALL + 8,
+            SMALL,
+        ),
+        (
+            "... small records hinted too",
+            cold(small, "all", **shuffled),
+            "random 4 KiB, depth 16",
+            SMALL,
         ),
     ]
     print("\nCold (page cache dropped before each run)\n")
     print("| path | records/s | MB/s | against | ratio |")
     print("| --- | --- | --- | --- | --- |")
     for name, rate, against, record in rows:
+        record += 8  # the int64
         base = disk[against]
         # Small records: records/s against the disk's 4 KiB reads per second.
         ratio = (rate / record) / (base / 4096) if record < 4096 else rate / base
