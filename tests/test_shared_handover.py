@@ -302,12 +302,17 @@ def test_the_program_ending_any_way_leaves_nothing(tmp_path, make, action):
 # --- the torch loader ---
 
 
-@pytest.mark.parametrize("workers, persistent", [(2, False), (2, True), (1, False)])
-def test_loader_batches_come_from_the_rings_as_tensors(ref, workers, persistent):
+@pytest.mark.parametrize(
+    "workers, persistent, context", [(2, False, None), (2, True, None), (1, False, "spawn")]
+)
+def test_loader_batches_come_from_the_rings_as_tensors(ref, workers, persistent, context):
     torch = pytest.importorskip("torch")
     args = dict(shuffle=True, shuffle_seed=2, batch_size=20, fields=["i", "x"])
     loader = ydl.torch.make_dataloader(
-        ref.stream(**args), num_workers=workers, persistent_workers=persistent
+        ref.stream(**args),
+        num_workers=workers,
+        persistent_workers=persistent,
+        multiprocessing_context=context,
     )
     for epoch in range(2):
         got = list(loader)
