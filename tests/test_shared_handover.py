@@ -105,11 +105,12 @@ def test_a_held_part_is_never_written_again_and_a_full_ring_falls_back():
     ring = SharedRing.create(capacity=4096 + 4 * (64 << 10))
     assert ring is not None
     held = [ring.unpack(ring.pack(np.full(64 << 10, v, np.uint8))) for v in range(4)]
-    assert ring.pack(np.zeros(64 << 10, np.uint8)) is None, "full: send it through the pipe"
+    assert not ring.pack(np.zeros(64 << 10, np.uint8)).shared, "full: all in the pickle"
     del held[1]
     again = ring.unpack(ring.pack(np.full(64 << 10, 9, np.uint8)))
     assert [int(h[0]) for h in held] == [0, 2, 3] and int(again[-1]) == 9
-    assert ring.pack(np.zeros(MIN_SHARED // 2, np.uint8)) is None, "small: through the pipe"
+    small = ring.pack(np.full(MIN_SHARED // 2, 5, np.uint8))
+    assert not small.shared and int(ring.unpack(small)[-1]) == 5, "small: all in the pickle"
 
 
 def test_readonly_arrays_stay_readonly():
@@ -123,7 +124,7 @@ def test_readonly_arrays_stay_readonly():
 
 
 def _try_pack(ring: SharedRing, conn) -> None:
-    conn.send(ring.pack(np.zeros(1 << 20, np.uint8)) is None)
+    conn.send(ring.pack(np.zeros(1 << 20, np.uint8)).shared)
 
 
 def test_one_process_writes_a_ring_at_a_time():
@@ -131,11 +132,11 @@ def test_one_process_writes_a_ring_at_a_time():
     assert ring is not None
     context = multiprocessing.get_context("fork")
     first = ring.pack(np.zeros(1 << 20, np.uint8))  # this process now holds the ring
-    assert first is not None
+    assert first.shared
     here, there = context.Pipe()
     other = context.Process(target=_try_pack, args=(ring, there))
     other.start()
-    assert here.recv() is True, "a second writer must fall back to the pipe"
+    assert here.recv() is False, "a second writer must keep out of the ring"
     other.join(30)
     ring.discard(first)
 
@@ -405,4 +406,4 @@ def test_a_ring_pickled_outside_a_process_start_is_the_same_memory():
     assert ring is not None
     copy = pickle.loads(pickle.dumps(ring))  # its descriptor goes through the fd sharer
     out = copy.pack(np.full(1 << 17, 3, np.uint8))
-    assert out is not None and int(ring.unpack(out)[-1]) == 3
+    assert out.shared and int(ring.unpack(out)[-1]) == 3

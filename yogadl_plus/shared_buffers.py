@@ -61,14 +61,24 @@ _READERS: weakref.WeakSet[SharedRing] = weakref.WeakSet()
 
 @dataclass(frozen=True)
 class Packed:
-    """A result in a ring: the pickle (``data``) and where its buffers lie (``spans`` of
-    (offset, bytes) inside ``size`` bytes at ``offset``), in slot ``slot``."""
+    """A pickled result: the pickle (``data``) and, when it is in a ring, where its buffers
+    lie there (``spans`` of (offset, bytes) inside ``size`` bytes at ``offset``, in slot
+    ``slot``); slot -1: all of it is in ``data``."""
 
     slot: int
     offset: int
     size: int
     spans: tuple[tuple[int, int], ...]
     data: bytes
+
+    @classmethod
+    def in_band(cls, data: bytes) -> Packed:
+        return cls(-1, 0, 0, (), data)
+
+    @property
+    def shared(self) -> bool:
+        """Whether some of it lies in the ring."""
+        return self.slot >= 0
 
 
 class SharedRing:
@@ -119,11 +129,10 @@ class SharedRing:
 
     # --- in the worker ---
 
-    def pack(self, obj: Any) -> Packed | None:
-        """``obj`` with its large buffers copied into the ring, or None: send ``obj`` as it
-        is (too small to be worth it, no room, or another process writes this ring)."""
-        if not self._claimed():
-            return None
+    def pack(self, obj: Any) -> Packed:
+        """``obj`` pickled, its large buffers copied into the ring; all in the pickle when
+        they are too small to be worth it, when there is no room, or when another process
+        writes this ring. Unpicklable: pickle's own error."""
         buffers: list[memoryview] = []
 
         def out_of_band(buffer: pickle.PickleBuffer) -> bool:
@@ -133,14 +142,17 @@ class SharedRing:
             buffers.append(raw)
             return False
 
-        data = pickle.dumps(obj, protocol=5, buffer_callback=out_of_band)
+        claimed = self._claimed()
+        data = pickle.dumps(obj, protocol=5, buffer_callback=out_of_band if claimed else None)
+        if not buffers:
+            return Packed.in_band(data)
         size = sum(_aligned(raw.nbytes) for raw in buffers)
-        if size < MIN_SHARED:
-            return None
-        with self._lock:
-            place = self._allocate(size)
+        place = None
+        if size >= MIN_SHARED:
+            with self._lock:
+                place = self._allocate(size)
         if place is None:
-            return None
+            return Packed.in_band(pickle.dumps(obj, protocol=5))
         slot, offset = place
         spans = []
         at = offset
@@ -189,6 +201,8 @@ class SharedRing:
     def unpack(self, packed: Packed) -> Any:
         """The result, its large arrays in the ring; their part is freed when they are all
         gone."""
+        if not packed.shared:
+            return pickle.loads(packed.data)
         holder = np.frombuffer(self._map, np.uint8, packed.size, packed.offset)
         # Every buffer is a slice of one view of ``holder``, so each keeps ``holder`` alive:
         # it dies with the last array made from them.
@@ -209,7 +223,8 @@ class SharedRing:
 
     def discard(self, packed: Packed) -> None:
         """Free a result's part without reading it (a result nobody asked for any more)."""
-        self._free(packed.slot)
+        if packed.shared:
+            self._free(packed.slot)
 
     def _free(self, slot: int, _ref: Any = None) -> None:
         if os.getpid() != self.reader:

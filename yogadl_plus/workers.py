@@ -639,10 +639,12 @@ def _outcome(task: Task, unit: Any, ring: SharedRing | None) -> tuple[int, bytes
     except BaseException as exc:
         return _FAILED, error_payload(exc)
     try:
-        packed = ring.pack(result) if ring is not None else None
-        if packed is not None:
+        if ring is None:
+            return _DONE, pickle.dumps(result, pickle.HIGHEST_PROTOCOL)
+        packed = ring.pack(result)
+        if packed.shared:
             return _SHARED, pickle.dumps(packed, pickle.HIGHEST_PROTOCOL)
-        return _DONE, pickle.dumps(result, pickle.HIGHEST_PROTOCOL)
+        return _DONE, packed.data
     except Exception as exc:
         return _FAILED, error_payload(task.unpicklable(unit, result, exc))
 

@@ -156,9 +156,8 @@ class _StreamItems(Dataset):
             return _Group(items, error=error_payload(exc))
         if worker is not None and worker.id < len(self.rings) and self.collate is None:
             ring = self.rings[worker.id]
-            packed = ring.pack(items) if ring is not None else None
-            if packed is not None:
-                return _Group(packed=packed, ring=worker.id)
+            if ring is not None:
+                return _Group(packed=ring.pack(items), ring=worker.id)
         return _Group(items)
 
     def __len__(self) -> int:
