@@ -17,9 +17,9 @@ Rows: ``make_dataloader(stream, num_workers=0 | 2, persistent_workers=True)`` an
 ``ref.stream(..., num_workers=0 | 2, worker_type="process")``. A row's figure is the best of
 --epochs whole epochs (2 by default), after one untimed epoch (workers started, page cache
 warm); the consumer takes each batch and drops it. Every figure is a ratio against
-num_workers=0 measured in the same round. Each round runs in a fresh process; with ``--against CHECKOUT`` every round runs that checkout too (rounds
-alternate: it, then this one), so before/after comes from one session. The table gives the
-range over rounds.
+num_workers=0 measured in the same round. Each round runs in a fresh process; with
+``--against CHECKOUT`` every round runs that checkout too (rounds alternate: it, then this
+one), so before/after comes from one session. The table gives the range over rounds.
 """
 
 from __future__ import annotations
