@@ -242,6 +242,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--against", help="a checkout to run in every round too (the 'before')")
     parser.add_argument("--tmp", default=None, help="parent of the temporary data folder")
+    parser.add_argument(
+        "--data", help="keep the caches in this folder (and reuse them) instead of a temporary one"
+    )
     parser.add_argument("--json", help="also write every round's figures here")
     args = parser.parse_args(argv)
     wanted = [c for c in args.only.split(",") if c]
@@ -258,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
             "after": ROOT,
         }
     )
-    data_root = tempfile.mkdtemp(prefix="ydl-bench-workers-", dir=args.tmp)
+    data_root = args.data or tempfile.mkdtemp(prefix="ydl-bench-workers-", dir=args.tmp)
     rounds: dict[str, list[dict[str, Any]]] = {side: [] for side in sides}
     try:
         datas = {}
@@ -276,7 +279,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"round {round_ + 1}/{args.rounds}: {side} ({library})", file=sys.stderr)
                 rounds[side].append(subprocess_round(library, datas[side], sizes, args.epochs))
     finally:
-        shutil.rmtree(data_root, ignore_errors=True)
+        if not args.data:
+            shutil.rmtree(data_root, ignore_errors=True)
     print(
         f"\n{os.cpu_count()} CPUs, {args.rounds} rounds of best-of-{args.epochs} epochs, load "
         f"average at the end {os.getloadavg()[0]:.2f}; sizes {sizes}; ranges are min-max over "
