@@ -157,7 +157,7 @@ def run_round(data: str, sizes: dict[str, int], epochs: int = 1) -> dict[str, di
     storage = ydl.LocalStorage(os.path.join(data, "store"))
     out: dict[str, dict[str, float]] = {}
     for case, n in sizes.items():
-        ref = ydl.cache_dataset(MAKERS[case](n), case, "v1", storage, progress=False)
+        ref = ydl.cache_dataset(MAKERS[case](n), case, f"n{n}", storage, progress=False)
         transform = decode_jpeg if case == "jpeg" else None
         rates = {}
         for kind, workers, label in ROWS:
@@ -173,7 +173,7 @@ def build_all(data: str, sizes: dict[str, int]) -> None:
 
     storage = ydl.LocalStorage(os.path.join(data, "store"))
     for case, n in sizes.items():
-        ydl.cache_dataset(MAKERS[case](n), case, "v1", storage, progress=False).close()
+        ydl.cache_dataset(MAKERS[case](n), case, f"n{n}", storage, progress=False).close()
 
 
 def subprocess_round(library: str, data: str, sizes: dict[str, int], epochs: int) -> dict[str, Any]:
