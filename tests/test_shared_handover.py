@@ -74,7 +74,7 @@ def check_rows(batch) -> None:
 
 def _pack_into(ring: SharedRing, conn, values: list[int]) -> None:
     for v in values:
-        conn.send(ring.pack({"a": np.full((64, 1024), v, np.uint8), "b": np.arange(3)}))
+        conn.send(ring.pack({"a": np.full((256, 1024), v, np.uint8), "b": np.arange(3)}))
     conn.close()
 
 
@@ -91,7 +91,7 @@ def test_a_result_crosses_in_the_ring_and_its_part_is_freed_when_dropped(method)
     worker.join(30)
     assert [int(g["a"][5, 5]) for g in got] == [1, 2, 3] and (got[2]["b"] == [0, 1, 2]).all()
     assert all(in_a_ring(g["a"]) and not in_a_ring(g["b"]) for g in got), "small stays in band"
-    assert got[0]["a"].flags.writeable and got[0]["a"].shape == (64, 1024)
+    assert got[0]["a"].flags.writeable and got[0]["a"].shape == (256, 1024)
     assert sorted(ring.held()) == [0, 1, 2]
     view = got[1]["a"][3]  # a view keeps its part held
     del got
@@ -102,12 +102,12 @@ def test_a_result_crosses_in_the_ring_and_its_part_is_freed_when_dropped(method)
 
 
 def test_a_held_part_is_never_written_again_and_a_full_ring_falls_back():
-    ring = SharedRing.create(capacity=4096 + 4 * (64 << 10))
+    ring = SharedRing.create(capacity=4096 + 4 * MIN_SHARED)
     assert ring is not None
-    held = [ring.unpack(ring.pack(np.full(64 << 10, v, np.uint8))) for v in range(4)]
-    assert not ring.pack(np.zeros(64 << 10, np.uint8)).shared, "full: all in the pickle"
+    held = [ring.unpack(ring.pack(np.full(MIN_SHARED, v, np.uint8))) for v in range(4)]
+    assert not ring.pack(np.zeros(MIN_SHARED, np.uint8)).shared, "full: all in the pickle"
     del held[1]
-    again = ring.unpack(ring.pack(np.full(64 << 10, 9, np.uint8)))
+    again = ring.unpack(ring.pack(np.full(MIN_SHARED, 9, np.uint8)))
     assert [int(h[0]) for h in held] == [0, 2, 3] and int(again[-1]) == 9
     small = ring.pack(np.full(MIN_SHARED // 2, 5, np.uint8))
     assert not small.shared and int(ring.unpack(small)[-1]) == 5, "small: all in the pickle"
