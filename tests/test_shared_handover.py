@@ -123,6 +123,71 @@ def test_readonly_arrays_stay_readonly():
     assert (out["f"] == frozen).all()
 
 
+def _pack_made(ring: SharedRing, conn) -> None:
+    # A worker whose decoder makes its arrays in the ring (empty), then hands them over.
+    kept = []
+    while (request := conn.recv()) is not None:
+        value, keep = request
+        batch = ring.empty((32, 8192), np.uint8)
+        batch[:] = value
+        conn.send((ring.pack({"x": batch, "n": value}), batch.__array_interface__["data"][0]))
+        if keep:
+            kept.append(batch)  # the worker itself still holds this one
+        del batch
+    conn.send([int(b[0, 0]) for b in kept])
+
+
+def test_arrays_made_in_the_ring_are_handed_over_without_a_copy():
+    ring = SharedRing.create()
+    assert ring is not None
+    context = multiprocessing.get_context("fork")
+    here, there = context.Pipe()
+    worker = context.Process(target=_pack_made, args=(ring, there))
+    worker.start()
+
+    def ask(value: int, keep: bool = False):
+        here.send((value, keep))
+        packed, address = here.recv()
+        out = ring.unpack(packed)
+        assert int(out["x"][31, 8191]) == value and out["n"] == value
+        return out, address, packed
+
+    first, address, packed = ask(1)
+    assert len(packed.parts) == 1, "the array made there needs no other part"
+    # A forked worker maps the ring where this process does: the very same bytes, no copy.
+    assert first["x"].__array_interface__["data"][0] == address
+    second, _, _ = ask(2)  # the first is still held here: another part
+    assert int(first["x"][0, 0]) == 1
+    del first
+    third, _, _ = ask(3)  # the first's part is free again: reused, the second untouched
+    assert int(second["x"][0, 0]) == 2
+    kept, _, _ = ask(4, keep=True)
+    del kept  # freed here, but the worker still holds it: never written over
+    for value in range(5, 9):
+        ask(value)
+    here.send(None)
+    assert here.recv() == [4], "the worker's own array was written over"
+    worker.join(30)
+    assert (third["x"] == 3).all() and (second["x"] == 2).all()
+
+
+def test_an_array_made_in_the_ring_and_dropped_unsent_frees_its_part():
+    ring = SharedRing.create(capacity=4096 + (256 << 10))
+    assert ring is not None
+    batch = ring.empty((256, 1024), np.uint8)
+    assert in_a_ring(batch)
+    assert not in_a_ring(ring.empty((256, 1024), np.uint8)), "full: an ordinary array"
+    del batch
+    again = ring.empty((256, 1024), np.uint8)
+    assert in_a_ring(again)
+    small = ring.empty((10,), np.float32)
+    assert not in_a_ring(small) and small.shape == (10,)
+    # Handed over twice: the second time it is copied (the part is the reader's by then).
+    ring.unpack(ring.pack(again))
+    twice = ring.pack(again)
+    assert not twice.shared, "no room left for a copy: all in the pickle"
+
+
 def _try_pack(ring: SharedRing, conn) -> None:
     conn.send(ring.pack(np.zeros(1 << 20, np.uint8)).shared)
 
@@ -407,3 +472,19 @@ def test_a_ring_pickled_outside_a_process_start_is_the_same_memory():
     copy = pickle.loads(pickle.dumps(ring))  # its descriptor goes through the fd sharer
     out = copy.pack(np.full(1 << 17, 3, np.uint8))
     assert out.shared and int(ring.unpack(out)[-1]) == 3
+
+
+def test_decode_into_gives_a_layout_with_a_recycler_the_ring():
+    from types import SimpleNamespace
+
+    from yogadl_plus.workers import decode_into
+
+    ring = SharedRing.create()
+    assert ring is not None
+    chooses = SimpleNamespace(layout=SimpleNamespace(recycler=object()))
+    decode_into(ring, chooses)
+    assert chooses.layout.recycler is ring
+    fixed = SimpleNamespace(layout=SimpleNamespace())
+    decode_into(ring, fixed)  # a layout that does not let its caller choose is left alone
+    assert not hasattr(fixed.layout, "recycler")
+    decode_into(ring, None)

@@ -6,22 +6,23 @@ pickles each result with protocol 5, copies the large buffers (numpy arrays' dat
 part of the ring and sends only the small rest (``Packed``) through its pipe; the parent rebuilds
 the result with those arrays *in* the ring, and frees that part once the last array using it is
 gone. A 24 MB batch then costs one copy in the worker instead of a pickle, two pipe copies and an
-unpickle.
+unpickle. Arrays the worker made in the ring to begin with (``empty``: a decoder's output) are
+handed over without even that copy.
 
 - Nothing to leak: the memory is an anonymous memfd, with no name in /dev/shm; the kernel frees
   it once the last process that maps it ends, however it ends (SIGKILL included).
-- Bounded: a ring holds ``RING_BYTES`` and ``SLOTS`` results. A result that does not fit (the
-  ring is full of results the caller still holds) goes through the pipe as before. Parts are
+- Bounded: a ring holds ``RING_BYTES`` and ``SLOTS`` parts. A result that does not fit (the ring
+  is full of results the caller still holds) is pickled whole, as without a ring. Parts are
   taken lowest first, and only pages written are backed by memory, so a ring costs about the
   largest burst of results in flight, not ``RING_BYTES``.
-- Never wrong data: a part is written again only after the parent freed it, which it does only
-  when nothing references it. A process forked from the parent still maps the ring: what the
-  parent holds when it forks is never freed (the ring keeps it until it is dropped). Only one
-  process at a time writes a ring (an fcntl lock): a forked copy of a worker sends its results
-  through the pipe.
+- Never wrong data: a part is written again only once the parent freed it, which it does only
+  when nothing references it, and once the worker holds nothing in it either. A process forked
+  from the parent still maps the ring: what the parent holds when it forks is never freed (the
+  ring keeps it until it is dropped). Only one process at a time writes a ring (an fcntl lock):
+  a forked copy of a worker pickles its results whole.
 
-Where there is no memfd (not Linux), ``SharedRing.create`` gives None and results go through
-the pipe.
+Where there is no memfd (not Linux), ``SharedRing.create`` gives None and results are pickled
+whole.
 """
 
 from __future__ import annotations
@@ -42,11 +43,11 @@ __all__ = ["MIN_SHARED", "RING_BYTES", "SLOTS", "Packed", "SharedRing"]
 
 # Address space reserved per worker; memory is used only where results are written.
 RING_BYTES = 256 << 20
-# Results a ring holds at once (in flight, or still held by the caller).
+# Parts a ring holds at once (results in flight, or still held by the caller).
 SLOTS = 128
 # Buffers smaller than this stay inside the pickle; results with fewer bytes of larger
-# buffers than MIN_SHARED go through the pipe whole: below about 128 KiB, pickling them costs
-# less than the ring's bookkeeping (a 64 KiB batch: 46 us in band, 98 us in the ring).
+# buffers than MIN_SHARED are pickled whole: below about 128 KiB, pickling them costs less
+# than the ring's bookkeeping (a 64 KiB batch: 46 us in band, 98 us in the ring).
 _MIN_BUFFER = 4 << 10
 MIN_SHARED = 128 << 10
 # The first page: a state byte per slot, then per slot the (offset, size) of its part.
@@ -61,28 +62,23 @@ _READERS: weakref.WeakSet[SharedRing] = weakref.WeakSet()
 
 @dataclass(frozen=True)
 class Packed:
-    """A pickled result: the pickle (``data``) and, when it is in a ring, where its buffers
-    lie there (``spans`` of (offset, bytes) inside ``size`` bytes at ``offset``, in slot
-    ``slot``); slot -1: all of it is in ``data``."""
+    """A pickled result: the pickle (``data``), the ring's parts that hold its large buffers
+    (``parts``: slot, offset, size), and where each buffer lies in them (``spans``: part,
+    offset in it, bytes). No parts: all of it is in ``data``."""
 
-    slot: int
-    offset: int
-    size: int
-    spans: tuple[tuple[int, int], ...]
     data: bytes
-
-    @classmethod
-    def in_band(cls, data: bytes) -> Packed:
-        return cls(-1, 0, 0, (), data)
+    parts: tuple[tuple[int, int, int], ...] = ()
+    spans: tuple[tuple[int, int, int], ...] = ()
 
     @property
     def shared(self) -> bool:
         """Whether some of it lies in the ring."""
-        return self.slot >= 0
+        return bool(self.parts)
 
 
 class SharedRing:
-    """One worker's ring of shared memory: ``pack`` in the worker, ``unpack`` in the parent."""
+    """One worker's ring of shared memory: ``empty`` and ``pack`` in the worker, ``unpack`` in
+    the parent."""
 
     def __init__(self, fd: int, capacity: int, reader: int) -> None:
         self.fd = fd
@@ -91,13 +87,22 @@ class SharedRing:
         self._map = mmap.mmap(fd, capacity)
         self._states = np.frombuffer(self._map, np.uint8, SLOTS, 0)
         self._places = np.frombuffer(self._map, np.int64, 2 * SLOTS, _PLACES).reshape(SLOTS, 2)
+        self._address = self._states.__array_interface__["data"][0]
         self._closer = weakref.finalize(self, os.close, fd)
         self._closer.atexit = False
-        self._writer = 0  # the process holding the write lock; minus it when refused
-        self._busy: dict[int, tuple[int, int]] = {}  # writer's: slot -> (offset, size)
-        self._live: dict[int, weakref.ref[np.ndarray]] = {}  # reader's: slot -> its holder
+        # Reentrant: a part's array may die (and free it) while the ring is being changed.
+        self._lock = threading.RLock()
+        # The writer's: the process holding the write lock (minus it when refused), the parts
+        # it took that the reader may still hold, the parts of arrays it made with empty() that
+        # it still holds, and which of those it handed over.
+        self._writer = 0
+        self._busy: dict[int, tuple[int, int]] = {}
+        self._made: dict[int, weakref.ref[np.ndarray]] = {}
+        self._handed: set[int] = set()
+        # The reader's: slot -> the holder of a part it unpacked, and the parts it holds for
+        # good (held at a fork).
+        self._live: dict[int, weakref.ref[np.ndarray]] = {}
         self._pinned: set[int] = set()
-        self._lock = threading.Lock()
 
     @classmethod
     def create(cls, capacity: int | None = None) -> SharedRing | None:
@@ -130,10 +135,32 @@ class SharedRing:
 
     # --- in the worker ---
 
+    def empty(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+        """``np.empty(shape, dtype)``, in the ring when it is big enough, there is room and
+        this process writes the ring: ``pack`` then hands it over without copying it. (A
+        decoder can make its output here: it has ``ArrayRecycler``'s ``empty`` and
+        ``clear``.)"""
+        dtype = np.dtype(dtype)
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        if nbytes < MIN_SHARED or not self._claimed():
+            return np.empty(shape, dtype)
+        size = _aligned(nbytes)
+        with self._lock:
+            place = self._allocate(size)
+            if place is None:
+                return np.empty(shape, dtype)
+            slot, offset = place
+            holder = np.frombuffer(self._map, np.uint8, size, offset)
+            self._made[slot] = weakref.ref(holder, functools.partial(self._dropped, slot))
+        return holder[:nbytes].view(dtype).reshape(shape)
+
+    def clear(self) -> None:
+        """Nothing to forget (``ArrayRecycler.clear``'s place): parts free themselves."""
+
     def pack(self, obj: Any) -> Packed:
-        """``obj`` pickled, its large buffers copied into the ring; all in the pickle when
-        they are too small to be worth it, when there is no room, or when another process
-        writes this ring. Unpicklable: pickle's own error."""
+        """``obj`` pickled, its large buffers in the ring (copied there, unless ``empty`` made
+        them there); all in the pickle when they are too small to be worth it, when there is
+        no room, or when another process writes this ring. Unpicklable: pickle's own error."""
         buffers: list[memoryview] = []
 
         def out_of_band(buffer: pickle.PickleBuffer) -> bool:
@@ -146,22 +173,63 @@ class SharedRing:
         claimed = self._claimed()
         data = pickle.dumps(obj, protocol=5, buffer_callback=out_of_band if claimed else None)
         if not buffers:
-            return Packed.in_band(data)
-        size = sum(_aligned(raw.nbytes) for raw in buffers)
-        place = None
-        if size >= MIN_SHARED:
-            with self._lock:
-                place = self._allocate(size)
-        if place is None:
-            return Packed.in_band(pickle.dumps(obj, protocol=5))
-        slot, offset = place
-        spans = []
-        at = offset
+            return Packed(data)
+        with self._lock:
+            packed = self._place(data, buffers)
+        return packed if packed is not None else Packed(pickle.dumps(obj, protocol=5))
+
+    def _place(self, data: bytes, buffers: list[memoryview]) -> Packed | None:
+        """The Packed of a pickle whose out-of-band ``buffers`` are put in the ring, or None."""
+        parts: dict[int, int] = {}  # slot -> its index in the Packed's parts
+        spans: list[tuple[int, int, int]] = []
+        copied: list[tuple[int, memoryview]] = []  # (index in spans, buffer) to copy
+        copy_bytes = 0
         for raw in buffers:
-            self._map[at : at + raw.nbytes] = raw
-            spans.append((at - offset, raw.nbytes))
-            at += _aligned(raw.nbytes)
-        return Packed(slot, offset, size, tuple(spans), data)
+            found = self._made_part(raw)
+            if found is None:
+                copied.append((len(spans), raw))
+                spans.append((-1, copy_bytes, raw.nbytes))
+                copy_bytes += _aligned(raw.nbytes)
+            else:
+                slot, start = found
+                spans.append((parts.setdefault(slot, len(parts)), start, raw.nbytes))
+        if copy_bytes + sum(self._busy[s][1] for s in parts) < MIN_SHARED:
+            return None
+        places = [(slot, *self._busy[slot]) for slot in parts]
+        if copied:
+            place = self._allocate(copy_bytes)
+            if place is None:
+                return None
+            slot, offset = place
+            places.append((slot, offset, copy_bytes))
+            for j, raw in copied:
+                _, start, nbytes = spans[j]
+                self._map[offset + start : offset + start + nbytes] = raw
+                spans[j] = (len(places) - 1, start, nbytes)
+        self._handed.update(parts)
+        return Packed(data, tuple(places), tuple(spans))
+
+    def _made_part(self, raw: memoryview) -> tuple[int, int] | None:
+        """(slot, offset in its part) of a buffer that lies in a part ``empty`` made and this
+        process has not handed over yet; None for any other buffer."""
+        if not self._made:
+            return None
+        address = np.frombuffer(raw, np.uint8).__array_interface__["data"][0] - self._address
+        for slot in list(self._made):
+            offset, size = self._busy[slot]
+            if offset <= address and address + raw.nbytes <= offset + size:
+                return None if slot in self._handed else (slot, address - offset)
+        return None
+
+    def _dropped(self, slot: int, _ref: Any = None) -> None:
+        # The worker's last array in a part that empty() made is gone: the part is free
+        # unless it was handed over (the reader frees it then).
+        with self._lock:
+            self._made.pop(slot, None)
+            if slot in self._handed:
+                self._handed.discard(slot)
+            elif os.getpid() == abs(self._writer):
+                self._states[slot] = _FREE
 
     def _claimed(self) -> bool:
         pid = os.getpid()
@@ -178,13 +246,17 @@ class SharedRing:
         # says the reader still holds.
         busy = np.flatnonzero(self._states != _FREE).tolist()
         self._busy = {s: (int(self._places[s, 0]), int(self._places[s, 1])) for s in busy}
+        self._made, self._handed = {}, set()
         return True
 
     def _allocate(self, size: int) -> tuple[int, int] | None:
         """(slot, offset) of ``size`` free bytes, lowest first (so that pages already
-        written are written again), or None."""
+        written are written again), or None. A part is free once the reader let go of it
+        and this process holds nothing in it either."""
         states = self._map[:SLOTS]
-        busy = self._busy = {s: p for s, p in self._busy.items() if states[s] != _FREE}
+        busy = self._busy = {
+            s: p for s, p in self._busy.items() if states[s] != _FREE or s in self._made
+        }
         if len(busy) == SLOTS:
             return None
         offset = _HEADER
@@ -203,32 +275,36 @@ class SharedRing:
     # --- in the parent ---
 
     def unpack(self, packed: Packed) -> Any:
-        """The result, its large arrays in the ring; their part is freed when they are all
-        gone."""
+        """The result, its large arrays in the ring; each part is freed when the last array
+        in it is gone."""
         if not packed.shared:
             return pickle.loads(packed.data)
-        holder = np.frombuffer(self._map, np.uint8, packed.size, packed.offset)
-        # Every buffer is a slice of one view of ``holder``, so each keeps ``holder`` alive:
-        # it dies with the last array made from them.
-        view = holder.data
+        # Every buffer is a slice of one view of its part's holder, so each keeps the holder
+        # alive: it dies with the last array made from that part.
+        holders = [np.frombuffer(self._map, np.uint8, size, at) for _, at, size in packed.parts]
+        views = [holder.data for holder in holders]
         try:
-            obj = pickle.loads(packed.data, buffers=[view[a : a + n] for a, n in packed.spans])
+            obj = pickle.loads(
+                packed.data,
+                buffers=[views[part][at : at + n] for part, at, n in packed.spans],
+            )
         except BaseException:
-            del view, holder
+            del views, holders
             self.discard(packed)
             raise
         _READERS.add(self)
-        self._live[packed.slot] = weakref.ref(holder, functools.partial(self._free, packed.slot))
+        for (slot, _, _), holder in zip(packed.parts, holders):
+            self._live[slot] = weakref.ref(holder, functools.partial(self._free, slot))
         return obj
 
     def held(self) -> list[int]:
-        """The slots whose results this process still holds (some of their arrays live)."""
+        """The slots whose parts this process still holds (some of their arrays live)."""
         return sorted(self._live)
 
     def discard(self, packed: Packed) -> None:
-        """Free a result's part without reading it (a result nobody asked for any more)."""
-        if packed.shared:
-            self._free(packed.slot)
+        """Free a result's parts without reading it (a result nobody asked for any more)."""
+        for slot, _, _ in packed.parts:
+            self._free(slot)
 
     def _free(self, slot: int, _ref: Any = None) -> None:
         if os.getpid() != self.reader:

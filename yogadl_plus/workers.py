@@ -57,6 +57,7 @@ __all__ = [
     "ParentWatch",
     "Task",
     "WorkerDied",
+    "decode_into",
     "error_payload",
     "keep_freed_memory",
     "raised_from",
@@ -122,6 +123,15 @@ class ParentWatch:
         threading.Thread(
             target=_watch_parent, args=(parent,), name="yogadl_plus-parent-watch", daemon=True
         ).start()
+
+
+def decode_into(ring: SharedRing, dataref: Any) -> None:
+    """In a worker process: ``dataref`` decodes its big arrays straight into ``ring``, where
+    its layout lets the caller choose where they go (a ``recycler`` with ``empty``), so that
+    handing them over copies nothing more."""
+    layout = getattr(dataref, "layout", None)
+    if layout is not None and hasattr(layout, "recycler"):
+        layout.recycler = ring
 
 
 # glibc's mallopt parameters (<malloc.h>).
@@ -615,6 +625,8 @@ def _process_main(conn: Any, task: Task, watch: ParentWatch, ring: SharedRing | 
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     watch.start()
     keep_freed_memory()
+    if ring is not None:
+        decode_into(ring, getattr(task, "dataref", None))
     inbox: queue.SimpleQueue[tuple[int, Any] | None] = queue.SimpleQueue()
     outbox: queue.SimpleQueue[tuple[int, int, bytes]] = queue.SimpleQueue()
     cancelled = [0]  # units up to this sequence number are not wanted any more

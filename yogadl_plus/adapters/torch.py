@@ -30,7 +30,13 @@ from yogadl_plus.checks import check_int
 from yogadl_plus.order import OrderSettings
 from yogadl_plus.shared_buffers import Packed, SharedRing
 from yogadl_plus.stream_state import StreamState
-from yogadl_plus.workers import ParentWatch, error_payload, keep_freed_memory, raised_from
+from yogadl_plus.workers import (
+    ParentWatch,
+    decode_into,
+    error_payload,
+    keep_freed_memory,
+    raised_from,
+)
 
 if TYPE_CHECKING:
     from yogadl_plus.dataref import DataRef
@@ -143,9 +149,11 @@ class _StreamItems(Dataset):
         self.collate = collate
         # One per worker, made by the loader before it starts them (see SharedRing).
         self.rings: list[SharedRing | None] = []
+        self._decoding_into: SharedRing | None = None
 
     def __getitem__(self, key: tuple[int, int, int]) -> _Group:
         worker = get_worker_info()
+        ring = self._ring(worker)
         items: list[Any] = []
         try:
             self._read(*key, items)
@@ -154,11 +162,19 @@ class _StreamItems(Dataset):
                 raise
             # The items before the one that failed are handed out first, as without workers.
             return _Group(items, error=error_payload(exc))
-        if worker is not None and worker.id < len(self.rings) and self.collate is None:
-            ring = self.rings[worker.id]
-            if ring is not None:
-                return _Group(packed=ring.pack(items), ring=worker.id)
+        if ring is not None and worker is not None and self.collate is None:
+            return _Group(packed=ring.pack(items), ring=worker.id)
         return _Group(items)
+
+    def _ring(self, worker: Any) -> SharedRing | None:
+        """This worker's ring (None outside workers), which its decoder writes into."""
+        if worker is None or worker.id >= len(self.rings):
+            return None
+        ring = self.rings[worker.id]
+        if ring is not None and ring is not self._decoding_into and self.collate is None:
+            decode_into(ring, self.stream.dataref)
+            self._decoding_into = ring
+        return ring
 
     def __len__(self) -> int:
         return self.stream.positions_per_epoch
