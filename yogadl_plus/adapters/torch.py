@@ -7,6 +7,11 @@
 - ``make_dataloader``: a DataLoader over a stream's items whose ``state_dict()`` resumes at the
   next item exactly, with any number of workers. Items are computed from (epoch, position)
   alone, so a resume recomputes what workers had prefetched instead of snapshotting anything.
+
+Its workers hand items over a group at a time (each DataLoader message costs a fixed ~0.2 ms,
+more than a batch of small records takes to read), and put the arrays of large groups in a
+shared-memory ring of their own (see shared_buffers) instead of pickling them through the
+DataLoader's one result pipe.
 """
 
 from __future__ import annotations
@@ -18,19 +23,31 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, Sampler
+from torch.utils.data import DataLoader, Dataset, Sampler, get_worker_info
 
-from yogadl_plus.boundary import collate, records
+from yogadl_plus.boundary import Block, collate, records
 from yogadl_plus.checks import check_int
 from yogadl_plus.order import OrderSettings
+from yogadl_plus.shared_buffers import Packed, SharedRing
 from yogadl_plus.stream_state import StreamState
-from yogadl_plus.workers import ParentWatch
+from yogadl_plus.workers import (
+    ParentWatch,
+    decode_into,
+    error_payload,
+    keep_freed_memory,
+    raised_from,
+)
 
 if TYPE_CHECKING:
     from yogadl_plus.dataref import DataRef
     from yogadl_plus.stream import Stream
 
 __all__ = ["RecordDataset", "ResumableDataLoader", "StreamSampler", "make_dataloader"]
+
+# A loader with workers hands over at most this many positions' items in one message, and
+# about this many bytes (as the cache stores them) when its items are small.
+_GROUP_POSITIONS = 4096
+_GROUP_BYTES = 1 << 20
 
 
 class RecordDataset(Dataset):
@@ -105,25 +122,89 @@ class StreamSampler(Sampler[int]):
             yield from self.order.indices(epoch, start, min(start + 4096, length)).tolist()
 
 
-class _StreamItems(Dataset):
-    """Item ``(epoch, position)``: the stream's item that starts at that position."""
+@dataclass
+class _Group:
+    """What a worker hands over for one key: its items (or where they lie in the worker's
+    ring), and the error raised on the item after them, if one was."""
 
-    def __init__(self, stream: Stream, unit: int) -> None:
+    items: list[Any] | None = None
+    packed: Packed | None = None
+    ring: int = 0
+    error: bytes | None = None
+
+    def pin_memory(self, device: Any = None) -> _Group:
+        """The items with their tensors in pinned memory (DataLoader's ``pin_memory=True``)."""
+        if self.items is None:
+            return self
+        return _Group([_pinned(item) for item in self.items], error=self.error)
+
+
+class _StreamItems(Dataset):
+    """Key ``(epoch, start, count)``: the stream's ``count`` items from position ``start`` on,
+    each through ``collate`` (the user's collate_fn) when there is one."""
+
+    def __init__(self, stream: Stream, unit: int, collate: Callable[[Any], Any] | None) -> None:
         self.stream = stream
         self.unit = unit
+        self.collate = collate
+        # One per worker, made by the loader before it starts them (see SharedRing).
+        self.rings: list[SharedRing | None] = []
+        self._decoding_into: SharedRing | None = None
 
-    def __getitem__(self, key: tuple[int, int]) -> Any:
-        epoch, start = key
-        stop = min(start + self.unit, self.stream.epoch_length(epoch))
-        block = self.stream.read_unit(epoch, start, stop)
-        if self.stream.batch_size is None:
-            return block.items[0]  # type: ignore[index]
-        if block.columns is not None:
-            return block.columns
-        return collate(block.items) if block.items else {}
+    def __getitem__(self, key: tuple[int, int, int]) -> _Group:
+        worker = get_worker_info()
+        ring = self._ring(worker)
+        items: list[Any] = []
+        try:
+            self._read(*key, items)
+        except Exception as exc:
+            if worker is None:
+                raise
+            # The items before the one that failed are handed out first, as without workers.
+            return _Group(items, error=error_payload(exc))
+        if ring is not None and worker is not None and self.collate is None:
+            return _Group(packed=ring.pack(items), ring=worker.id)
+        return _Group(items)
+
+    def _ring(self, worker: Any) -> SharedRing | None:
+        """This worker's ring (None outside workers), which its decoder writes into."""
+        if worker is None or worker.id >= len(self.rings):
+            return None
+        ring = self.rings[worker.id]
+        if ring is not None and ring is not self._decoding_into and self.collate is None:
+            decode_into(ring, self.stream.dataref)
+            self._decoding_into = ring
+        return ring
 
     def __len__(self) -> int:
         return self.stream.positions_per_epoch
+
+    def _read(self, epoch: int, start: int, count: int, out: list[Any]) -> None:
+        stream = self.stream
+        length = stream.epoch_length(epoch)
+        stop = min(start + count * self.unit, length)
+        if stream.batch_size is None:
+            try:
+                items = stream.read_unit(epoch, start, stop).items
+            except Exception:
+                items = None
+            if items is None:  # find the record that fails, the ones before it read
+                for position in range(start, stop):
+                    out.append(self._finished(stream.read_unit(epoch, position, position + 1)))
+                return
+            out.extend(items if self.collate is None else map(self.collate, items))
+            return
+        for first in range(start, stop, self.unit):
+            out.append(self._finished(stream.read_unit(epoch, first, min(first + self.unit, stop))))
+
+    def _finished(self, block: Block) -> Any:
+        if self.stream.batch_size is None:
+            item = block.items[0]  # type: ignore[index]
+        elif block.columns is not None:
+            item = block.columns
+        else:
+            item = collate(block.items) if block.items else {}
+        return item if self.collate is None else self.collate(item)
 
 
 @dataclass
@@ -137,22 +218,25 @@ class _Cursor:
     position: int
 
 
-class _PositionSampler(Sampler[tuple[int, int]]):
-    """(epoch, position) of each item of one epoch, from the cursor's place on."""
+class _PositionSampler(Sampler[tuple[int, int, int]]):
+    """(epoch, position, items) of each group of ``group`` items of one epoch, from the
+    cursor's place on."""
 
-    def __init__(self, cursor: _Cursor) -> None:
+    def __init__(self, cursor: _Cursor, group: int) -> None:
         self.cursor = cursor
+        self.group = group
 
-    def __iter__(self) -> Iterator[tuple[int, int]]:
+    def __iter__(self) -> Iterator[tuple[int, int, int]]:
         cursor = self.cursor
         stream, unit, epoch, position = cursor.stream, cursor.unit, cursor.epoch, cursor.position
         length = stream.epoch_length(epoch)
         last = length - unit + 1 if stream.batch_size is not None and stream.drop_last else length
-        for start in range(position, max(last, position), unit):
-            yield epoch, start
+        starts = range(position, max(last, position), unit)
+        for j in range(0, len(starts), self.group):
+            yield epoch, starts[j], len(starts[j : j + self.group])
 
     def __len__(self) -> int:
-        return len(self.cursor.stream)
+        return -(-len(self.cursor.stream) // self.group)
 
 
 class ResumableDataLoader(DataLoader):
@@ -176,11 +260,19 @@ class ResumableDataLoader(DataLoader):
         self._cursor = _Cursor(stream, self._unit, epoch, position)
         self._worker_init = _WorkerInit(kwargs.pop("worker_init_fn", None))
         self._resume, self._after = True, epoch
-        self._convert: Callable[[Any], Any] | None = None
+        # Without a collate_fn of the user's, items are made tensors here, not in the workers:
+        # tensors made there cross by shared-memory file descriptors, one socket round trip
+        # each; arrays cross in the workers' rings (or pickled, when small).
+        user_collate = kwargs.pop("collate_fn", None)
+        self._convert: Callable[[Any], Any] | None = _to_tensors if user_collate is None else None
+        self._items = _StreamItems(stream, self._unit, user_collate)
+        self._rings: list[SharedRing | None] | None = None
+        group = _group_size(stream, self._unit) if kwargs.get("num_workers") else 1
         super().__init__(
-            _StreamItems(stream, self._unit),
+            self._items,
             batch_size=None,
-            sampler=_PositionSampler(self._cursor),
+            sampler=_PositionSampler(self._cursor, group),
+            collate_fn=_as_is,
             worker_init_fn=self._worker_init,
             **kwargs,
         )
@@ -207,10 +299,36 @@ class ResumableDataLoader(DataLoader):
                 or multiprocessing.get_all_start_methods()[0]
             )
             self._worker_init.watch = ParentWatch.here(method)
-        for item in super().__iter__():
-            cursor.position = min(cursor.position + self._unit, length)
-            yield item if convert is None else convert(item)
+        rings = self._workers_rings()
+        for group in super().__iter__():
+            if group.packed is not None:
+                ring = rings[group.ring]
+                assert ring is not None, "a worker without a ring sent items in one"
+                items = ring.unpack(group.packed)
+            else:
+                items = group.items
+            for item in items:
+                cursor.position = min(cursor.position + self._unit, length)
+                yield item if convert is None else convert(item)
+            if group.error is not None:
+                where = f"the item at position {cursor.position} of epoch {cursor.epoch}"
+                raise raised_from(group.error, where.__str__)
         cursor.epoch, cursor.position = cursor.epoch + 1, 0
+
+    def _workers_rings(self) -> list[SharedRing | None]:
+        """The rings of the workers that this iteration reads from: new ones for the workers
+        it starts, those of the first iteration for persistent workers."""
+        if not self.num_workers:
+            return []
+        if self.persistent_workers and self._rings is not None:
+            return self._rings
+        # Each worker process writes only its own ring: workers of an iteration left
+        # unfinished may still be writing theirs.
+        rings = [SharedRing.create() for _ in range(self.num_workers)]
+        self._items.rings = rings  # the workers get them with the dataset as they start
+        if self.persistent_workers:
+            self._rings = rings
+        return rings
 
     def state_dict(self) -> dict[str, Any]:
         """Where the next item starts; ``load_state_dict`` on a loader made the same way
@@ -258,25 +376,20 @@ def make_dataloader(stream: Stream, num_workers: int = 0, **dataloader_kwargs: A
                 f"make_dataloader: batch_size={batch_size} but the stream batches by "
                 f"{stream.batch_size}; leave batch_size out"
             )
-    # Without a collate_fn of the user's, workers send numpy arrays (pickled through the pipe)
-    # and the tensors are made here: tensors made in workers cross over by shared-memory file
-    # descriptors, one socket round trip each, which costs more than the arrays themselves.
-    convert = "collate_fn" not in dataloader_kwargs
-    dataloader_kwargs.setdefault("collate_fn", _as_is)
-    loader = ResumableDataLoader(stream, num_workers=num_workers, **dataloader_kwargs)
-    loader._convert = _to_tensors if convert else None
-    return loader
+    return ResumableDataLoader(stream, num_workers=num_workers, **dataloader_kwargs)
 
 
 class _WorkerInit:
     """A DataLoader worker's start: watch the parent, then the user's ``worker_init_fn``.
 
-    Without the watch, a worker outlived a parent that ended abruptly. Its items are numpy
-    arrays pickled through the workers' one result pipe (see make_dataloader), whose read end
-    every worker holds too (forked with it): once the pipe is full, a worker's queue thread
-    waits to write and its siblings' wait for the queue's lock, and exiting waits for those
-    threads, for ever. Torch's own check of the parent comes between items and leads to that
-    exit. Tensors would cross in shared memory instead, leaving the pipe nearly empty.
+    Without the watch, a worker outlived a parent that ended abruptly. Small groups of items
+    are numpy arrays pickled through the workers' one result pipe, whose read end every worker
+    holds too (forked with it): once the pipe is full, a worker's queue thread waits to write
+    and its siblings' wait for the queue's lock, and exiting waits for those threads, for
+    ever. Torch's own check of the parent comes between items and leads to that exit. (Large
+    groups cross in the workers' rings, leaving little in the pipe.)
+
+    It also has the worker keep the memory each group frees for the next (keep_freed_memory).
     """
 
     def __init__(self, user: Callable[[int], Any] | None) -> None:
@@ -286,11 +399,30 @@ class _WorkerInit:
     def __call__(self, worker_id: int) -> None:
         if self.watch is not None:
             self.watch.start()
+        keep_freed_memory()
         if self.user is not None:
             self.user(worker_id)
 
 
 def _as_is(item: Any) -> Any:
+    return item
+
+
+def _group_size(stream: Stream, unit: int) -> int:
+    """Items per worker message: all of _GROUP_POSITIONS positions, or fewer when their
+    records (as stored) come to more than _GROUP_BYTES; at least one."""
+    chunks = stream.dataref.manifest.chunks
+    per_record = max(1, sum(c.bytes for c in chunks) // max(1, sum(c.records for c in chunks)))
+    return max(1, min(_GROUP_POSITIONS // unit, _GROUP_BYTES // (unit * per_record)))
+
+
+def _pinned(item: Any) -> Any:
+    if isinstance(item, torch.Tensor):
+        return item.pin_memory()
+    if isinstance(item, dict):
+        return {k: _pinned(v) for k, v in item.items()}
+    if isinstance(item, (list, tuple)):
+        return type(item)(_pinned(v) for v in item)
     return item
 
 
