@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from yogadl_plus.cache.demand import ChunkSource
 from yogadl_plus.cache.layout import RecordLayout
 from yogadl_plus.cache.manifest import ChunkInfo, Manifest
 from yogadl_plus.cache.reader import ChunkSet
@@ -16,7 +17,7 @@ from yogadl_plus.schema import Field, Schema
 if TYPE_CHECKING:
     from yogadl_plus.stream import Stream
 
-__all__ = ["DataRef"]
+__all__ = ["DataRef", "DataRefOnDemand"]
 
 
 class DataRef:
@@ -32,11 +33,14 @@ class DataRef:
         self.directory = directory
         self.manifest = manifest
         self._hold = hold
-        self._chunks = ChunkSet(directory, manifest)
+        self._chunks = self._chunk_set(directory, manifest)
         self._chunks.open_first()
         self._layout = RecordLayout(manifest.schema)
         self._len = manifest.num_records
         self._columns = self._chunks.columns()
+
+    def _chunk_set(self, directory: str, manifest: Manifest) -> ChunkSet:
+        return ChunkSet(directory, manifest)
 
     def __getstate__(self) -> dict[str, Any]:
         return {
@@ -107,6 +111,11 @@ class DataRef:
         thread of the process reads through them: close only once no thread reads."""
         self._chunks.close()
 
+    def read_ahead(self, indices: np.ndarray) -> None:
+        """Records at ``indices`` will be read soon (a Stream says so for the units it reads
+        next): a version read on demand fetches their chunks in the background."""
+        self._chunks.read_ahead(indices)
+
     # --- for the Stream and adapters ---
 
     def select(self, fields: Sequence[str] | str | None) -> tuple[Field, ...]:
@@ -147,3 +156,54 @@ class DataRef:
     @property
     def layout(self) -> RecordLayout:
         return self._layout
+
+
+class DataRefOnDemand(DataRef):
+    """A DataRef whose chunks come to local disk when a read needs them (or ahead of it, see
+    ``read_ahead``), from ``source``: a bucket's version bigger than its local cache.
+
+    Every read is bracketed for the ChunkSet (``read_begins`` / ``read_ends``), which so knows
+    when no thread can hold views into a chunk it retired, and unmaps and unpins it: values a
+    read hands out as memoryviews (``read_values``) are valid in the reading thread until its
+    next read. Picklable like any DataRef; the copy fetches through the same local cache.
+    """
+
+    def __init__(self, directory: str, manifest: Manifest, hold: Any, source: ChunkSource) -> None:
+        self.source = source
+        super().__init__(directory, manifest, hold)
+
+    def _chunk_set(self, directory: str, manifest: Manifest) -> ChunkSet:
+        return ChunkSet(directory, manifest, self.source)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**super().__getstate__(), "source": self.source}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        manifest = Manifest.from_json(state["manifest"], state["directory"])
+        self.__init__(  # type: ignore[misc]
+            state["directory"], manifest, state.get("hold"), state["source"]
+        )
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        chunks = self._chunks
+        chunks.read_begins()
+        try:
+            return super().__getitem__(index)
+        finally:
+            chunks.read_ends()
+
+    def read_columns(self, indices: np.ndarray, fields: Sequence[Field]) -> dict[str, Any]:
+        chunks = self._chunks
+        chunks.read_begins()
+        try:
+            return super().read_columns(indices, fields)
+        finally:
+            chunks.read_ends()
+
+    def read_values(self, indices: np.ndarray) -> list[memoryview]:
+        chunks = self._chunks
+        chunks.read_begins()
+        try:
+            return super().read_values(indices)
+        finally:
+            chunks.read_ends()
