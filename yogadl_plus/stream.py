@@ -34,6 +34,8 @@ _FIRST_BLOCK = 32
 _ORDER_BLOCK = 4096
 # Positions a unit of work reads when iterating record by record (bounds memory and latency).
 _READ_BLOCK = 512
+# Positions whose records are announced to the DataRef (read_ahead) before they are read.
+_READ_AHEAD_POSITIONS = 8192
 # Iterations whose ledgers offset_after can still answer for: the current one, and those a
 # consumer reading ahead across epochs (tf.data's .repeat() with a prefetch) may still be in.
 _LEDGERS_KEPT = 3
@@ -353,10 +355,28 @@ class Stream:
             # Batches fill from passing records across units; a unit of one batch's positions
             # would leave each unit's fixed cost to a handful of passing records.
             unit = max(unit, _READ_BLOCK)
-        units = self._units(epoch, position, unit)
+        units = self._announced(self._units(epoch, position, unit))
         if self._pool is None:
             return map(self._reader, units)
         return self._pool.map(units)
+
+    def _announced(
+        self, units: Iterator[tuple[int, np.ndarray]]
+    ) -> Iterator[tuple[int, np.ndarray]]:
+        """The units, each announced to the DataRef (``read_ahead``: a version read on demand
+        fetches its chunks) about _READ_AHEAD_POSITIONS positions before it is read."""
+        ahead: deque[tuple[int, np.ndarray]] = deque()
+        buffered = 0
+        for unit in units:
+            indices = unit[1]
+            self.dataref.read_ahead(self.anchors[indices] if self.anchors is not None else indices)
+            ahead.append(unit)
+            buffered += len(indices)
+            while buffered > _READ_AHEAD_POSITIONS:
+                first = ahead.popleft()
+                buffered -= len(first[1])
+                yield first
+        yield from ahead
 
     def _epoch_done(self, epoch: int, ledger: Ledger) -> None:
         self._advance(epoch, self.order.epoch_shard_length(epoch))
