@@ -28,6 +28,7 @@ import contextlib
 import dataclasses
 import os
 import shutil
+import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -56,6 +57,8 @@ SMALL_FILES = 4096
 # How long making room may wait for another process making room (it holds the lock briefly).
 _SPACE_WAIT_S = 60.0
 _PIN_ATTEMPTS = 200
+# How long a reader that needs room waits for other processes to let go of chunks they pin.
+_ROOM_WAIT_S = 5.0
 # How often a waiter for a lock held briefly (space) or by a fetch (a chunk) tries it again.
 _POLL_S = 0.002
 
@@ -263,10 +266,18 @@ class LocalCache:
         the limit, then hold the machine's space lock for the block, in which the caller
         takes the room (makes its file). If what is left is in use: a CacheLimitWarning, or
         with ``strict`` NoRoom. ``keep``: the copy (dataset_id, version) being filled, which
-        is not evicted whole."""
-        with self.space():
-            self._evict_until(need, keep, strict)
-            yield
+        is not evicted whole. When other processes pin what is left, it waits for them to
+        let go (they do as they read on) for up to _ROOM_WAIT_S first."""
+        deadline = time.monotonic() + _ROOM_WAIT_S
+        while True:
+            with self.space():
+                short, theirs = self._evict_until(need, keep, strict)
+                if not short or strict or not theirs or time.monotonic() > deadline:
+                    if short:
+                        self._over(short, need, strict)
+                    yield
+                    return
+            time.sleep(_POLL_S * 5)  # (without the space lock: they may need it to go on)
 
     @contextlib.contextmanager
     def space(self) -> Iterator[None]:
@@ -289,29 +300,32 @@ class LocalCache:
         finally:
             lock.release()
 
-    def _evict_until(self, need: int, keep: tuple[str, str], strict: bool) -> None:
+    def _evict_until(self, need: int, keep: tuple[str, str], strict: bool) -> tuple[int, bool]:
+        """Evict until ``need`` more bytes fit: (bytes still short, whether some of what could
+        not be evicted is a chunk pinned by another process only)."""
         self.local.remove_discarded()
         if self.limit is None:
-            return
+            return 0, False
         usage, candidates = self._survey()
         if usage + need <= self.limit:
-            return
+            return 0, False
         gone: set[tuple[str, str]] = set()
         chunk_bytes: dict[tuple[str, str], int] = {}
-        busy = set()
+        theirs = False
         order = sorted(candidates, key=lambda c: (c.used, c.rank))
         # A reader in need may take what was fetched ahead for others; a fetch ahead may not.
         passes = [order] if strict else [order, [c for c in order if c.rank == _CHUNK]]
         for spare_ahead, items in zip((True, False), passes):
             for item in items:
                 if usage + need <= self.limit:
-                    return
+                    return 0, False
                 copy = (item.dataset_id, item.version)
                 if copy in gone or (item.rank == _COPY and copy == keep):
                     continue
                 freed = self._evict_item(item, spare_ahead)
                 if freed is None:
-                    busy.add(f"{item.dataset_id}:{item.version}")
+                    if item.rank == _CHUNK and not _pinned_here(item.path + CHUNK_PIN):
+                        theirs = True
                     continue
                 if item.rank == _COPY:
                     gone.add(copy)
@@ -319,16 +333,20 @@ class LocalCache:
                 else:
                     chunk_bytes[copy] = chunk_bytes.get(copy, 0) + freed
                 usage -= freed
-        if usage + need > self.limit and strict:
+        return max(usage + need - self.limit, 0), theirs
+
+    def _over(self, short: int, need: int, strict: bool) -> None:
+        """What is left is in use: NoRoom for a strict caller, else go over, saying so."""
+        if strict:
             raise NoRoom(f"{self.root}: no room for {need:,} more bytes")
-        if usage + need > self.limit:
-            warnings.warn(
-                f"the local cache {self.root} needs {usage + need:,} bytes, over its limit of "
-                f"{self.limit:,}: what it holds is in use by live processes "
-                f"({', '.join(sorted(busy)) or 'none'}) or being pulled now",
-                CacheLimitWarning,
-                stacklevel=4,
-            )
+        assert self.limit is not None
+        warnings.warn(
+            f"the local cache {self.root} needs {self.limit + short:,} bytes, over its limit "
+            f"of {self.limit:,}: what it holds is in use by live processes (versions they "
+            "read, chunks they have open) or being pulled now",
+            CacheLimitWarning,
+            stacklevel=5,
+        )
 
     def _survey(self) -> tuple[int, list[_Evictable]]:
         """(bytes of every file under the root, what could be evicted), in one walk."""
@@ -461,12 +479,20 @@ class LocalCache:
         for _ in range(_PIN_ATTEMPTS):
             try:
                 os.makedirs(os.path.dirname(path), exist_ok=True)
-                return Pin(path + (AHEAD_PIN if ahead else CHUNK_PIN), touch=True)
+                if ahead:
+                    return Pin(path + AHEAD_PIN, touch=True)
+                return _ChunkPin(path + CHUNK_PIN)
             except PinGone:
                 time.sleep(0.005)  # being evicted this instant: then it is not there
             except OSError as exc:
                 raise unwritable(path + CHUNK_PIN, exc) from None
         raise StorageError(f"{path}: could not pin this chunk (it kept being evicted); try again")
+
+    @staticmethod
+    def opened_since_ahead(path: str) -> bool:
+        """Whether a reader (of any process) pinned the chunk file ``path`` since it was last
+        pinned as fetched ahead: then whoever fetched it ahead can let go of it."""
+        return _mtime(path + CHUNK_PIN) >= _mtime(path + AHEAD_PIN) > 0
 
     @contextlib.contextmanager
     def fetching(self, path: str, timeout: float) -> Iterator[None]:
@@ -490,6 +516,46 @@ class LocalCache:
         with self.local.lock(dataset_id, version):
             if os.path.isdir(self.path(dataset_id, version)):
                 self.local.discard(dataset_id, version)
+
+
+# The chunk pins this process holds, by path: room() waits for other processes' pins only.
+_PINNED: dict[str, int] = {}
+_PINNED_LOCK = threading.Lock()
+
+
+class _ChunkPin(Pin):
+    """A reader's pin on a chunk, counted in _PINNED while held."""
+
+    def __init__(self, path: str) -> None:
+        self._counted = False
+        super().__init__(path, touch=True)
+        if self.held:
+            with _PINNED_LOCK:
+                _PINNED[path] = _PINNED.get(path, 0) + 1
+            self._counted = True
+
+    def release(self) -> None:
+        if getattr(self, "_counted", False):
+            self._counted = False
+            with _PINNED_LOCK:
+                left = _PINNED.get(self.path, 0) - 1
+                if left > 0:
+                    _PINNED[self.path] = left
+                else:
+                    _PINNED.pop(self.path, None)
+        super().release()
+
+
+def _pinned_here(path: str) -> bool:
+    return _PINNED.get(path, 0) > 0
+
+
+def _new_lock_after_fork() -> None:
+    global _PINNED_LOCK
+    _PINNED_LOCK = threading.Lock()  # a thread of the parent may have held it
+
+
+os.register_at_fork(after_in_child=_new_lock_after_fork)
 
 
 _LEFTOVER, _COPY, _CHUNK = 0, 1, 2  # at equal times of last use, evicted in this order

@@ -303,6 +303,7 @@ class ChunkFetcher:
         settings = self.settings
         starts = []
         with self._lock:
+            self._drop_opened()
             while self._queue and not self._closed and not self._no_room:
                 if len(self._in_flight) >= settings.max_in_flight:
                     break
@@ -360,6 +361,17 @@ class ChunkFetcher:
                 del self._ahead[number]
                 self._reserved -= self.chunks[number].bytes
                 pin.release()
+
+    def _drop_opened(self) -> None:
+        """Let go of chunks fetched ahead that a reader of another process (a worker this
+        one announces for) opened since. Under the lock."""
+        for number in [n for n in self._ahead if self.cache.opened_since_ahead(self._path_of(n))]:
+            pin, _ = self._ahead.pop(number)
+            self._reserved -= self.chunks[number].bytes
+            pin.release()
+
+    def _path_of(self, number: int) -> str:
+        return self._path(self.chunks[number])
 
     def forget_after_fork(self) -> None:
         """In a forked child: the parent's fetch threads are not here, its pins are its own."""
