@@ -492,7 +492,7 @@ class LocalCache:
     def opened_since_ahead(path: str) -> bool:
         """Whether a reader (of any process) pinned the chunk file ``path`` since it was last
         pinned as fetched ahead: then whoever fetched it ahead can let go of it."""
-        return _mtime(path + CHUNK_PIN) >= _mtime(path + AHEAD_PIN) > 0
+        return _mtime(path + CHUNK_PIN) > _mtime(path + AHEAD_PIN) > 0
 
     @contextlib.contextmanager
     def fetching(self, path: str, timeout: float) -> Iterator[None]:

@@ -142,6 +142,9 @@ class ChunkFetcher:
     def acquire(self, number: int) -> Pin:
         """Chunk ``number`` in place, checked, and pinned until the pin is released."""
         info = self.chunks[number]
+        # Pinned first: from now on nobody evicts it, whatever a fetch ahead of it does with
+        # its own pin (a reader in need of room may evict chunks only fetched ahead).
+        pin = self.cache.pin_chunk(self._path(info))
         with self._lock:
             self._no_room = False
             ahead = self._ahead.pop(number, None)
@@ -157,9 +160,7 @@ class ChunkFetcher:
             if order is not None:
                 self._drop_passed(order)
         try:
-            # The reader's own pin, before the one of the fetch ahead goes: a reader in need
-            # of room may evict chunks fetched ahead for others (localcache.py).
-            return self._fetch(number, ahead=False)
+            return self._fetch(number, ahead=False, pin=pin)
         finally:
             if ahead is not None:
                 ahead[0].release()
@@ -193,13 +194,14 @@ class ChunkFetcher:
     def _path(self, info: ChunkInfo) -> str:
         return os.path.join(self.folder, info.file)
 
-    def _fetch(self, number: int, ahead: bool) -> Pin:
-        """Pin chunk ``number`` and fetch it if it is not here (one fetcher per machine at a
-        time). A reader's fetch (not ``ahead``) that waited for a fetch ahead of it which
-        failed raises that failure rather than try again for as long."""
+    def _fetch(self, number: int, ahead: bool, pin: Pin | None = None) -> Pin:
+        """Pin chunk ``number`` (unless ``pin`` holds it) and fetch it if it is not here (one
+        fetcher per machine at a time). A reader's fetch (not ``ahead``) that waited for a
+        fetch ahead of it which failed raises that failure rather than try again as long."""
         info = self.chunks[number]
         path = self._path(info)
-        pin = self.cache.pin_chunk(path, ahead=ahead)
+        if pin is None:
+            pin = self.cache.pin_chunk(path, ahead=ahead)
         try:
             if not _present(path, info):
                 with self.cache.fetching(path, self.settings.wait_s):
