@@ -261,17 +261,21 @@ class LocalCache:
             pass
 
     @contextlib.contextmanager
-    def room(self, need: int, keep: tuple[str, str], strict: bool = False) -> Iterator[None]:
+    def room(
+        self, need: int, keep: tuple[str, str], strict: bool = False, reserve: int = 0
+    ) -> Iterator[None]:
         """Evict what nobody uses, least recently used first, until ``need`` more bytes fit
         the limit, then hold the machine's space lock for the block, in which the caller
         takes the room (makes its file). If what is left is in use: a CacheLimitWarning, or
         with ``strict`` NoRoom. ``keep``: the copy (dataset_id, version) being filled, which
-        is not evicted whole. When other processes pin what is left, it waits for them to
-        let go (they do as they read on) for up to _ROOM_WAIT_S first."""
+        is not evicted whole. ``reserve``: bytes a strict caller leaves free besides (for a
+        reader's next chunk: fetches ahead never take the room readers need). When other
+        processes pin what is left, it waits for them to let go (they do as they read on)
+        for up to _ROOM_WAIT_S first."""
         deadline = time.monotonic() + _ROOM_WAIT_S
         while True:
             with self.space():
-                short, theirs = self._evict_until(need, keep, strict)
+                short, theirs = self._evict_until(need + (reserve if strict else 0), keep, strict)
                 if not short or strict or not theirs or time.monotonic() > deadline:
                     if short:
                         self._over(short, need, strict)
@@ -314,7 +318,9 @@ class LocalCache:
         theirs = False
         order = sorted(candidates, key=lambda c: (c.used, c.rank))
         # A reader in need may take what was fetched ahead for others; a fetch ahead may not.
-        passes = [order] if strict else [order, [c for c in order if c.rank == _CHUNK]]
+        # (Of chunks fetched ahead, those fetched last are needed last: they go first.)
+        ahead = sorted((c for c in order if c.rank == _CHUNK), key=lambda c: -c.used)
+        passes = [order] if strict else [order, ahead]
         for spare_ahead, items in zip((True, False), passes):
             for item in items:
                 if usage + need <= self.limit:

@@ -68,11 +68,12 @@ class DemandSettings:
 
     @classmethod
     def for_cache(cls, limit: int | None, max_transfers: int, wait_s: float) -> DemandSettings:
-        """The defaults: a quarter of the limit kept open, half of it fetched ahead (the rest
-        is left to other readers), ``max_transfers`` fetches in flight."""
+        """The defaults: an eighth of the limit kept open, half of it fetched ahead (the rest
+        is left to what reads need at once, and other readers), ``max_transfers`` fetches in
+        flight."""
         if limit is None:
             return cls(1 << 62, _UNLIMITED_AHEAD_BYTES, max_transfers, wait_s=wait_s)
-        return cls(limit // 4, limit // 2, max_transfers, wait_s=wait_s)
+        return cls(limit // 8, limit // 2, max_transfers, wait_s=wait_s)
 
 
 class ChunkFetcher:
@@ -103,6 +104,8 @@ class ChunkFetcher:
         self.settings = settings
         self.version = version
         self.keep_open_bytes = settings.keep_open_bytes
+        # What fetches ahead leave free for a reader's next chunk.
+        self._reserve = max((c.bytes for c in self.chunks), default=0) + SMALL_FILES
         #: Called with a chunk's size after each chunk fetched (progress, counting); not sent
         #: to other processes.
         self.on_fetch: Any = None
@@ -131,6 +134,7 @@ class ChunkFetcher:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self.keep_open_bytes = self.settings.keep_open_bytes
+        self._reserve = max((c.bytes for c in self.chunks), default=0) + SMALL_FILES
         self.on_fetch = None
         self._start()
 
@@ -234,7 +238,9 @@ class ChunkFetcher:
         with contextlib.suppress(FileNotFoundError):
             os.remove(part)  # what a killed fetch left (we hold the chunk's lock)
         try:
-            room = self.cache.room(info.bytes + SMALL_FILES, keep=self.version, strict=strict)
+            room = self.cache.room(
+                info.bytes + SMALL_FILES, self.version, strict=strict, reserve=self._reserve
+            )
             with room, open(part, "wb") as f:
                 f.truncate(info.bytes)
         except OSError as exc:

@@ -116,9 +116,10 @@ def _open_pin(path: str, create: bool) -> int | None:
 @contextlib.contextmanager
 def exclusively(path: str) -> Iterator[bool]:
     """Yields True while holding ``path``'s pin exclusively (nobody reads what it pins), False
-    if someone holds it. Never waits. A missing pin file is made (and then unpinned)."""
+    if someone holds it. Never waits. A missing pin file is made (and then unpinned), dated
+    0: its mtime records uses (see Pin's ``touch``), and this is none."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        fd = _open_dated_0(path)
     except FileNotFoundError:
         yield True  # its folder is gone already
         return
@@ -131,3 +132,14 @@ def exclusively(path: str) -> Iterator[bool]:
         yield True
     finally:
         os.close(fd)
+
+
+def _open_dated_0(path: str) -> int:
+    """A read-only descriptor of ``path``, made (dated 0) if it is missing."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+    except FileExistsError:
+        return os.open(path, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    with contextlib.suppress(OSError):
+        os.utime(fd, (0, 0))
+    return fd
