@@ -396,3 +396,25 @@ def test_a_chunk_in_use_is_not_evicted(s3_spec: dict, tmp_path: Path) -> None:
     ref[len(expected) - 2]  # this thread's next read: nobody holds chunk 0 now
     with exclusively(pin) as free:
         assert free
+
+
+def test_an_eviction_that_looks_at_a_pin_is_no_use_of_it(tmp_path: Path) -> None:
+    # The pin's mtime is its chunk's last use (least recently used goes first, and a chunk
+    # fetched ahead is let go once a reader pinned it since): a look must not date it now.
+    pin = tmp_path / "chunk-00000.mdb.pin"
+    with exclusively(str(pin)) as free:
+        assert free
+    assert pin.stat().st_mtime == 0
+
+
+def test_process_workers_read_on_demand(s3_spec: dict, tmp_path: Path) -> None:
+    _, limit = build(s3_spec, tmp_path)
+    cache = tmp_path / "machine"
+    ref = keyword_storage(s3_spec, cache, local_cache_limit=limit).fetch("d", "v")
+    labels = []
+    with Sampler(cache) as sampler:
+        stream = ref.stream(batch_size=50, num_workers=2, worker_type="process")
+        for batch in stream:
+            labels.extend(batch["label"].tolist())
+    assert labels == list(range(N))
+    assert 0 < sampler.peak <= limit
