@@ -188,6 +188,30 @@ def test_a_stream_fetches_ahead_and_each_chunk_once(spec: dict, tmp_path: Path) 
     assert len(ahead) >= len(built.manifest.chunks) // 2
 
 
+def test_large_chunks_are_fetched_in_ranged_parts(s3_spec: dict, tmp_path: Path) -> None:
+    import dataclasses
+
+    built, limit = build(s3_spec, tmp_path, 1000, chunk_bytes=12_000)
+    machine = make_storage(s3_spec, tmp_path / "machine", local_cache_limit=limit)
+    ref = machine.fetch("d", "v")
+    assert isinstance(ref, DataRefOnDemand)
+    ref.source.settings = dataclasses.replace(ref.source.settings, part_bytes=5000)
+    ranges: list[tuple[int, int]] = []
+    original = machine.objects.read_range
+
+    def read_range(key: str, start: int, stop: int) -> bytes:
+        ranges.append((start, stop))
+        return original(key, start, stop)
+
+    machine.objects.read_range = read_range
+    expected = records(1000)
+    for i in range(1000):
+        expect(ref, i, ref[i], expected)
+    sizes = [c.bytes for c in built.manifest.chunks]
+    assert len(ranges) == sum(-(-size // 5000) for size in sizes)
+    assert {stop - start for start, stop in ranges} - {5000} <= {size % 5000 for size in sizes}
+
+
 def test_fetch_on_demand_is_asked_for_or_refused(s3_spec: dict, tmp_path: Path) -> None:
     _, limit = build(s3_spec, tmp_path, 1000, chunk_bytes=12_000)
     # A version that fits is pulled as before; on_demand=True reads it on demand anyway.
@@ -232,7 +256,15 @@ def test_a_chunk_damaged_in_the_bucket_is_cache_corrupted_naming_it(
         assert s3_spec["bucket"] in str(caught.value)
         kept = cache.rglob(f"{Path(victim.file).name}*")
         assert not [p for p in kept if p.suffix in (".mdb", ".fetching")]
-    # A stream meets it too, fetched ahead in the background: the reader gets the error.
+    # A chunk cut short in the bucket: its ranged read ends early.
+    short = built.manifest.chunks[4]
+    body = Path(built.directory, short.file).read_bytes()[: short.bytes // 2]
+    client_for(s3_spec).put_object(Bucket=bucket, Key=f"{prefix}/d/v/{short.file}", Body=body)
+    start = int(sum(c.records for c in built.manifest.chunks[:4]))
+    with pytest.raises(ydl.CacheCorrupted, match=f"d/v/{short.file} ends before byte"):
+        ref[start]
+    # A stream meets the damaged chunk too, fetched ahead in the background: the reader gets
+    # the error.
     stream = ref.stream(batch_size=50)
     with pytest.raises(ydl.CacheCorrupted, match=f"{key}.*sha256"):
         for _ in stream:
