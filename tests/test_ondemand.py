@@ -450,3 +450,27 @@ def test_process_workers_read_on_demand(s3_spec: dict, tmp_path: Path) -> None:
             labels.extend(batch["label"].tolist())
     assert labels == list(range(N))
     assert 0 < sampler.peak <= limit
+
+
+def test_reads_going_round_a_few_chunks_keep_them_open(s3_spec: dict, tmp_path: Path) -> None:
+    # A windowed shuffle reads a few chunks at a time, interleaved: the reader keeps more
+    # chunks open while it keeps opening the same ones again, instead of reopening them.
+    built, limit = build(s3_spec, tmp_path)
+    ref = make_storage(s3_spec, tmp_path / "machine", local_cache_limit=limit).fetch("d", "v")
+    starts = np.cumsum([0] + [c.records for c in built.manifest.chunks])
+    opened: list[int] = []
+    original = ref.source.acquire
+
+    def acquire(number: int) -> Any:
+        opened.append(number)
+        return original(number)
+
+    ref.source.acquire = acquire
+    per_round = []
+    for round_ in range(6):
+        before = len(opened)
+        for chunk in (3, 4, 5):
+            assert ref[int(starts[chunk]) + round_]["label"] == starts[chunk] + round_
+        per_round.append(len(opened) - before)
+    # Without growing, each read opens its chunk again (3 a round); it grows within 2 rounds.
+    assert per_round[0] == 3 and per_round[2:] == [0, 0, 0, 0]

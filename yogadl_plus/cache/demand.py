@@ -18,12 +18,15 @@ from __future__ import annotations
 
 import threading
 import weakref
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 __all__ = ["ChunkSource", "Held", "Retired", "WorkingSet"]
+
+# Chunks opened again within this many retirements count as retired too early.
+_RECENT = 16
 
 
 class Held(Protocol):
@@ -35,8 +38,10 @@ class Held(Protocol):
 class ChunkSource(Protocol):
     """Where the chunks of a version read on demand come from."""
 
-    #: How many bytes of chunks a reader keeps open beyond those its current reads need.
+    #: How many bytes of chunks a reader keeps open beyond those its reads need at the moment,
+    #: at first, and at most (it keeps more open while it keeps opening chunks again).
     keep_open_bytes: int
+    max_open_bytes: int
 
     def acquire(self, number: int) -> Held:
         """Chunk ``number``'s file in place (fetched and checked against the manifest if it
@@ -75,12 +80,19 @@ class _Thread:
 class WorkingSet:
     """Which chunks of a ChunkSet are open on demand, and when the retired ones may go.
 
-    ``sizes`` are the chunks' sizes in bytes. Thread-safe; never calls back into the set.
+    ``sizes`` are the chunks' sizes in bytes. The chunks kept open fit ``keep_open_bytes``,
+    which grows (up to ``max_open_bytes``) each time a chunk retired a moment ago is opened
+    again: reads that go round a few chunks at a time (a windowed shuffle) keep them all open,
+    reads in chunk order keep few. Thread-safe; never calls back into the set.
     """
 
-    def __init__(self, sizes: Sequence[int], keep_open_bytes: int) -> None:
+    def __init__(
+        self, sizes: Sequence[int], keep_open_bytes: int, max_open_bytes: int | None = None
+    ) -> None:
         self.sizes = list(sizes)
         self.keep_open_bytes = keep_open_bytes
+        self.max_open_bytes = max(keep_open_bytes, max_open_bytes or 0)
+        self._recently_retired: deque[int] = deque(maxlen=_RECENT)
         self._lock = threading.Lock()
         self._open: OrderedDict[int, tuple[Any, Held]] = OrderedDict()  # in the order opened
         self._retired: list[Retired] = []
@@ -123,6 +135,9 @@ class WorkingSet:
             old = self._open.pop(number, None)
             if old is not None:
                 self._retire(number, *old)
+            elif number in self._recently_retired:  # too few kept open for these reads
+                grown = self.keep_open_bytes + self.sizes[number]
+                self.keep_open_bytes = min(grown, self.max_open_bytes)
             self._open[number] = (key, held)
             total = sum(self.sizes[n] for n in self._open)
             out = []
@@ -142,6 +157,7 @@ class WorkingSet:
                 self._retire(number, *entry)
 
     def _retire(self, number: int, key: Any, held: Held) -> None:
+        self._recently_retired.append(number)
         retired = Retired(number, key, held)
         for t, thread in list(self._threads.items()):
             txns = thread.txns

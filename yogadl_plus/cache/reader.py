@@ -178,7 +178,9 @@ class ChunkSet:
         self._finalizer = weakref.finalize(self, _ENVIRONMENTS.release_later, self._held)
         self._source = source
         self._demand = (
-            WorkingSet([c.bytes for c in self.chunks], source.keep_open_bytes)
+            WorkingSet(
+                [c.bytes for c in self.chunks], source.keep_open_bytes, source.max_open_bytes
+            )
             if source is not None
             else None
         )

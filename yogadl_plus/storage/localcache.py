@@ -57,7 +57,7 @@ SMALL_FILES = 4096
 # How long making room may wait for another process making room (it holds the lock briefly).
 _SPACE_WAIT_S = 60.0
 _PIN_ATTEMPTS = 200
-# How long a reader that needs room waits for other processes to let go of chunks they pin.
+# How long a reader that needs room waits for fetches to end and other processes to let go.
 _ROOM_WAIT_S = 5.0
 # How often a waiter for a lock held briefly (space) or by a fetch (a chunk) tries it again.
 _POLL_S = 0.002
@@ -269,14 +269,14 @@ class LocalCache:
         takes the room (makes its file). If what is left is in use: a CacheLimitWarning, or
         with ``strict`` NoRoom. ``keep``: the copy (dataset_id, version) being filled, which
         is not evicted whole. ``reserve``: bytes a strict caller leaves free besides (for a
-        reader's next chunk: fetches ahead never take the room readers need). When other
-        processes pin what is left, it waits for them to let go (they do as they read on)
-        for up to _ROOM_WAIT_S first."""
+        reader's next chunk: fetches ahead never take the room readers need). When what is
+        left will go soon (chunks being fetched, then evictable; chunks other processes pin,
+        which they let go as they read on), it waits for up to _ROOM_WAIT_S first."""
         deadline = time.monotonic() + _ROOM_WAIT_S
         while True:
             with self.space():
-                short, theirs = self._evict_until(need + (reserve if strict else 0), keep, strict)
-                if not short or strict or not theirs or time.monotonic() > deadline:
+                short, soon = self._evict_until(need + (reserve if strict else 0), keep, strict)
+                if not short or strict or not soon or time.monotonic() > deadline:
                     if short:
                         self._over(short, need, strict)
                     yield
@@ -306,7 +306,8 @@ class LocalCache:
 
     def _evict_until(self, need: int, keep: tuple[str, str], strict: bool) -> tuple[int, bool]:
         """Evict until ``need`` more bytes fit: (bytes still short, whether some of what could
-        not be evicted is a chunk pinned by another process only)."""
+        not be evicted will be soon: a chunk being fetched, or pinned by another process
+        only, which lets go as it reads on)."""
         self.local.remove_discarded()
         if self.limit is None:
             return 0, False
@@ -315,13 +316,14 @@ class LocalCache:
             return 0, False
         gone: set[tuple[str, str]] = set()
         chunk_bytes: dict[tuple[str, str], int] = {}
-        theirs = False
+        soon = False
         order = sorted(candidates, key=lambda c: (c.used, c.rank))
         # A reader in need may take what was fetched ahead for others; a fetch ahead may not.
         # (Of chunks fetched ahead, those fetched last are needed last: they go first.)
         ahead = sorted((c for c in order if c.rank == _CHUNK), key=lambda c: -c.used)
         passes = [order] if strict else [order, ahead]
         for spare_ahead, items in zip((True, False), passes):
+            last = items is passes[-1]
             for item in items:
                 if usage + need <= self.limit:
                     return 0, False
@@ -330,8 +332,10 @@ class LocalCache:
                     continue
                 freed = self._evict_item(item, spare_ahead)
                 if freed is None:
-                    if item.rank == _CHUNK and not _pinned_here(item.path + CHUNK_PIN):
-                        theirs = True
+                    if item.rank == _LEFTOVER or (
+                        last and item.rank == _CHUNK and not _pinned_here(item.path + CHUNK_PIN)
+                    ):
+                        soon = True
                     continue
                 if item.rank == _COPY:
                     gone.add(copy)
@@ -339,7 +343,7 @@ class LocalCache:
                 else:
                     chunk_bytes[copy] = chunk_bytes.get(copy, 0) + freed
                 usage -= freed
-        return max(usage + need - self.limit, 0), theirs
+        return max(usage + need - self.limit, 0), soon
 
     def _over(self, short: int, need: int, strict: bool) -> None:
         """What is left is in use: NoRoom for a strict caller, else go over, saying so."""

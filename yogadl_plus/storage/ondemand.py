@@ -46,20 +46,23 @@ class DemandSettings:
     """How much of the local cache one reader on demand uses (per process).
 
     ``keep_open_bytes``: chunks kept open (mapped and pinned) beyond those its reads need at
-    the moment; ``read_ahead_bytes``: chunks fetched ahead and not opened yet, fetches in
-    flight included; ``max_in_flight``: chunk fetches ahead at once; ``part_bytes``: the size
-    of one ranged read; ``wait_s``: how long a reader waits for another process fetching the
-    chunk it needs (beyond that the other one is taken for stuck).
+    the moment, at first; ``max_open_bytes``: as many as that, for reads that keep opening
+    the same few chunks again (cache/demand.py); ``read_ahead_bytes``: chunks fetched ahead
+    and not opened yet, fetches in flight included; ``max_in_flight``: chunk fetches ahead at
+    once; ``part_bytes``: the size of one ranged read; ``wait_s``: how long a reader waits
+    for another process fetching the chunk it needs (beyond that it is taken for stuck).
     """
 
     keep_open_bytes: int
+    max_open_bytes: int
     read_ahead_bytes: int
     max_in_flight: int
     part_bytes: int = PART_BYTES
     wait_s: float = 600.0
 
     def __post_init__(self) -> None:
-        for name in ("keep_open_bytes", "read_ahead_bytes", "max_in_flight", "part_bytes"):
+        names = ("keep_open_bytes", "max_open_bytes", "read_ahead_bytes", "max_in_flight")
+        for name in (*names, "part_bytes"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"{name} must be an int >= 0, got {value!r}")
@@ -68,12 +71,12 @@ class DemandSettings:
 
     @classmethod
     def for_cache(cls, limit: int | None, max_transfers: int, wait_s: float) -> DemandSettings:
-        """The defaults: an eighth of the limit kept open, half of it fetched ahead (the rest
-        is left to what reads need at once, and other readers), ``max_transfers`` fetches in
-        flight."""
+        """The defaults: an eighth of the limit kept open (up to half), half of it fetched
+        ahead (the rest is left to what reads need at once, and other readers),
+        ``max_transfers`` fetches in flight."""
         if limit is None:
-            return cls(1 << 62, _UNLIMITED_AHEAD_BYTES, max_transfers, wait_s=wait_s)
-        return cls(limit // 8, limit // 2, max_transfers, wait_s=wait_s)
+            return cls(1 << 62, 1 << 62, _UNLIMITED_AHEAD_BYTES, max_transfers, wait_s=wait_s)
+        return cls(limit // 8, limit // 2, limit // 2, max_transfers, wait_s=wait_s)
 
 
 class ChunkFetcher:
@@ -104,6 +107,7 @@ class ChunkFetcher:
         self.settings = settings
         self.version = version
         self.keep_open_bytes = settings.keep_open_bytes
+        self.max_open_bytes = settings.max_open_bytes
         # What fetches ahead leave free for a reader's next chunk.
         self._reserve = max((c.bytes for c in self.chunks), default=0) + SMALL_FILES
         #: Called with a chunk's size after each chunk fetched (progress, counting); not sent
@@ -123,6 +127,7 @@ class ChunkFetcher:
         self._in_flight: dict[int, int] = {}  # number -> order
         self._ahead: dict[int, tuple[Pin, int]] = {}  # fetched ahead, pinned: number -> order
         self._reserved = 0  # bytes of _in_flight and _ahead
+        self._opened = 0  # bytes of the chunks acquired by readers and not released
         self._failures: dict[int, BaseException] = {}
         self._no_room = False  # a fetch ahead found no room: none until a reader opens one
         _FETCHERS.add(self)
@@ -134,6 +139,7 @@ class ChunkFetcher:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self.keep_open_bytes = self.settings.keep_open_bytes
+        self.max_open_bytes = self.settings.max_open_bytes
         self._reserve = max((c.bytes for c in self.chunks), default=0) + SMALL_FILES
         self.on_fetch = None
         self._start()
@@ -143,7 +149,7 @@ class ChunkFetcher:
 
     # --- the ChunkSource face (cache/demand.py) ---
 
-    def acquire(self, number: int) -> Pin:
+    def acquire(self, number: int) -> _Opened:
         """Chunk ``number`` in place, checked, and pinned until the pin is released."""
         info = self.chunks[number]
         # Pinned first: from now on nobody evicts it, whatever a fetch ahead of it does with
@@ -164,22 +170,27 @@ class ChunkFetcher:
             if order is not None:
                 self._drop_passed(order)
         try:
-            return self._fetch(number, ahead=False, pin=pin)
+            opened = _Opened(self, self._fetch(number, ahead=False, pin=pin), info.bytes)
         finally:
             if ahead is not None:
                 ahead[0].release()
-            self._pump()
+        with self._lock:
+            self._opened += info.bytes
+        self._pump()
+        return opened
 
     def read_ahead(self, numbers: Sequence[int]) -> None:
         """Fetch these chunks in the background, in this order, within the settings' bounds."""
         with self._lock:
             if self._closed:
                 self._closed = False  # (closed by a DataRef's close(); reading again)
+            # One order for the whole call: a read opens the chunks it needs in any order.
+            order = self._announced
+            self._announced += 1
             for number in numbers:
                 if number in self._queue or number in self._in_flight or number in self._ahead:
                     continue
-                self._queue[number] = self._announced
-                self._announced += 1
+                self._queue[number] = order
         self._pump()
 
     def close(self) -> None:
@@ -309,6 +320,7 @@ class ChunkFetcher:
     def _pump(self) -> None:
         """Start fetches ahead, in the order announced, within the bounds."""
         settings = self.settings
+        limit = self.cache.limit
         starts = []
         with self._lock:
             self._drop_opened()
@@ -318,6 +330,11 @@ class ChunkFetcher:
                 number, order = next(iter(self._queue.items()))
                 size = self.chunks[number].bytes
                 if self._reserved + size > settings.read_ahead_bytes:
+                    break
+                # What this process's readers have open, and room for their next chunk, first.
+                if limit is not None and (
+                    self._reserved + size + self._opened + self._reserve > limit
+                ):
                     break
                 del self._queue[number]
                 self._in_flight[number] = order
@@ -381,11 +398,35 @@ class ChunkFetcher:
     def _path_of(self, number: int) -> str:
         return self._path(self.chunks[number])
 
+    def let_go(self, size: int) -> None:
+        """A reader released a chunk of ``size`` bytes it had acquired."""
+        with self._lock:
+            self._opened = max(self._opened - size, 0)
+        self._pump()
+
     def forget_after_fork(self) -> None:
         """In a forked child: the parent's fetch threads are not here, its pins are its own."""
         for pin, _ in self._ahead.values():
             pin.release()
         self._start()
+
+
+class _Opened:
+    """A reader's pin on a chunk, counted by its fetcher while held (fetches ahead leave room
+    for what readers have open)."""
+
+    def __init__(self, fetcher: ChunkFetcher, pin: Pin, size: int) -> None:
+        self.fetcher = fetcher
+        self.pin = pin
+        self.size = size
+        self.pid = os.getpid()
+
+    def release(self) -> None:
+        # (In a forked child the parent's count is not ours, nor maybe its lock.)
+        if self.size and self.pid == os.getpid():
+            self.fetcher.let_go(self.size)
+        self.size = 0
+        self.pin.release()
 
 
 def _present(path: str, info: ChunkInfo) -> bool:
