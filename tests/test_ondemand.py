@@ -18,6 +18,7 @@ import sys
 import textwrap
 import threading
 import time
+import uuid
 import warnings
 from collections import Counter
 from collections.abc import Iterator
@@ -39,15 +40,27 @@ N = 3000  # records(N): about 30 chunks of CHUNK_BYTES
 CHUNK_BYTES = 30_000
 
 
+@pytest.fixture(scope="module")
+def buckets() -> dict[str, str]:
+    """One bucket per server for this module (each test has a prefix of its own): every
+    bucket costs the session's SeaweedFS volumes, and so disk."""
+    return {}
+
+
+def fresh_spec(kind: str, server: Any, buckets: dict[str, str]) -> dict[str, Any]:
+    if kind not in buckets:
+        buckets[kind] = server.make_bucket()
+    return spec_for(kind, server, buckets[kind], prefix=f"ondemand/{uuid.uuid4().hex[:12]}")
+
+
 @pytest.fixture(params=["s3", "gcs"])
-def spec(request: pytest.FixtureRequest) -> dict[str, Any]:
-    server = request.getfixturevalue(f"{request.param}_server")
-    return spec_for(request.param, server, server.make_bucket())
+def spec(request: pytest.FixtureRequest, buckets: dict[str, str]) -> dict[str, Any]:
+    return fresh_spec(request.param, request.getfixturevalue(f"{request.param}_server"), buckets)
 
 
 @pytest.fixture
-def s3_spec(s3_server: Any) -> dict[str, Any]:
-    return spec_for("s3", s3_server, s3_server.make_bucket())
+def s3_spec(s3_server: Any, buckets: dict[str, str]) -> dict[str, Any]:
+    return fresh_spec("s3", s3_server, buckets)
 
 
 @pytest.fixture(autouse=True)
