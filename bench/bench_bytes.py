@@ -195,21 +195,22 @@ def main() -> int:
     for name, rate in disk.items():
         print(f"- {name}: {rate / 1e6:.0f} MB/s")
 
+    import yogadl_plus.cache.readahead as readahead_module
     import yogadl_plus.stream as stream_module
 
-    defaults = (stream_module._READ_AHEAD_BYTES, stream_module._READ_AHEAD_MIN_RECORD_BYTES)
+    defaults = (stream_module._READ_AHEAD_BYTES, readahead_module.MIN_RECORD_BYTES)
 
     def cold(ref: ydl.DataRef, ahead: str = "default", **kwargs) -> float:
         """``ahead``: "default", "off" (no read-ahead: the code before issue 16), "all" (small
         records hinted too)."""
         stream_module._READ_AHEAD_BYTES = 0 if ahead == "off" else defaults[0]
-        stream_module._READ_AHEAD_MIN_RECORD_BYTES = 0 if ahead == "all" else defaults[1]
+        readahead_module.MIN_RECORD_BYTES = 0 if ahead == "all" else defaults[1]
         try:
             drop_caches()
             fresh = storage.fetch(ref.dataset_id, ref.version)
             return epoch_rate(fresh, seconds, **kwargs)
         finally:
-            stream_module._READ_AHEAD_BYTES, stream_module._READ_AHEAD_MIN_RECORD_BYTES = defaults
+            stream_module._READ_AHEAD_BYTES, readahead_module.MIN_RECORD_BYTES = defaults
 
     shuffled = {"shuffle": True, "shuffle_seed": 1}
     rows = [

@@ -118,9 +118,10 @@ def test_page_map_of_a_damaged_tree_is_none_or_in_bounds(local_storage):
 def test_read_ahead_changes_nothing_that_is_read(local_storage, monkeypatch, shuffle, size):
     """The same items with read-ahead as without (small and big records, shuffled or not,
     records and batches), and the thread stops with the DataRef."""
+    import yogadl_plus.cache.readahead as readahead_module
     import yogadl_plus.stream as stream_module
 
-    monkeypatch.setattr(stream_module, "_READ_AHEAD_MIN_RECORD_BYTES", 0)
+    monkeypatch.setattr(readahead_module, "MIN_RECORD_BYTES", 0)
     ref = _cache(local_storage, f"same{size}", 400, size)
     assert ref.stream()._read_ahead > 0
     with_ahead = [r["y"] for r in ref.stream(shuffle=shuffle, shuffle_seed=3)]

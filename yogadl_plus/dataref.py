@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from yogadl_plus.cache.demand import ChunkSource
 from yogadl_plus.cache.layout import RecordLayout
 from yogadl_plus.cache.manifest import ChunkInfo, Manifest
 from yogadl_plus.cache.reader import ChunkSet
@@ -16,7 +17,7 @@ from yogadl_plus.schema import Field, Schema
 if TYPE_CHECKING:
     from yogadl_plus.stream import Stream
 
-__all__ = ["DataRef"]
+__all__ = ["DataRef", "DataRefOnDemand"]
 
 
 class DataRef:
@@ -32,7 +33,7 @@ class DataRef:
         self.directory = directory
         self.manifest = manifest
         self._hold = hold
-        self._chunks = ChunkSet(directory, manifest)
+        self._chunks = self._chunk_set(directory, manifest)
         self._chunks.open_first()
         self._layout = RecordLayout(manifest.schema)
         self._len = manifest.num_records
@@ -40,6 +41,9 @@ class DataRef:
         # The manifest as it travels to other processes: made once, on the first pickle (a
         # torch DataLoader pickles its dataset for every worker, every epoch).
         self._manifest_text: str | None = None
+
+    def _chunk_set(self, directory: str, manifest: Manifest) -> ChunkSet:
+        return ChunkSet(directory, manifest)
 
     def __getstate__(self) -> dict[str, Any]:
         if self._manifest_text is None:
@@ -114,6 +118,13 @@ class DataRef:
         self._chunks.close()
         self._layout.recycler.clear()
 
+    def read_ahead(self, indices: np.ndarray) -> None:
+        """Records at ``indices`` will be read soon (a Stream says so for the units it reads
+        next): a version read on demand fetches their chunks in the background, a local one
+        asks the disk for their pages (cold disks). A hint: returns at once, and what is read
+        does not change."""
+        self._chunks.read_ahead(indices)
+
     # --- for the Stream and adapters ---
 
     def select(self, fields: Sequence[str] | str | None) -> tuple[Field, ...]:
@@ -151,11 +162,57 @@ class DataRef:
         transaction ends; decode them with ``layout``."""
         return self._chunks.get_many(indices)
 
-    def read_ahead(self, indices: np.ndarray) -> None:
-        """Hint: these checked record indices are read soon; their pages are asked of the disk
-        in the background (cold disks). Returns at once; what is read does not change."""
-        self._chunks.read_ahead(indices)
-
     @property
     def layout(self) -> RecordLayout:
         return self._layout
+
+
+class DataRefOnDemand(DataRef):
+    """A DataRef whose chunks come to local disk when a read needs them (or ahead of it, see
+    ``read_ahead``), from ``source``: a bucket's version bigger than its local cache.
+
+    Every read is bracketed for the ChunkSet (``read_begins`` / ``read_ends``), which so knows
+    when no thread can hold views into a chunk it retired, and unmaps and unpins it: values a
+    read hands out as memoryviews (``read_values``) are valid in the reading thread until its
+    next read. Picklable like any DataRef; the copy fetches through the same local cache.
+    """
+
+    def __init__(self, directory: str, manifest: Manifest, hold: Any, source: ChunkSource) -> None:
+        self.source = source
+        super().__init__(directory, manifest, hold)
+
+    def _chunk_set(self, directory: str, manifest: Manifest) -> ChunkSet:
+        return ChunkSet(directory, manifest, self.source)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**super().__getstate__(), "source": self.source}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        manifest = Manifest.from_json(state["manifest"], state["directory"])
+        self.__init__(  # type: ignore[misc]
+            state["directory"], manifest, state.get("hold"), state["source"]
+        )
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        chunks = self._chunks
+        chunks.read_begins()
+        try:
+            return super().__getitem__(index)
+        finally:
+            chunks.read_ends()
+
+    def read_columns(self, indices: np.ndarray, fields: Sequence[Field]) -> dict[str, Any]:
+        chunks = self._chunks
+        chunks.read_begins()
+        try:
+            return super().read_columns(indices, fields)
+        finally:
+            chunks.read_ends()
+
+    def read_values(self, indices: np.ndarray) -> list[memoryview]:
+        chunks = self._chunks
+        chunks.read_begins()
+        try:
+            return super().read_values(indices)
+        finally:
+            chunks.read_ends()

@@ -38,15 +38,11 @@ _READ_BLOCK = 512
 # and under malloc's mmap threshold (so their memory is reused instead of mapped afresh, a page
 # fault per 4 KiB), and a record kept by the caller keeps no more than this alive.
 _READ_BLOCK_BYTES = 4 << 20
-# How far ahead of the units being read the stream tells the DataRef which records come next
-# (cache/readahead.py: a cold disk gets that many bytes of reads in flight), in stored bytes and
-# at most in positions (small records: one leaf page each).
+# How far ahead of the units being read the stream announces to the DataRef which records come
+# next (read_ahead: a cold disk reads their pages meanwhile, a version read on demand fetches
+# their chunks), in stored bytes and at most in positions.
 _READ_AHEAD_BYTES = 32 << 20
 _READ_AHEAD_POSITIONS = 8192
-# Records smaller than this are not hinted yet: on a warm cache the hints' bookkeeping cost small
-# records up to a third of their speed in a first measurement, and their cold case (a leaf page
-# each) is not measured yet.
-_READ_AHEAD_MIN_RECORD_BYTES = 4096
 # Iterations whose ledgers offset_after can still answer for: the current one, and those a
 # consumer reading ahead across epochs (tf.data's .repeat() with a prefetch) may still be in.
 _LEDGERS_KEPT = 3
@@ -141,11 +137,10 @@ class Stream:
             if windows
             else max(1, min(_READ_BLOCK, int(_READ_BLOCK_BYTES // record_bytes)))
         )
-        # N-gram windows are not hinted: a position is a window of several records.
         self._read_ahead = (
-            0
-            if windows or not _READ_AHEAD_BYTES or record_bytes < _READ_AHEAD_MIN_RECORD_BYTES
-            else max(1, min(_READ_AHEAD_POSITIONS, int(_READ_AHEAD_BYTES // record_bytes)))
+            max(1, min(_READ_AHEAD_POSITIONS, int(_READ_AHEAD_BYTES // record_bytes)))
+            if _READ_AHEAD_BYTES
+            else 0
         )
         self._reader = BlockReader(
             dataref,
@@ -388,20 +383,25 @@ class Stream:
             unit = max(unit, self._read_block)
         units = self._units(epoch, position, unit)
         if self._read_ahead:
-            units = self._hinted(units)
+            units = self._announced(units)
         if self._pool is None:
             return map(self._reader, units)
         return self._pool.map(units)
 
-    def _hinted(self, units: Iterator[tuple[int, np.ndarray]]) -> Iterator[tuple[int, np.ndarray]]:
-        """``units``, telling the DataRef about each one about ``_read_ahead`` positions before
-        it is read (a cold disk reads them meanwhile: cache/readahead.py)."""
+    def _announced(
+        self, units: Iterator[tuple[int, np.ndarray]]
+    ) -> Iterator[tuple[int, np.ndarray]]:
+        """``units``, each announced to the DataRef (``read_ahead``) about ``_read_ahead``
+        positions before it is read: a cold disk reads their pages meanwhile
+        (cache/readahead.py), a version read on demand fetches their chunks. N-gram windows
+        announce their anchor records."""
         queued: deque[tuple[int, np.ndarray]] = deque()
         positions = 0
         for unit in units:
-            self.dataref.read_ahead(unit[1])
+            indices = unit[1]
+            self.dataref.read_ahead(self.anchors[indices] if self.anchors is not None else indices)
             queued.append(unit)
-            positions += len(unit[1])
+            positions += len(indices)
             while queued and positions - len(queued[0][1]) >= self._read_ahead:
                 positions -= len(queued[0][1])
                 yield queued.popleft()

@@ -9,6 +9,10 @@ again before a read at least every RECHECK_SECONDS (more rarely when many chunks
 that the checks cost under 5% of the time), and a chunk whose file changed is hashed again
 before another record of it is served. Errors LMDB reports become CacheCorrupted, and the
 failed transaction is renewed, so later reads of good records go on.
+
+A set made with a ChunkSource reads on demand (cache/demand.py): a chunk not on disk is
+fetched when a read needs it, and chunks it is done with are unmapped and unpinned, so that
+the cache they live in stays bounded.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from typing import Any, cast
 import lmdb
 import numpy as np
 
+from yogadl_plus.cache.demand import ChunkSource, Retired, WorkingSet
 from yogadl_plus.cache.integrity import (
     DAMAGED,
     FileState,
@@ -168,9 +173,15 @@ os.register_at_fork(after_in_child=_forget_handles_after_fork)
 
 
 class ChunkSet:
-    """The chunk files of one version, read by global record index."""
+    """The chunk files of one version, read by global record index.
 
-    def __init__(self, directory: str, manifest: Manifest) -> None:
+    ``source``: where chunks missing from ``directory`` come from (reading on demand); then
+    every read is bracketed by ``read_begins`` / ``read_ends`` (DataRefOnDemand does it).
+    """
+
+    def __init__(
+        self, directory: str, manifest: Manifest, source: ChunkSource | None = None
+    ) -> None:
         self.directory = directory
         self.name = f"{manifest.dataset_id}:{manifest.version}"
         self.chunks: list[ChunkInfo] = list(manifest.chunks)
@@ -191,6 +202,14 @@ class ChunkSet:
         self._held: list[tuple[int, int]] = []
         self._finalizer = weakref.finalize(self, _ENVIRONMENTS.release_later, self._held)
         self._ahead: ReadAhead | None = None
+        self._source = source
+        self._demand = (
+            WorkingSet(
+                [c.bytes for c in self.chunks], source.keep_open_bytes, source.max_open_bytes
+            )
+            if source is not None
+            else None
+        )
         _OPEN_SETS.add(self)
 
     def _drop_handles(self) -> None:
@@ -201,6 +220,8 @@ class ChunkSet:
         self._lock = threading.Lock()
         self._readers = weakref.WeakSet()
         self._held.clear()
+        if self._demand is not None:
+            self._demand.forget_after_fork()
 
     def close(self) -> None:
         """Let go of this set's LMDB handles; the next read opens them again. While other
@@ -224,10 +245,13 @@ class ChunkSet:
             self._states = [None] * len(self.chunks)
             self._open_numbers = []
             self._local = threading.local()
+            self._let_go_of_everything()
 
     def _env(self, number: int) -> lmdb.Environment:
         env = self._envs[number]
         if env is None:
+            if self._source is not None:
+                return self._env_on_demand(number)
             with self._lock:
                 env = self._envs[number]
                 if env is None:
@@ -520,22 +544,18 @@ class ChunkSet:
             start += take
         return values
 
-    def read_ahead(self, indices: np.ndarray) -> None:
-        """Start reading these records' pages from disk in the background (see
-        cache/readahead.py): a hint, returns at once, changes nothing that is read."""
-        ahead = self._ahead
-        if ahead is None:
-            with self._lock:
-                ahead = self._ahead
-                if ahead is None:
-                    ahead = self._ahead = ReadAhead(self.directory, self.chunks, self.starts)
-        ahead.hint(indices)
-
     def verify(self, on_chunk: Callable[[ChunkInfo], object] | None = None) -> None:
         """Re-hash every chunk file against the manifest; CacheCorrupted names the first bad one
         by its path. ``on_chunk(info)`` is called after each chunk that matches (progress)."""
         for number, info in enumerate(self.chunks):
-            state = verify_and_stamp(os.path.join(self.directory, info.file), info)
+            # On demand, each chunk is fetched (and so checked) if it is not here, and pinned
+            # while it is hashed.
+            held = self._source.acquire(number) if self._source is not None else None
+            try:
+                state = verify_and_stamp(os.path.join(self.directory, info.file), info)
+            finally:
+                if held is not None:
+                    held.release()
             if self._states[number] is not None and self._states[number] != state:
                 self._forget(number)  # a good file, but not the one open: open it again
             if on_chunk is not None:
@@ -543,3 +563,107 @@ class ChunkSet:
 
     def __len__(self) -> int:
         return self.num_records
+
+    # --- reading on demand (cache/demand.py) ---
+
+    def _env_on_demand(self, number: int) -> lmdb.Environment:
+        """``_env`` of a set reading on demand: the chunk is fetched and pinned first (outside
+        the lock, so that other threads open other chunks meanwhile), then opened and checked
+        as every chunk is; chunks beyond the working set are retired."""
+        assert self._source is not None and self._demand is not None
+        held = self._source.acquire(number)
+        with self._lock:
+            env = self._envs[number]
+            if env is not None:  # another thread opened it meanwhile
+                held.release()
+                return env
+            try:
+                env = self._open(number)
+            except BaseException:
+                held.release()
+                raise
+            self._envs[number] = env
+            state = self._states[number]
+            assert state is not None
+            for old in self._demand.opened(number, (state.device, state.inode), held):
+                # No read reaches this opening any more; it goes once no thread can hold
+                # views into it.
+                self._envs[old] = None
+                self._states[old] = None
+                if old in self._open_numbers:
+                    self._open_numbers.remove(old)
+                self._demand.retire(old)
+            self._unmap(self._demand.free())
+        return env
+
+    def _unmap(self, retired: list[Retired]) -> None:
+        """Close retired chunks' environments (their maps go with the last user in the
+        process) and drop their pins. Under ``self._lock``."""
+        for chunk in retired:
+            if chunk.key in self._held:  # (close() may have let go of every handle already)
+                self._held.remove(chunk.key)
+                _ENVIRONMENTS.release([chunk.key])
+            chunk.held.release()
+
+    def _let_go_of_everything(self) -> None:
+        """close(): the pins of every chunk held on demand, and what was fetched ahead."""
+        if self._demand is not None:
+            for _, held in self._demand.everything():
+                held.release()
+        if self._source is not None:
+            self._source.close()
+
+    def read_begins(self) -> None:
+        """The calling thread starts a read through a set reading on demand. Its views of
+        earlier reads are dead now (they are valid until the thread's next read), so its
+        transactions on retired chunks go, and chunks nobody can reach any more are
+        unmapped and unpinned."""
+        if self._demand is None:
+            return
+        txns = getattr(self._local, "txns", None)
+        if txns is None:
+            txns = self._local.txns = [None] * len(self.chunks)
+            self._readers.add(threading.current_thread())
+        drop, free = self._demand.begin(txns)
+        views = getattr(self._local, "columns", None)
+        for number in drop:
+            txn, txns[number] = txns[number], None
+            if txn is not None:
+                with contextlib.suppress(lmdb.Error):
+                    txn.abort()
+            if views:
+                for key in [k for k in views if k[0] == number]:
+                    del views[key]
+        if free:
+            with self._lock:
+                self._unmap(free)
+
+    def read_ends(self) -> None:
+        """The calling thread's read returned (see ``read_begins``)."""
+        if self._demand is not None:
+            self._demand.end()
+
+    def read_ahead(self, indices: np.ndarray) -> None:
+        """Records at ``indices`` will be read soon: a hint, returns at once, changes nothing
+        that is read. Reading on demand, the chunks they live in that are not open are fetched
+        in the background, in the order first needed; from a local disk, their pages are asked
+        of the disk (cache/readahead.py)."""
+        if not len(indices):
+            return
+        if self._source is not None:
+            chunk = np.searchsorted(self.starts, np.asarray(indices, np.int64), side="right") - 1
+            numbers, first = np.unique(chunk, return_index=True)
+            ordered = numbers[np.argsort(first, kind="stable")].tolist()
+            self._source.read_ahead(
+                [n for n in ordered if 0 <= n < len(self.chunks) and self._envs[n] is None]
+            )
+            # No page hints here: a chunk just fetched is in memory, and a file descriptor
+            # held on a chunk the cache evicts would keep its disk space taken.
+            return
+        ahead = self._ahead
+        if ahead is None:
+            with self._lock:
+                ahead = self._ahead
+                if ahead is None:
+                    ahead = self._ahead = ReadAhead(self.directory, self.chunks, self.starts)
+        ahead.hint(indices)

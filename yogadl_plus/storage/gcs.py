@@ -180,6 +180,23 @@ class _GCSObjects(ObjectStore):
                 raise object_gone(self.url, key) from None
 
     @retried
+    def read_range(self, key: str, start: int, stop: int) -> bytes:
+        from google.api_core.exceptions import NotFound, RequestRangeNotSatisfiable
+
+        if stop <= start:
+            return b""
+        with self._errors("ranged read", key, missing_is_bucket=False):
+            try:
+                data: bytes = self.bucket.blob(self.prefix + key).download_as_bytes(
+                    start=start, end=stop - 1, **self.once
+                )
+            except RequestRangeNotSatisfiable:
+                return b""
+            except NotFound:
+                raise object_gone(self.url, key) from None
+        return data
+
+    @retried
     def keys(self, prefix: str) -> list[tuple[str, float]]:
         with self._errors("list", prefix):
             return [

@@ -7,29 +7,64 @@ reading the copy holds a shared ``flock`` (see pins.py; the kernel drops it when
 even by SIGKILL) on ``<root>/<id>/+pin.<version>``, whose mtime records the last use for
 least-recently-used eviction, and on ``b-<build>/+pin`` of each build it reads: a copy is evicted
 only when nobody reads it, and a build the manifest no longer names once nobody reads that build.
+
+A version read on demand (storage/ondemand.py) is a copy with only some chunks present. Its
+readers hold ``<root>/<id>/+demand.<version>`` instead of the copy's pin (the copy is not
+evicted as a whole while read, but its chunks may be), and each chunk they have open by a pin
+beside it (``chunk-00000.mdb.pin``, its mtime the chunk's last use), each chunk fetched ahead
+of a reader by a softer one (``chunk-00000.mdb.ahead``: fetches ahead never evict it, a
+reader that finds no other room does);
+``chunk-00000.mdb.lock`` makes one process fetch a chunk while the others wait, and the
+fetch writes into ``chunk-00000.mdb.fetching``, made at its full size first. Making room
+(``room``, under ``<root>/+space.lock``, so that the processes of a machine count together)
+evicts least-recently-used first: whole copies nobody reads, then single chunks nobody pins of
+copies nobody reads whole, so that the cache never grows over its limit while what is in use
+fits in it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import shutil
+import threading
+import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 
 from filelock import FileLock, Timeout
 
-from yogadl_plus.cache.integrity import stamp
+from yogadl_plus.cache.integrity import STAMP_SUFFIX, stamp
 from yogadl_plus.cache.manifest import MANIFEST_NAME, ChunkInfo, Manifest, write_durably
 from yogadl_plus.checks import check_int
-from yogadl_plus.errors import CacheLimitWarning, StorageError
+from yogadl_plus.errors import CacheLimitWarning, StorageError, unwritable
 from yogadl_plus.storage.local import LocalStorage, build_pin_path
 from yogadl_plus.storage.pins import Pin, PinGone, Pins, exclusively
 
-__all__ = ["LocalCache"]
+__all__ = ["AHEAD_PIN", "CHUNK_PIN", "FETCHING", "SMALL_FILES", "LocalCache", "NoRoom"]
 
 _PIN = "+pin."
+_DEMAND = "+demand."
 _PART = ".part"
+_SPACE_LOCK = "+lock.space"
+CHUNK_PIN = ".pin"
+AHEAD_PIN = ".ahead"
+CHUNK_LOCK = ".lock"
+FETCHING = ".fetching"
+# Reserved with each chunk for the small files written beside it (its stamp, pins).
+SMALL_FILES = 4096
+# How long making room may wait for another process making room (it holds the lock briefly).
+_SPACE_WAIT_S = 60.0
+_PIN_ATTEMPTS = 200
+# How long a reader that needs room waits for fetches to end and other processes to let go.
+_ROOM_WAIT_S = 5.0
+# How often a waiter for a lock held briefly (space) or by a fetch (a chunk) tries it again.
+_POLL_S = 0.002
+
+
+class NoRoom(StorageError):
+    """A strict ``room`` found the cache full of what is in use (a fetch ahead then waits)."""
 
 
 class LocalCache:
@@ -182,8 +217,8 @@ class LocalCache:
                 if free:
                     shutil.rmtree(os.path.join(folder, build), ignore_errors=True)
 
-    @staticmethod
     def _download_into(
+        self,
         folder: str,
         manifest: Manifest,
         numbers: list[int],
@@ -204,8 +239,10 @@ class LocalCache:
             raise
         for info, part in jobs:
             final = part[: -len(_PART)]
-            os.replace(part, final)
-            stamp(final, info.sha256)  # checked as it was downloaded
+            # A reader on demand may have fetched it meanwhile (and may have it open): keep it.
+            with self.space():
+                if _place(part, final):
+                    stamp(final, info.sha256)  # checked as it was downloaded
 
     def copies(self) -> Iterator[tuple[str, str, int, float]]:
         """(dataset_id, version, bytes present, last use) of every local copy."""
@@ -220,30 +257,174 @@ class LocalCache:
             yield dataset_id, version, size, used
 
     def _make_room(self, need: int, keep: tuple[str, str]) -> None:
-        """Evict least-recently-used copies not in use until ``need`` more bytes fit the limit."""
+        with self.room(need, keep):
+            pass
+
+    @contextlib.contextmanager
+    def room(
+        self, need: int, keep: tuple[str, str], strict: bool = False, reserve: int = 0
+    ) -> Iterator[None]:
+        """Evict what nobody uses, least recently used first, until ``need`` more bytes fit
+        the limit, then hold the machine's space lock for the block, in which the caller
+        takes the room (makes its file). If what is left is in use: a CacheLimitWarning, or
+        with ``strict`` NoRoom. ``keep``: the copy (dataset_id, version) being filled, which
+        is not evicted whole. ``reserve``: bytes a strict caller leaves free besides (for a
+        reader's next chunk: fetches ahead never take the room readers need). When what is
+        left will go soon (chunks being fetched, then evictable; chunks other processes pin,
+        which they let go as they read on), it waits for up to _ROOM_WAIT_S first."""
+        deadline = time.monotonic() + _ROOM_WAIT_S
+        while True:
+            with self.space():
+                short, soon = self._evict_until(need + (reserve if strict else 0), keep, strict)
+                if not short or strict or not soon or time.monotonic() > deadline:
+                    if short:
+                        self._over(short, need, strict)
+                    yield
+                    return
+            time.sleep(_POLL_S * 5)  # (without the space lock: they may need it to go on)
+
+    @contextlib.contextmanager
+    def space(self) -> Iterator[None]:
+        """The machine's lock on the cache's size: held while the cache is measured and room
+        made, and while a file of counted size is renamed (a listing can miss a file renamed
+        while it runs). Without a limit there is nothing to count: no lock."""
+        if self.limit is None:
+            yield
+            return
+        lock = FileLock(os.path.join(self.root, _SPACE_LOCK), thread_local=False)
+        try:
+            lock.acquire(timeout=_SPACE_WAIT_S, poll_interval=_POLL_S)
+        except Timeout:
+            raise StorageError(
+                f"{lock.lock_file}: another process has held the local cache's space lock for "
+                f"{_SPACE_WAIT_S:.0f} s (is it stopped?); try again, or end that process"
+            ) from None
+        try:
+            yield
+        finally:
+            lock.release()
+
+    def _evict_until(self, need: int, keep: tuple[str, str], strict: bool) -> tuple[int, bool]:
+        """Evict until ``need`` more bytes fit: (bytes still short, whether some of what could
+        not be evicted will be soon: a chunk being fetched, or pinned by another process
+        only, which lets go as it reads on)."""
         self.local.remove_discarded()
         if self.limit is None:
-            return
-        copies = sorted(self.copies(), key=lambda c: c[3])
-        total = sum(c[2] for c in copies)
-        busy = []
-        for dataset_id, version, size, _ in copies:
-            if total + need <= self.limit:
-                return
-            if (dataset_id, version) == keep:
-                continue
-            if self._evict(dataset_id, version):
-                total -= size
-            else:
-                busy.append(f"{dataset_id}:{version}")
-        if total + need > self.limit:
-            warnings.warn(
-                f"the local cache {self.root} needs {total + need:,} bytes, over its limit of "
-                f"{self.limit:,}: the copies left are in use by live processes "
-                f"({', '.join(busy) or 'none'}) or being pulled now",
-                CacheLimitWarning,
-                stacklevel=3,
+            return 0, False
+        usage, candidates = self._survey()
+        if usage + need <= self.limit:
+            return 0, False
+        gone: set[tuple[str, str]] = set()
+        chunk_bytes: dict[tuple[str, str], int] = {}
+        soon = False
+        order = sorted(candidates, key=lambda c: (c.used, c.rank))
+        # A reader in need may take what was fetched ahead for others; a fetch ahead may not.
+        # (Of chunks fetched ahead, those fetched last are needed last: they go first.)
+        ahead = sorted((c for c in order if c.rank == _CHUNK), key=lambda c: -c.used)
+        passes = [order] if strict else [order, ahead]
+        for spare_ahead, items in zip((True, False), passes):
+            last = items is passes[-1]
+            for item in items:
+                if usage + need <= self.limit:
+                    return 0, False
+                copy = (item.dataset_id, item.version)
+                if copy in gone or (item.rank == _COPY and copy == keep):
+                    continue
+                freed = self._evict_item(item, spare_ahead)
+                if freed is None:
+                    if item.rank == _LEFTOVER or (
+                        last and item.rank == _CHUNK and not _pinned_here(item.path + CHUNK_PIN)
+                    ):
+                        soon = True
+                    continue
+                if item.rank == _COPY:
+                    gone.add(copy)
+                    freed -= chunk_bytes.get(copy, 0)
+                else:
+                    chunk_bytes[copy] = chunk_bytes.get(copy, 0) + freed
+                usage -= freed
+        return max(usage + need - self.limit, 0), soon
+
+    def _over(self, short: int, need: int, strict: bool) -> None:
+        """What is left is in use: NoRoom for a strict caller, else go over, saying so."""
+        if strict:
+            raise NoRoom(f"{self.root}: no room for {need:,} more bytes")
+        assert self.limit is not None
+        warnings.warn(
+            f"the local cache {self.root} needs {self.limit + short:,} bytes, over its limit "
+            f"of {self.limit:,}: what it holds is in use by live processes (versions they "
+            "read, chunks they have open) or being pulled now",
+            CacheLimitWarning,
+            stacklevel=5,
+        )
+
+    def _survey(self) -> tuple[int, list[_Evictable]]:
+        """(bytes of every file under the root, what could be evicted), in one walk."""
+        stats = dict(_walk(self.root))
+        usage = sum(st.st_size for st in stats.values())
+        copies: dict[tuple[str, str], list[str]] = {}
+        for path in stats:
+            parts = os.path.relpath(path, self.root).split(os.sep)
+            if len(parts) > 2 and "+" not in parts[0] and "+" not in parts[1]:
+                copies.setdefault((parts[0], parts[1]), []).append(path)
+
+        def used(path: str) -> float:
+            st = stats.get(path)
+            return st.st_mtime if st is not None else 0.0
+
+        found: list[_Evictable] = []
+        for (dataset_id, version), paths in copies.items():
+            copy_used = max(
+                used(self._pin_path(dataset_id, version)),
+                used(self._demand_pin_path(dataset_id, version)),
             )
+            newest, size = copy_used, 0
+            for path in paths:
+                nbytes = stats[path].st_size
+                size += nbytes
+                if path.endswith(FETCHING):
+                    found.append(_Evictable(_LEFTOVER, dataset_id, version, path, nbytes, -1))
+                elif path.endswith(".mdb"):
+                    last = max(used(path + CHUNK_PIN), used(path + AHEAD_PIN)) or copy_used
+                    newest = max(newest, last)
+                    stamp_st = stats.get(path + STAMP_SUFFIX)
+                    nbytes += stamp_st.st_size if stamp_st is not None else 0
+                    found.append(_Evictable(_CHUNK, dataset_id, version, path, nbytes, last))
+            folder = os.path.join(self.root, dataset_id, version)
+            found.append(_Evictable(_COPY, dataset_id, version, folder, size, newest))
+        return usage, found
+
+    def _evict_item(self, item: _Evictable, spare_ahead: bool) -> int | None:
+        """Remove one copy, chunk or leftover if nobody uses it: the bytes freed, or None.
+        ``spare_ahead``: a chunk fetched ahead for a reader counts as used."""
+        if item.rank == _COPY:
+            return item.size if self._evict(item.dataset_id, item.version) else None
+        if item.rank == _LEFTOVER:
+            # A fetch killed midway, unless its fetcher still holds the chunk's lock.
+            lock = FileLock(item.path[: -len(FETCHING)] + CHUNK_LOCK, thread_local=False)
+        else:
+            lock = FileLock(self._lock_path(item.dataset_id, item.version), thread_local=False)
+        try:
+            lock.acquire(timeout=0)
+        except (Timeout, OSError):
+            return None
+        try:
+            if item.rank == _LEFTOVER:
+                return item.size if _remove(item.path) else 0
+            # A chunk goes only if nobody reads the copy whole and nobody pins the chunk.
+            with exclusively(self._pin_path(item.dataset_id, item.version)) as free:
+                if not free:
+                    return None
+                with (
+                    exclusively(item.path + CHUNK_PIN) as chunk_free,
+                    exclusively(item.path + AHEAD_PIN) if spare_ahead else _free() as ahead_free,
+                ):
+                    if not (chunk_free and ahead_free):
+                        return None
+                    _remove(item.path + STAMP_SUFFIX)
+                    return item.size if _remove(item.path) else 0
+        finally:
+            lock.release()
 
     def _evict(self, dataset_id: str, version: str) -> bool:
         """Remove one copy if no process is pulling or reading it; whether it was removed."""
@@ -253,10 +434,90 @@ class LocalCache:
         except Timeout:
             return False
         try:
-            with exclusively(self._pin_path(dataset_id, version)) as free:
-                if free:
+            with (
+                exclusively(self._pin_path(dataset_id, version)) as free,
+                exclusively(self._demand_pin_path(dataset_id, version)) as demand_free,
+            ):
+                if free and demand_free:
                     self.local.discard(dataset_id, version)
-                return free
+                return free and demand_free
+        finally:
+            lock.release()
+
+    # --- reading on demand ---
+
+    def _demand_pin_path(self, dataset_id: str, version: str) -> str:
+        return os.path.join(self.root, dataset_id, _DEMAND + version)
+
+    def open_on_demand(
+        self, dataset_id: str, version: str, manifest_bytes: bytes, manifest: Manifest
+    ) -> tuple[str, Pins]:
+        """The local copy of ``manifest_bytes`` with the chunks it holds (none pulled now),
+        pinned for reading on demand: not evicted as a whole while pinned, though chunks
+        nobody pins may be (see ``pin_chunk``)."""
+        folder = self.path(dataset_id, version)
+        if _read_bytes(os.path.join(folder, MANIFEST_NAME)) == manifest_bytes:
+            with contextlib.suppress(PinGone):
+                pins = self._demand_pins(dataset_id, version, manifest)
+                if _read_bytes(os.path.join(folder, MANIFEST_NAME)) == manifest_bytes:
+                    return folder, pins
+                pins.release()
+        keep = (dataset_id, version)
+        with (
+            self.local.lock(dataset_id, version),
+            self.room(len(manifest_bytes) + SMALL_FILES, keep),
+        ):
+            self._update(dataset_id, version, manifest_bytes, manifest, (), _nothing)
+            for build in _builds(manifest):  # (where its chunks and their pins will be)
+                os.makedirs(os.path.join(folder, build), exist_ok=True)
+            return folder, self._demand_pins(dataset_id, version, manifest)
+
+    def _demand_pins(self, dataset_id: str, version: str, manifest: Manifest) -> Pins:
+        folder = self.path(dataset_id, version)
+        pins = [Pin(self._demand_pin_path(dataset_id, version), touch=True)]
+        try:
+            pins.extend(Pin(build_pin_path(folder, b)) for b in _builds(manifest))
+        except PinGone:
+            Pins(pins).release()
+            raise
+        return Pins(pins)
+
+    def pin_chunk(self, path: str, ahead: bool = False) -> Pin:
+        """A pin on the chunk file ``path`` of a copy read on demand (present or not): it is
+        not evicted while the pin is held. Its time of last use is now. ``ahead``: a softer
+        pin, for a chunk fetched ahead of its reader (see the module's docstring)."""
+        for _ in range(_PIN_ATTEMPTS):
+            try:
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                if ahead:
+                    return Pin(path + AHEAD_PIN, touch=True)
+                return _ChunkPin(path + CHUNK_PIN)
+            except PinGone:
+                time.sleep(0.005)  # being evicted this instant: then it is not there
+            except OSError as exc:
+                raise unwritable(path + CHUNK_PIN, exc) from None
+        raise StorageError(f"{path}: could not pin this chunk (it kept being evicted); try again")
+
+    @staticmethod
+    def opened_since_ahead(path: str) -> bool:
+        """Whether a reader (of any process) pinned the chunk file ``path`` since it was last
+        pinned as fetched ahead: then whoever fetched it ahead can let go of it."""
+        return _mtime(path + CHUNK_PIN) > _mtime(path + AHEAD_PIN) > 0
+
+    @contextlib.contextmanager
+    def fetching(self, path: str, timeout: float) -> Iterator[None]:
+        """Held by the one thread of this machine fetching the chunk file ``path``; the others
+        wait for it (at most ``timeout`` seconds, then a StorageError)."""
+        lock = FileLock(path + CHUNK_LOCK, thread_local=False)
+        try:
+            lock.acquire(timeout=timeout, poll_interval=_POLL_S)
+        except Timeout:
+            raise StorageError(
+                f"{path}: another process or thread has been fetching this chunk for "
+                f"{timeout:.0f} s (it holds {lock.lock_file}); is it stopped? try again"
+            ) from None
+        try:
+            yield
         finally:
             lock.release()
 
@@ -265,6 +526,110 @@ class LocalCache:
         with self.local.lock(dataset_id, version):
             if os.path.isdir(self.path(dataset_id, version)):
                 self.local.discard(dataset_id, version)
+
+
+# The chunk pins this process holds, by path: room() waits for other processes' pins only.
+_PINNED: dict[str, int] = {}
+_PINNED_LOCK = threading.Lock()
+
+
+class _ChunkPin(Pin):
+    """A reader's pin on a chunk, counted in _PINNED while held."""
+
+    def __init__(self, path: str) -> None:
+        self._counted = False
+        super().__init__(path, touch=True)
+        if self.held:
+            with _PINNED_LOCK:
+                _PINNED[path] = _PINNED.get(path, 0) + 1
+            self._counted = True
+
+    def release(self) -> None:
+        if getattr(self, "_counted", False):
+            self._counted = False
+            with _PINNED_LOCK:
+                left = _PINNED.get(self.path, 0) - 1
+                if left > 0:
+                    _PINNED[self.path] = left
+                else:
+                    _PINNED.pop(self.path, None)
+        super().release()
+
+
+def _pinned_here(path: str) -> bool:
+    return _PINNED.get(path, 0) > 0
+
+
+def _new_lock_after_fork() -> None:
+    global _PINNED_LOCK
+    _PINNED_LOCK = threading.Lock()  # a thread of the parent may have held it
+
+
+os.register_at_fork(after_in_child=_new_lock_after_fork)
+
+
+_LEFTOVER, _COPY, _CHUNK = 0, 1, 2  # at equal times of last use, evicted in this order
+
+
+@dataclasses.dataclass(frozen=True)
+class _Evictable:
+    """A copy, a chunk of one, or a leftover of a killed fetch, as the eviction sees it."""
+
+    rank: int  # _LEFTOVER, _COPY or _CHUNK
+    dataset_id: str
+    version: str
+    path: str
+    size: int
+    used: float
+
+
+@contextlib.contextmanager
+def _free() -> Iterator[bool]:
+    yield True
+
+
+def _nothing(folder: str, numbers: list[int]) -> None:
+    """Fills no chunk (reading on demand fetches them when they are read)."""
+
+
+def _place(part: str, final: str) -> bool:
+    """Rename ``part`` to ``final`` unless ``final`` exists (a reader on demand fetched it
+    meanwhile, and may have it open: the same bytes, checked); whether it was placed."""
+    try:
+        os.link(part, final)
+    except FileExistsError:
+        os.remove(part)
+        return False
+    except OSError:  # no hard links here
+        if os.path.exists(final):
+            os.remove(part)
+            return False
+        os.replace(part, final)
+        return True
+    os.remove(part)
+    return True
+
+
+def _mtime(path: str) -> float:
+    try:
+        return os.path.getmtime(path)
+    except OSError:
+        return 0.0
+
+
+def _file_bytes(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
+
+
+def _remove(path: str) -> bool:
+    try:
+        os.remove(path)
+    except FileNotFoundError:
+        return False
+    return True
 
 
 def _builds(manifest: Manifest) -> list[str]:
@@ -279,6 +644,22 @@ def _unnamed_builds(folder: str, manifest: Manifest) -> list[str]:
         return [e.name for e in os.scandir(folder) if e.is_dir() and e.name not in named]
     except OSError:
         return []
+
+
+def _walk(folder: str) -> Iterator[tuple[str, os.stat_result]]:
+    """(path, lstat) of every file under ``folder``; what vanishes meanwhile is left out."""
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return
+    for entry in entries:
+        try:
+            if entry.is_dir(follow_symlinks=False):
+                yield from _walk(entry.path)
+            else:
+                yield entry.path, entry.stat(follow_symlinks=False)
+        except OSError:
+            continue
 
 
 def _tree_bytes(folder: str) -> int:

@@ -206,6 +206,11 @@ class ObjectStore(ABC):
         can); StorageError if the object is gone."""
 
     @abstractmethod
+    def read_range(self, key: str, start: int, stop: int) -> bytes:
+        """Bytes ``start`` to ``stop`` (exclusive) of object ``key``: fewer where the object is
+        shorter (none past its end); StorageError if the object is gone."""
+
+    @abstractmethod
     def keys(self, prefix: str) -> list[tuple[str, float]]:
         """(key, last modified as a POSIX time on the server's clock) of every key under
         ``prefix``, recursively (a listing cut off midway is tried again from its start)."""

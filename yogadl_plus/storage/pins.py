@@ -14,6 +14,7 @@ import contextlib
 import errno
 import fcntl
 import os
+import uuid
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -116,9 +117,10 @@ def _open_pin(path: str, create: bool) -> int | None:
 @contextlib.contextmanager
 def exclusively(path: str) -> Iterator[bool]:
     """Yields True while holding ``path``'s pin exclusively (nobody reads what it pins), False
-    if someone holds it. Never waits. A missing pin file is made (and then unpinned)."""
+    if someone holds it. Never waits. A missing pin file is made (and then unpinned), dated
+    0: its mtime records uses (see Pin's ``touch``), and this is none."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        fd = _open_dated_0(path)
     except FileNotFoundError:
         yield True  # its folder is gone already
         return
@@ -131,3 +133,26 @@ def exclusively(path: str) -> Iterator[bool]:
         yield True
     finally:
         os.close(fd)
+
+
+def _open_dated_0(path: str) -> int:
+    """A read-only descriptor of ``path``, made (dated 0) if it is missing: made aside and
+    linked into place, so that nobody sees it dated now in between."""
+    with contextlib.suppress(FileNotFoundError):
+        return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    aside = f"{path}.{uuid.uuid4().hex[:8]}.tmp"
+    try:
+        fd = os.open(aside, os.O_RDONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        os.close(fd)
+        os.utime(aside, (0, 0))
+        with contextlib.suppress(FileExistsError):
+            os.link(aside, path)  # (never replaces a pin someone made meanwhile)
+    except OSError as exc:
+        if isinstance(exc, FileNotFoundError):
+            raise
+        # No hard links here, or no writing: made the plain way, dated now.
+        return os.open(path, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    finally:
+        with contextlib.suppress(OSError):
+            os.remove(aside)
+    return os.open(path, os.O_RDONLY | os.O_CLOEXEC)

@@ -1,4 +1,5 @@
-"""Versions in an object store (S3, GCS), pulled into a local cache and read at local speed.
+"""Versions in an object store (S3, GCS), pulled into a local cache and read at local speed,
+or read on demand through it when they do not fit (see ondemand.py).
 
 Remote layout, under the storage's prefix::
 
@@ -29,13 +30,14 @@ from typing import Any
 from yogadl_plus.cache.integrity import check_chunk
 from yogadl_plus.cache.manifest import MANIFEST_NAME, ChunkInfo, Manifest
 from yogadl_plus.checks import check_int
-from yogadl_plus.dataref import DataRef
+from yogadl_plus.dataref import DataRef, DataRefOnDemand
 from yogadl_plus.errors import CacheCorrupted, DatasetNotFound, StorageError
 from yogadl_plus.storage.base import Storage, check_name
 from yogadl_plus.storage.lease import BuildLease
 from yogadl_plus.storage.local import default_storage, is_leftover
 from yogadl_plus.storage.localcache import LocalCache
 from yogadl_plus.storage.objects import ObjectStore
+from yogadl_plus.storage.ondemand import ChunkFetcher, DemandSettings, check_fits
 from yogadl_plus.storage.sink import ChunkSink, UploadSink
 
 __all__ = ["RemoteStorage", "check_location"]
@@ -120,16 +122,29 @@ class RemoteStorage(Storage):
         return data, token, manifest
 
     def fetch(
-        self, dataset_id: str, version: str, *, shards: tuple[int, int] | None = None
+        self,
+        dataset_id: str,
+        version: str,
+        *,
+        shards: tuple[int, int] | None = None,
+        on_demand: bool | None = None,
     ) -> DataRef:
-        """The version, pulled into the local cache first unless the local copy is current.
+        """The version, pulled into the local cache first unless the local copy is current,
+        or read on demand through the cache when it does not fit.
 
         ``shards=(rank, num_shards)`` pulls only the chunks ``rank, rank + num_shards, ...``:
         what ``stream(shard_by="chunks", shard_rank=rank, num_shards=num_shards)`` reads.
+        ``on_demand``: None (the default) reads on demand exactly when the chunks to pull
+        exceed ``local_cache_limit``; True always does, pulling nothing now; False always
+        pulls first (over the limit, with a CacheLimitWarning). Reading on demand, chunks
+        are fetched when a read needs them or ahead of a stream's reads, kept in the local
+        cache and evicted least recently used, never while in use (docs/storage/remote.md).
         """
         check_name("dataset_id", dataset_id)
         check_name("version", version)
-        return self._pull(dataset_id, version, shards)
+        if on_demand not in (None, True, False):
+            raise ValueError(f"on_demand must be None, True or False, got {on_demand!r}")
+        return self._pull(dataset_id, version, shards, on_demand)
 
     def verify(self, dataset_id: str, version: str) -> None:
         """Check the local copy against the manifest; a damaged one is pulled again (every
@@ -153,13 +168,26 @@ class RemoteStorage(Storage):
         return True
 
     def _open(self, dataset_id: str, version: str) -> DataRef:
-        return self._pull(dataset_id, version, None)
+        return self._pull(dataset_id, version, None, None)
 
-    def _pull(self, dataset_id: str, version: str, shards: tuple[int, int] | None) -> DataRef:
+    def _pull(
+        self,
+        dataset_id: str,
+        version: str,
+        shards: tuple[int, int] | None,
+        on_demand: bool | None,
+    ) -> DataRef:
         base = self._key(dataset_id, version)
         for attempt in range(_PULL_ATTEMPTS):
             data, _, manifest = self._read_manifest(dataset_id, version)
             wanted = _shard_chunks(len(manifest.chunks), shards)
+            limit = self.local_cache.limit
+            if on_demand or (
+                on_demand is None
+                and limit is not None
+                and sum(manifest.chunks[n].bytes for n in wanted) > limit
+            ):
+                return self._open_on_demand(dataset_id, version, data, manifest)
             try:
                 folder, pins = self.local_cache.sync(
                     dataset_id,
@@ -181,6 +209,32 @@ class RemoteStorage(Storage):
             # The pins are held while the DataRef (or a copy in a worker) lives.
             return DataRef(folder, manifest, hold=pins)
         raise AssertionError("unreachable")
+
+    def _open_on_demand(
+        self, dataset_id: str, version: str, data: bytes, manifest: Manifest
+    ) -> DataRef:
+        """The version read on demand through the local cache (nothing pulled now)."""
+        base = self._key(dataset_id, version)
+        check_fits(manifest.chunks, self.local_cache.limit, f"{self.url}/{base}")
+        folder, pins = self.local_cache.open_on_demand(dataset_id, version, data, manifest)
+        retries = self.objects.retries
+        settings = DemandSettings.for_cache(
+            self.local_cache.limit,
+            self.max_transfers,
+            # Another process's fetch of a chunk gives up within about this (objects.py).
+            wait_s=2 * (retries.timeout + sum(retries.request_timeouts())) + 60.0,
+        )
+        fetcher = ChunkFetcher(
+            self.objects,
+            self.local_cache,
+            folder,
+            base,
+            manifest.chunks,
+            settings,
+            (dataset_id, version),
+        )
+        fetcher.on_fetch = self.on_transfer
+        return DataRefOnDemand(folder, manifest, pins, fetcher)
 
     def _download_all(self, base: str, jobs: list[tuple[ChunkInfo, str]]) -> None:
         def one(job: tuple[ChunkInfo, str]) -> None:

@@ -29,6 +29,7 @@ _PART_BYTES = 16 << 20
 _THREADS_PER_OBJECT = 4  # ranged parts of one object in flight, times max_transfers objects
 _MISSING = {"404", "NoSuchKey", "NotFound"}
 _PRECONDITION = {"412", "PreconditionFailed"}
+_PAST_THE_END = {"416", "InvalidRange"}
 _DENIED = {"403", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "Forbidden"}
 # 409 ConditionalRequestConflict: concurrent conditional writes; AWS says to retry.
 _TRANSIENT = {"500", "502", "503", "504", "409", "SlowDown", "Throttling", "RequestTimeout",
@@ -188,6 +189,27 @@ class _S3Objects(ObjectStore):
                 if _code(exc) not in _MISSING:
                     raise
                 raise object_gone(self.url, key) from exc
+
+    @retried
+    def read_range(self, key: str, start: int, stop: int) -> bytes:
+        from botocore.exceptions import ClientError
+
+        if stop <= start:
+            return b""
+        with self._errors("ranged read", key):
+            try:
+                got = self.client.get_object(
+                    Bucket=self.bucket, Key=self.prefix + key, Range=f"bytes={start}-{stop - 1}"
+                )
+            except ClientError as exc:
+                if _code(exc) in _PAST_THE_END:
+                    return b""
+                if _code(exc) not in _MISSING:
+                    raise
+                raise object_gone(self.url, key) from exc
+            # A body cut off midway raises here, inside _errors: tried again.
+            data: bytes = got["Body"].read()
+            return data
 
     def _pages(self, prefix: str, **options: Any) -> Iterator[dict[str, Any]]:
         return self.client.get_paginator("list_objects_v2").paginate(

@@ -42,8 +42,14 @@ def copy_version(
     ``progress(n)`` is called with each chunk's size in bytes once it is placed and checked.
     """
 
+    def whole() -> DataRef:
+        # Copied chunk by chunk from the local copy: pulled whole, even over the cache's limit.
+        if isinstance(source, RemoteStorage):
+            return source.fetch(dataset_id, version, on_demand=False)
+        return source.fetch(dataset_id, version)
+
     def build(folder: str) -> Manifest:
-        origin = source.fetch(dataset_id, version)
+        origin = whole()
         try:
             return _place_chunks(origin, folder, progress)
         except CacheCorrupted:
@@ -56,7 +62,7 @@ def copy_version(
         source.local_cache.remove(dataset_id, version)
         for entry in os.listdir(folder):
             os.remove(os.path.join(folder, entry))
-        origin = source.fetch(dataset_id, version)
+        origin = whole()
         try:
             return _place_chunks(origin, folder, progress)
         finally:
