@@ -60,8 +60,10 @@ def test_record_dataset_in_dataloader_workers(ref, context):
     assert batches[0]["flag"].dtype == torch.bool and batches[0]["x"].shape == (32, 4)
 
 
-def test_stream_sampler_has_the_streams_order(ref):
-    args = dict(shuffle=True, shuffle_seed=3, num_shards=3, shard_rank=1)
+@pytest.mark.parametrize("window", [None, 2])
+def test_stream_sampler_has_the_streams_order(ref, window):
+    assert len(ref.manifest.chunks) > 2
+    args = dict(shuffle=True, shuffle_seed=3, num_shards=3, shard_rank=1, shuffle_window=window)
     sampler = ydl.torch.StreamSampler(ref, **args)
     stream = ref.stream(**args)
     assert list(sampler) == ids(stream) and list(sampler) == ids(stream), "epochs 0 and 1"

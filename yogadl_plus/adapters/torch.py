@@ -83,7 +83,7 @@ class StreamSampler(Sampler[int]):
 
     Each ``iter()`` is the next epoch; ``set_epoch(e)`` picks the epoch of the next ``iter()``
     (as DistributedSampler does). ``start_offset`` counts this shard's positions from epoch 0,
-    as for streams.
+    as for streams; ``shuffle_window`` is the stream's windowed shuffle.
     """
 
     def __init__(
@@ -96,11 +96,12 @@ class StreamSampler(Sampler[int]):
         drop_shard_remainder: bool = False,
         start_offset: int = 0,
         skip_shuffle_at_epoch_end: bool = False,
+        shuffle_window: int | None = None,
     ) -> None:
         settings = OrderSettings(
             shuffle=shuffle, seed=shuffle_seed, shard_rank=shard_rank, num_shards=num_shards,
             drop_shard_remainder=drop_shard_remainder, start_offset=start_offset,
-            skip_shuffle_at_epoch_end=skip_shuffle_at_epoch_end,
+            skip_shuffle_at_epoch_end=skip_shuffle_at_epoch_end, shuffle_window=shuffle_window,
         ).seeded()  # fmt: skip
         self.order = settings.order(len(dataref), [c.records for c in dataref.manifest.chunks])
         self.shuffle_seed = settings.seed
