@@ -211,3 +211,32 @@ def test_big_record_mode_reads_in_small_blocks(local_storage):
     records = list(stream)
     for r in records:
         assert (r["x"] == r["y"] % 251).all()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_fork_waits_for_the_hint_being_served(local_storage, monkeypatch):
+    """A process forked while the read-ahead thread serves a hint must not inherit a lock that
+    thread holds (numpy's lazy import of numpy.ma under np.unique hung forked stream workers):
+    the fork waits until the hint is served."""
+    import yogadl_plus.cache.readahead as readahead_module
+
+    held = threading.Lock()  # stands for the import lock the thread takes
+    serving = threading.Event()
+    served = readahead_module.ReadAhead._serve
+
+    def slow_serve(self, indices):
+        with held:
+            serving.set()
+            time.sleep(0.5)
+            served(self, indices)
+
+    monkeypatch.setattr(readahead_module.ReadAhead, "_serve", slow_serve)
+    ref = _cache(local_storage, "fork", 50, 20_000)
+    ref.read_ahead(np.arange(10))
+    assert serving.wait(5)
+    pid = os.fork()
+    if pid == 0:  # the child: the lock must be free here
+        os._exit(0 if held.acquire(timeout=2) else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    ref.close()

@@ -57,6 +57,8 @@ class ReadAhead:
         self._thread: threading.Thread | None = None
         self._files: dict[int, tuple[int, PageMap] | None] = {}
         self._closed = False
+        # Held while the thread serves a hint: a fork waits for it (see _pause_for_fork).
+        self._busy = threading.Lock()
         self._resident_streak = 0  # hints in a row whose pages were all in memory
         self._skipped = 0
         _ALL.add(self)
@@ -100,6 +102,7 @@ class ReadAhead:
     def _forget_after_fork(self) -> None:
         # The thread did not come along; the file descriptors did and stay usable.
         self._lock = threading.Condition()
+        self._busy = threading.Lock()
         self._pending.clear()
         self._thread = None
 
@@ -163,7 +166,7 @@ def _run_thread(owner: weakref.ref[ReadAhead]) -> None:
         if indices is False:
             return
         if indices is not True:
-            with contextlib.suppress(Exception):  # a hint never fails a read: reads say it
+            with ahead._busy, contextlib.suppress(Exception):  # a hint never fails a read
                 ahead._serve(indices)
         del ahead
 
@@ -198,9 +201,32 @@ def _merged(offsets: np.ndarray, lengths: np.ndarray) -> list[tuple[int, int]]:
     return ranges
 
 
+# The read-ahead objects a fork in progress paused (their _busy locks, held by the forking thread).
+_PAUSED: list[ReadAhead] = []
+
+
+def _pause_for_fork() -> None:
+    """Before a fork: wait until no read-ahead thread is serving a hint. A thread forked in the
+    middle of one may hold a lock the child then waits for forever (numpy imports numpy.ma
+    lazily on a first np.unique: the child's workers hung on that import lock)."""
+    for ahead in list(_ALL):
+        ahead._busy.acquire()
+        _PAUSED.append(ahead)
+
+
+def _resume_after_fork() -> None:
+    while _PAUSED:
+        _PAUSED.pop()._busy.release()
+
+
 def _forget_threads_after_fork() -> None:
+    _PAUSED.clear()  # the child's copies of the locks are made anew
     for ahead in list(_ALL):
         ahead._forget_after_fork()
 
 
-os.register_at_fork(after_in_child=_forget_threads_after_fork)
+os.register_at_fork(
+    before=_pause_for_fork,
+    after_in_parent=_resume_after_fork,
+    after_in_child=_forget_threads_after_fork,
+)
