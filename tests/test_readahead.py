@@ -122,6 +122,7 @@ def test_read_ahead_changes_nothing_that_is_read(local_storage, monkeypatch, shu
     import yogadl_plus.stream as stream_module
 
     monkeypatch.setattr(readahead_module, "MIN_RECORD_BYTES", 0)
+    others = {t for t in threading.enumerate() if t.name == "yogadl-readahead"}
     ref = _cache(local_storage, f"same{size}", 400, size)
     assert ref.stream()._read_ahead > 0
     with_ahead = [r["y"] for r in ref.stream(shuffle=shuffle, shuffle_seed=3)]
@@ -136,7 +137,7 @@ def test_read_ahead_changes_nothing_that_is_read(local_storage, monkeypatch, shu
     del plain, ref
     gc.collect()
     deadline = time.monotonic() + 5  # idle threads of collected DataRefs end within a second
-    while [t for t in threading.enumerate() if t.name == "yogadl-readahead"]:
+    while {t for t in threading.enumerate() if t.name == "yogadl-readahead"} - others:
         assert time.monotonic() < deadline, "a read-ahead thread outlived its DataRef"
         time.sleep(0.05)
 
