@@ -368,6 +368,11 @@ class SeaweedFS(_ServerProcess):
             f"-volume.port={volume}",
             f"-volume.port.grpc={volume + _WEED_GRPC_OFFSET}",
             "-volume.preStopSeconds=0",
+            # Every bucket is a collection with volumes of its own, and by default weed allows
+            # only (free disk / volume size) volumes: 38 on a disk with 38 GiB free, fewer on a
+            # CI machine, so a session's later buckets failed with InternalError ("no free
+            # volumes left"). Volumes are sparse files, so a fixed, generous count costs nothing.
+            "-volume.max=4000",
             f"-filer.port={filer}",
             f"-filer.port.grpc={filer + _WEED_GRPC_OFFSET}",
             f"-filer.localSocket={self.sock_dir / 'filer.sock'}",
