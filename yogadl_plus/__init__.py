@@ -23,6 +23,7 @@ from yogadl_plus.errors import (
     StorageError,
     YogaError,
 )
+from yogadl_plus.mixture import Mixture, mix
 from yogadl_plus.ngram import NGram, NGramError
 from yogadl_plus.schema import Field, Schema
 from yogadl_plus.storage import (
@@ -65,6 +66,7 @@ __all__ = [
     "Field",
     "GCSStorage",
     "LocalStorage",
+    "Mixture",
     "NGram",
     "NGramError",
     "S3Storage",
@@ -81,6 +83,7 @@ __all__ = [
     "cache_dataset",
     "codecs",
     "default_storage",
+    "mix",
     "open_storage",
     "predicates",
     "sources",

@@ -9,21 +9,31 @@ worker processes, and gives the same result.
 from __future__ import annotations
 
 import pickle
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from yogadl_plus.errors import YogaError
+from yogadl_plus.errors import SchemaError, YogaError
 
 if TYPE_CHECKING:
     from yogadl_plus.dataref import DataRef
+    from yogadl_plus.mixture import Mixture
     from yogadl_plus.ngram import NGram
     from yogadl_plus.predicates import Predicate
     from yogadl_plus.schema import Field
 
-__all__ = ["Block", "BlockReader", "TransformError", "collate", "records"]
+__all__ = [
+    "Block",
+    "BlockReader",
+    "MixtureReader",
+    "TransformError",
+    "as_items",
+    "collate",
+    "merge_columns",
+    "records",
+]
 
 _NAMED = 8  # records an error message lists for a block
 
@@ -84,6 +94,16 @@ class BlockReader:
         if self.transform is not None:
             items = self._transformed(items, indices)
         return Block(ends, items=items)
+
+    def read_ahead(self, indices: np.ndarray) -> None:
+        """The records of these positions' indices will be read soon (``DataRef.read_ahead``);
+        n-gram windows announce their anchor records."""
+        self.dataref.read_ahead(self.anchors[indices] if self.anchors is not None else indices)
+
+    @property
+    def datarefs(self) -> tuple[DataRef, ...]:
+        """The DataRefs this reader reads (a worker process has them decode into its ring)."""
+        return (self.dataref,)
 
     def _windows(self, ends: np.ndarray, positions: np.ndarray) -> Block:
         assert self.ngram is not None and self.anchors is not None
@@ -151,6 +171,140 @@ class BlockReader:
         start, indices = unit
         index = int(indices[position - start])
         return int(self.anchors[index]) if self.anchors is not None else index
+
+
+@dataclass
+class MixtureReader:
+    """The boundary's work for a block of a mixture's positions: each source's records are
+    read by that source's BlockReader (its predicate, decode and transform), then put back in
+    the block's order. A unit's indices are global slots, ``epoch * len(mixture) + slot``: which
+    record a slot reads depends on the epoch (each source walks its own epochs)."""
+
+    mixture: Mixture
+    readers: list[BlockReader]  # one per leaf of the mixture, in its order
+    shuffle: bool
+    seed: int
+    as_columns: bool
+
+    def __call__(self, unit: tuple[int, np.ndarray]) -> Block:
+        start, slots = unit
+        parts = []
+        for leaf, where, records in self._located(slots):
+            try:
+                block = self.readers[leaf]((0, records))
+            except TransformError as exc:
+                name = self.mixture.leaves[leaf].name
+                raise TransformError(f"source {name!r}: {exc}") from exc.__cause__
+            # The block's ends count its own positions (1 to len): back to the unit's.
+            kept = where[block.ends - 1]
+            parts.append((self.mixture.leaves[leaf].name, kept, block))
+        ends = np.sort(np.concatenate([kept for _, kept, _ in parts])) if parts else slots[:0]
+        places = [(name, np.searchsorted(ends, kept), block) for name, kept, block in parts]
+        ends = ends + start + 1
+        if self.as_columns and self._alike:
+            columns = [(name, at, block.columns or {}) for name, at, block in places]
+            return Block(ends, columns=merge_columns(columns, len(ends)) if columns else {})
+        items: list[Any] = [None] * len(ends)
+        for _, at, block in places:
+            block_items = as_items(block).items
+            assert block_items is not None
+            for place, item in zip(at.tolist(), block_items):
+                items[place] = item
+        return Block(ends, items=items)
+
+    def __post_init__(self) -> None:
+        # Columns are merged where every source gives the same fields; records read record by
+        # record may hold different fields per source, and come as items.
+        shapes = {
+            tuple((f.name, f.kind, f.dtype_name, f.shape) for f in r.fields) for r in self.readers
+        }
+        self._alike = len(shapes) == 1
+
+    def read_ahead(self, slots: np.ndarray) -> None:
+        """Each source's records of these slots will be read soon."""
+        for leaf, _, records in self._located(slots):
+            self.readers[leaf].read_ahead(records)
+
+    @property
+    def datarefs(self) -> tuple[DataRef, ...]:
+        return tuple(leaf.ref for leaf in self.mixture.leaves)
+
+    def describe(self, unit: tuple[int, np.ndarray]) -> str:
+        """The positions of ``unit`` and the sources' records at them."""
+        start, slots = unit
+        shown = slots[:_NAMED]
+        named = []
+        for leaf, where, records in self._located(shown):
+            name = self.mixture.leaves[leaf].name
+            named += [(int(w), f"{name}[{int(r)}]") for w, r in zip(where, records)]
+        listed = ", ".join(text for _, text in sorted(named))
+        more = ", ..." if len(slots) > _NAMED else ""
+        return (
+            f"positions {start} to {start + len(slots) - 1} of this shard's epoch "
+            f"(records {listed}{more})"
+        )
+
+    def unpicklable(
+        self, unit: tuple[int, np.ndarray], result: Block, error: Exception
+    ) -> TransformError:
+        """The error for a block that cannot be sent back from a worker process."""
+        return TransformError(
+            f"the block of {self.describe(unit)} cannot be sent back from a worker process "
+            f"({type(error).__name__}: {error}): return picklable values (numbers, strings, "
+            "numpy arrays, and lists or dicts of them), or use worker_type='thread'"
+        )
+
+    def _located(self, slots: np.ndarray) -> list[tuple[int, np.ndarray, np.ndarray]]:
+        if not len(slots):
+            return []
+        epoch = int(slots[0]) // len(self.mixture)
+        local = slots - epoch * len(self.mixture)
+        return self.mixture.locate(epoch, local, self.shuffle, self.seed)
+
+
+def as_items(block: Block) -> Block:
+    """A block of records as a list of record dicts (a reader may give them as columns)."""
+    if block.columns is None:
+        return block
+    return Block(block.ends, items=records(block.columns, len(block)))
+
+
+def merge_columns(
+    parts: Sequence[tuple[str, np.ndarray, Mapping[str, Any]]], n: int
+) -> dict[str, Any]:
+    """Columns of ``n`` items from parts (source name, the items' places, their columns):
+    each field's arrays (or lists) put in place. A field that some part lacks, or that comes
+    as arrays of different shapes or types, is a SchemaError naming it and the sources."""
+    first_name, _, first = parts[0]
+    out: dict[str, Any] = {}
+    for field, column in first.items():
+        stacked = isinstance(column, np.ndarray)
+        if stacked:
+            merged: Any = np.empty((n, *column.shape[1:]), dtype=column.dtype)
+        else:
+            merged = [None] * n
+        for name, where, columns in parts:
+            part = columns.get(field)
+            if part is None and field not in columns:
+                raise SchemaError(
+                    f"field {field!r} is in source {first_name!r} but not in source {name!r}"
+                )
+            if stacked:
+                if (
+                    not isinstance(part, np.ndarray)
+                    or part.shape[1:] != column.shape[1:]
+                    or (part.dtype != column.dtype)
+                ):
+                    raise SchemaError(
+                        f"field {field!r} differs between sources {first_name!r} and {name!r}: "
+                        "batches of a mixture need it alike in every source"
+                    )
+                merged[where] = part
+            else:
+                for place, value in zip(where.tolist(), list(part or ())):
+                    merged[place] = value
+        out[field] = merged
+    return out
 
 
 def records(columns: dict[str, Any], n: int) -> list[dict[str, Any]]:

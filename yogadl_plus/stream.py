@@ -11,12 +11,13 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeGuard, cast
 
 import numpy as np
 
-from yogadl_plus.boundary import Block, BlockReader, collate, records
+from yogadl_plus.boundary import Block, BlockReader, MixtureReader, as_items, collate
 from yogadl_plus.checks import check_int
+from yogadl_plus.errors import SchemaError
 from yogadl_plus.ledger import Ledger
 from yogadl_plus.ngram import NGram
 from yogadl_plus.order import CHUNK_SHARDS_TAKE_NO_GLOBAL_ORDER, EpochOrder, OrderSettings
@@ -26,6 +27,8 @@ from yogadl_plus.workers import WORKER_TYPES, OrderedPool
 
 if TYPE_CHECKING:
     from yogadl_plus.dataref import DataRef
+    from yogadl_plus.mixture import Mixture
+    from yogadl_plus.schema import Field
 
 __all__ = ["Stream"]
 
@@ -68,7 +71,7 @@ class Stream:
 
     def __init__(
         self,
-        dataref: DataRef,
+        dataref: DataRef | Mixture,
         *,
         start_offset: int = 0,
         global_start: int | None = None,
@@ -113,13 +116,28 @@ class Stream:
         _check_worker_options(prefetch, worker_type)
         if batch_size is not None:
             check_int("batch_size", batch_size, 1)
-        _check_boundary(dataref, self.settings, fields, predicate, ngram)
-        self.fields = dataref.select(fields)
+        # A mixture (ydl.mix) reads its sources' records through their own DataRefs.
+        self.mixture: Mixture | None = None
+        single: DataRef | None = None
+        if _is_mixture(dataref):
+            self.mixture = dataref
+            _check_mixture_options(self.settings, ngram)
+            self.fields = _mixture_fields(dataref, fields, batch_size is not None)
+        else:
+            single = cast("DataRef", dataref)
+            _check_boundary(single, self.settings, fields, predicate, ngram)
+            self.fields = single.select(fields)
         self.ngram = ngram
-        self.anchors = ngram.anchors(dataref) if ngram is not None else None
+        self.anchors = ngram.anchors(single) if ngram is not None and single is not None else None
         # What the order arranges: records, or n-gram windows.
         self.num_positions = len(self.anchors) if self.anchors is not None else len(dataref)
-        chunk_records = np.array([c.records for c in dataref.manifest.chunks], dtype=np.int64)
+        # (A mixture's epoch is one run of slots: it has no chunks of its own.)
+        chunk_records = np.array(
+            [c.records for c in single.manifest.chunks]
+            if single is not None
+            else [self.num_positions],
+            dtype=np.int64,
+        )
         if self.anchors is not None:
             # A window's chunk is its anchor record's: a windowed shuffle groups anchors so.
             chunk_of = np.searchsorted(np.cumsum(chunk_records), self.anchors, side="right")
@@ -130,7 +148,7 @@ class Stream:
         self.batch_size = batch_size
         self.drop_last = drop_last
         self.positions_per_epoch = self.order.shard_length
-        record_bytes = _record_bytes(dataref)
+        record_bytes = self._record_bytes = _record_bytes(dataref)
         windows = self.anchors is not None
         self._read_block = (
             _READ_BLOCK
@@ -142,17 +160,32 @@ class Stream:
             if _READ_AHEAD_BYTES
             else 0
         )
-        self._reader = BlockReader(
-            dataref,
-            self.fields,
-            predicate=predicate,
-            ngram=ngram,
-            anchors=self.anchors,
-            transform=transform,
-            # Records are read as columns too (one decode per block); _items makes them
-            # records, iter_blocks hands the columns over. N-gram windows come as windows.
-            as_columns=transform is None and (batch_size is not None or ngram is None),
-        )
+        # Records are read as columns too (one decode per block); _items makes them records,
+        # iter_blocks hands the columns over. N-gram windows come as windows.
+        as_columns = transform is None and (batch_size is not None or ngram is None)
+        self._reader: BlockReader | MixtureReader
+        if single is not None:
+            self._reader = BlockReader(
+                single,
+                self.fields,
+                predicate=predicate,
+                ngram=ngram,
+                anchors=self.anchors,
+                transform=transform,
+                as_columns=as_columns,
+            )
+        else:
+            assert self.mixture is not None
+            self._reader = _mixture_reader(
+                self.mixture,
+                self.settings,
+                fields,
+                self.fields,
+                predicate,
+                transform,
+                batching=batch_size is not None,
+                as_columns=as_columns,
+            )
         self._pool = (
             OrderedPool(self._reader, self.num_workers, worker_type, prefetch, worker_start_method)
             if self.num_workers
@@ -236,9 +269,15 @@ class Stream:
     def state_at(self, offset: int) -> StreamState:
         """This stream's state with ``offset`` (an ``offset_after`` count, for consumers that
         read ahead)."""
+        if self.mixture is not None:
+            dataset, fingerprint = self.mixture.identity()
+        else:
+            ref = cast("DataRef", self.dataref)
+            dataset = f"{ref.dataset_id}:{ref.version}"
+            fingerprint = build_fingerprint(ref.manifest)
         return StreamState(
-            dataset=f"{self.dataref.dataset_id}:{self.dataref.version}",
-            fingerprint=build_fingerprint(self.dataref.manifest),
+            dataset=dataset,
+            fingerprint=fingerprint,
             positions=self.num_positions,
             order=order_identity(self.settings),
             ngram=repr(self.ngram) if self.ngram is not None else None,
@@ -343,8 +382,8 @@ class Stream:
         """The block of this shard's positions [start, stop) of ``epoch``, read at the boundary
         (predicate, decode, transform): what adapters hand to their own workers. Records come
         as items, batches as columns where there is no transform."""
-        block = self._reader((start, self._cached_indices(epoch, start, stop)))
-        return _as_items(block) if self.batch_size is None else block
+        block = self._reader((start, self._slots(epoch, self._cached_indices(epoch, start, stop))))
+        return as_items(block) if self.batch_size is None else block
 
     def _cached_indices(self, epoch: int, start: int, stop: int) -> np.ndarray:
         """The order at positions [start, stop), sliced from a block computed for many positions
@@ -384,6 +423,8 @@ class Stream:
         units = self._units(epoch, position, unit)
         if self._read_ahead:
             units = self._announced(units)
+        if self.mixture is not None:
+            units = ((first, self._slots(epoch, indices)) for first, indices in units)
         if self._pool is None:
             return map(self._reader, units)
         return self._pool.map(units)
@@ -399,7 +440,7 @@ class Stream:
         positions = 0
         for unit in units:
             indices = unit[1]
-            self.dataref.read_ahead(self.anchors[indices] if self.anchors is not None else indices)
+            self._reader.read_ahead(indices)
             queued.append(unit)
             positions += len(indices)
             while queued and positions - len(queued[0][1]) >= self._read_ahead:
@@ -413,7 +454,7 @@ class Stream:
 
     def _items(self, epoch: int, position: int, ledger: Ledger) -> Iterator[Any]:
         for block in self._blocks(epoch, position):
-            items = _as_items(block).items
+            items = as_items(block).items
             assert items is not None
             ledger.add(block.ends)
             for end, item in zip(block.ends.tolist(), items):
@@ -450,10 +491,91 @@ class Stream:
             yield batch
         self._epoch_done(epoch, ledger)
 
+    def _slots(self, epoch: int, indices: np.ndarray) -> np.ndarray:
+        """A mixture's positions as its reader takes them, with the epoch: which record a slot
+        of a mixture reads depends on the epoch (see MixtureReader)."""
+        if self.mixture is None:
+            return indices
+        return indices + epoch * self.num_positions
 
-def _record_bytes(dataref: DataRef) -> float:
+    @property
+    def record_bytes(self) -> float:
+        """The bytes a record takes in the chunk files, on average (at least 1)."""
+        return self._record_bytes
+
+    @property
+    def datarefs(self) -> tuple[DataRef, ...]:
+        """The DataRefs this stream reads: its own, or a mixture's sources'."""
+        return self._reader.datarefs
+
+
+def _is_mixture(source: Any) -> TypeGuard[Mixture]:
+    # Known by what it does, not by its class: stream.py imports nothing of mixture.py (a
+    # Mixture makes Streams, so that import would close a cycle).
+    return hasattr(source, "leaves") and hasattr(source, "locate")
+
+
+def _check_mixture_options(settings: OrderSettings, ngram: Any) -> None:
+    """What a stream over a mixture cannot do, said before it starts."""
+    if ngram is not None:
+        raise ValueError(
+            "ngram= windows run within one dataset: make the n-gram streams of the sources "
+            "themselves, not of a mixture"
+        )
+    if settings.shard_by == "chunks":
+        raise ValueError(
+            "shard_by='chunks' keeps each shard's reads within whole chunks, which a mixture's "
+            "slots do not map to: use shard_by='records' (the default) with a mixture"
+        )
+    if settings.shuffle_window is not None:
+        raise ValueError(
+            "shuffle_window= shuffles within windows of one dataset's chunks; a mixture's "
+            "epoch is shuffled whole (leave shuffle_window=None)"
+        )
+
+
+def _mixture_fields(mixture: Mixture, fields: Any, batching: bool) -> tuple[Field, ...]:
+    """The fields a mixture stream's items share: batches need the selected ones alike in
+    every source (SchemaError otherwise); records may differ between sources, and then
+    only the fields alike in all are listed (what adapters build their structure from)."""
+    if batching or fields is not None:
+        return mixture.batch_fields(fields)
+    return mixture.shared_fields()
+
+
+def _mixture_reader(
+    mixture: Mixture,
+    settings: OrderSettings,
+    fields: Any,
+    shared: tuple[Field, ...],
+    predicate: Any,
+    transform: Any,
+    batching: bool,
+    as_columns: bool,
+) -> MixtureReader:
+    """A reader per source, each with that source's fields: those named, or for batches the
+    shared ones; records read record by record keep each source's own fields."""
+    readers = []
+    for leaf in mixture.leaves:
+        try:
+            _check_boundary(leaf.ref, settings, fields, predicate, None)
+        except SchemaError as exc:
+            raise SchemaError(f"source {leaf.name!r}: {exc}") from None
+        own = fields is None and not batching
+        chosen = leaf.ref.select(None if own else [f.name for f in shared])
+        readers.append(
+            BlockReader(
+                leaf.ref, chosen, predicate=predicate, transform=transform, as_columns=as_columns
+            )
+        )
+    return MixtureReader(mixture, readers, settings.shuffle, settings.seed or 0, as_columns)
+
+
+def _record_bytes(dataref: DataRef | Mixture) -> float:
     """The bytes a record takes in the chunk files, on average (at least 1)."""
-    chunks = dataref.manifest.chunks
+    if _is_mixture(dataref):
+        return max(_record_bytes(leaf.ref) for leaf in dataref.leaves)
+    chunks = cast("DataRef", dataref).manifest.chunks
     records = sum(c.records for c in chunks)
     return max(1.0, sum(c.bytes for c in chunks) / records) if records else 1.0
 
@@ -491,13 +613,6 @@ def _check_boundary(
         ngram.check(dataref.schema)
     if predicate is not None:
         predicate.check(dataref.schema)
-
-
-def _as_items(block: Block) -> Block:
-    """A block of records as a list of record dicts (the reader gives them as columns)."""
-    if block.columns is None:
-        return block
-    return Block(block.ends, items=records(block.columns, len(block)))
 
 
 def _take(blocks: list[Block], n: int) -> tuple[Any, int, list[Block]]:

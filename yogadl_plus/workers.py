@@ -626,7 +626,8 @@ def _process_main(conn: Any, task: Task, watch: ParentWatch, ring: SharedRing | 
     watch.start()
     keep_freed_memory()
     if ring is not None:
-        decode_into(ring, getattr(task, "dataref", None))
+        for ref in getattr(task, "datarefs", ()):
+            decode_into(ring, ref)
     inbox: queue.SimpleQueue[tuple[int, Any] | None] = queue.SimpleQueue()
     outbox: queue.SimpleQueue[tuple[int, int, bytes]] = queue.SimpleQueue()
     cancelled = [0]  # units up to this sequence number are not wanted any more

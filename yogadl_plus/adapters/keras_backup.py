@@ -221,10 +221,10 @@ def _identity(stream: Stream) -> dict[str, Any]:
 def _legacy_identity(stream: Stream) -> dict[str, Any]:
     """The identity that backups of yogadl_plus before 0.1.0's StreamState hold, so that such a
     backup still restores after an upgrade."""
-    ref = stream.dataref
+    # (Mixtures came after: a backup that old never names one, and this one differs from it.)
     return {
-        "dataset": f"{ref.dataset_id}:{ref.version}",
-        "records": len(ref),
+        "dataset": stream.state().dataset,
+        "records": len(stream.dataref),
         "order": repr(stream.order),
         "batch_size": stream.batch_size,
         "drop_last": stream.drop_last,

@@ -304,7 +304,7 @@ def _fields_of(stream: Stream) -> dict[str, Field]:
 
 
 def _template_of(stream: Stream, nested: bool) -> Template:
-    collapse = stream.dataref.manifest.source_kind in _TUPLE_SOURCES
+    collapse = all(ref.manifest.source_kind in _TUPLE_SOURCES for ref in stream.datarefs)
     if stream.ngram is None:
         return _template([f.name for f in stream.fields], nested, collapse)
     groups = stream.ngram.resolve(stream.dataref.schema)

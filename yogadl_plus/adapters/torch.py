@@ -27,6 +27,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler, get_worker_info
 
 from yogadl_plus.boundary import Block, collate, records
 from yogadl_plus.checks import check_int
+from yogadl_plus.mixture import Mixture
 from yogadl_plus.order import OrderSettings
 from yogadl_plus.shared_buffers import Packed, SharedRing
 from yogadl_plus.stream_state import StreamState
@@ -59,6 +60,7 @@ class RecordDataset(Dataset):
         fields: Sequence[str] | str | None = None,
         transform: Callable[[dict[str, Any]], Any] | None = None,
     ) -> None:
+        _refuse_mixture("RecordDataset", dataref)
         self.dataref = dataref
         self.fields = dataref.select(fields)
         self.transform = transform
@@ -103,6 +105,7 @@ class StreamSampler(Sampler[int]):
             drop_shard_remainder=drop_shard_remainder, start_offset=start_offset,
             skip_shuffle_at_epoch_end=skip_shuffle_at_epoch_end, shuffle_window=shuffle_window,
         ).seeded()  # fmt: skip
+        _refuse_mixture("StreamSampler", dataref)
         self.order = settings.order(len(dataref), [c.records for c in dataref.manifest.chunks])
         self.shuffle_seed = settings.seed
         self._start = self.order.locate(settings.start_offset)
@@ -173,7 +176,8 @@ class _StreamItems(Dataset):
             return None
         ring = self.rings[worker.id]
         if ring is not None and ring is not self._decoding_into and self.collate is None:
-            decode_into(ring, self.stream.dataref)
+            for ref in self.stream.datarefs:
+                decode_into(ring, ref)
             self._decoding_into = ring
         return ring
 
@@ -405,6 +409,14 @@ class _WorkerInit:
             self.user(worker_id)
 
 
+def _refuse_mixture(what: str, dataref: Any) -> None:
+    if isinstance(dataref, Mixture):
+        raise TypeError(
+            f"{what} indexes one DataRef's records; which record a Mixture's position reads "
+            "changes with the epoch: use make_dataloader(mix.stream(...)) for a mixture"
+        )
+
+
 def _as_is(item: Any) -> Any:
     return item
 
@@ -412,8 +424,7 @@ def _as_is(item: Any) -> Any:
 def _group_size(stream: Stream, unit: int) -> int:
     """Items per worker message: all of _GROUP_POSITIONS positions, or fewer when their
     records (as stored) come to more than _GROUP_BYTES; at least one."""
-    chunks = stream.dataref.manifest.chunks
-    per_record = max(1, sum(c.bytes for c in chunks) // max(1, sum(c.records for c in chunks)))
+    per_record = max(1, int(stream.record_bytes))
     return max(1, min(_GROUP_POSITIONS // unit, _GROUP_BYTES // (unit * per_record)))
 
 

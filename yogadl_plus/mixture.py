@@ -1,0 +1,383 @@
+"""Mixture: several cached datasets read as one, each at a chosen share of every epoch.
+
+``ydl.mix({"web": web, "books": books}, weights={"web": 3, "books": 1})`` is a view, like a
+DataRef, whose epochs hold exactly ``epoch_size`` items: source ``j`` gets its weight's share of
+them (``proportions.shares``), dealt evenly through the epoch (``proportions.Interleave``).
+Within a source, items come from that source's own endless sequence of epochs, each its own
+shuffle when the stream shuffles (keyed by the seed and the source's name), so a down-sampled
+source is read without replacement across mixture epochs and an up-sampled one repeats evenly.
+Which record a slot reads is arithmetic on (epoch, slot): a stream over a mixture resumes,
+shards and rescales as over a DataRef (docs/mixtures.md).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import numbers
+import operator
+from collections.abc import Mapping, Sequence
+from fractions import Fraction
+from typing import TYPE_CHECKING, Any, Union
+
+import numpy as np
+
+from yogadl_plus.boundary import merge_columns
+from yogadl_plus.checks import check_int
+from yogadl_plus.dataref import DataRef
+from yogadl_plus.errors import SchemaError
+from yogadl_plus.order import Permutation
+from yogadl_plus.proportions import Interleave, shares
+from yogadl_plus.schema import Field, Schema
+from yogadl_plus.stream_state import build_fingerprint
+
+if TYPE_CHECKING:
+    from yogadl_plus.stream import Stream
+
+__all__ = ["Leaf", "Mixture", "mix"]
+
+Source = Union[DataRef, "Mixture"]
+# The per-source permutations a Mixture keeps made (a block of slots reads a few source epochs).
+_PERMUTATIONS_KEPT = 64
+
+
+def mix(
+    sources: Mapping[str, Source],
+    weights: Mapping[str, float] | None = None,
+    *,
+    epoch_size: int | None = None,
+) -> Mixture:
+    """One dataset made of ``sources`` (name -> DataRef or Mixture) at ``weights`` (name ->
+    non-negative number; None: in proportion to the sources' sizes), ``epoch_size`` items per
+    epoch (None: the sum of the sources' sizes). See docs/mixtures.md."""
+    return Mixture(sources, weights, epoch_size=epoch_size)
+
+
+class Leaf:
+    """A DataRef a mixture reads from, and the names that lead to it (``("web",)``, or
+    ``("text", "books")`` inside a mixture of mixtures)."""
+
+    __slots__ = ("path", "ref")
+
+    def __init__(self, path: tuple[str, ...], ref: DataRef) -> None:
+        self.path = path
+        self.ref = ref
+
+    @property
+    def name(self) -> str:
+        return "/".join(self.path)
+
+    def __repr__(self) -> str:
+        return f"Leaf({self.name!r}, {self.ref!r})"
+
+
+class Mixture:
+    """Several sources read as one at set proportions (see ``ydl.mix``).
+
+    ``len(mix)`` is the items per epoch; ``mix[i]`` and ``mix.get_batch(indices)`` read the
+    positions of the unshuffled epoch 0; ``mix.stream(...)`` takes every argument
+    ``DataRef.stream`` takes. Picklable (its DataRefs pickle themselves).
+    """
+
+    def __init__(
+        self,
+        sources: Mapping[str, Source],
+        weights: Mapping[str, float] | None = None,
+        *,
+        epoch_size: int | None = None,
+    ) -> None:
+        self.names, self.sources = _checked_sources(sources)
+        sizes = [len(s) for s in self.sources]
+        self.weights = _checked_weights(weights, self.names, sizes)
+        self.epoch_size = (
+            sum(sizes) if epoch_size is None else check_int("epoch_size", epoch_size, 1)
+        )
+        if not self.epoch_size:
+            raise ValueError("the sources hold no records: a mixture of them has no items")
+        self.counts = shares(self.weights, self.epoch_size)
+        for name, size, count in zip(self.names, sizes, self.counts):
+            if count and not size:
+                raise ValueError(
+                    f"source {name!r} has no records, yet its weight gives it {count} items "
+                    "per epoch: give it weight 0 or leave it out"
+                )
+        self._interleave = Interleave(self.counts)
+        self.leaves: tuple[Leaf, ...] = tuple(_leaves(self.names, self.sources))
+        self._permutations: dict[tuple[int, int, int], Permutation] = {}
+
+    # --- what a user sees ---
+
+    def __len__(self) -> int:
+        return self.epoch_size
+
+    def __repr__(self) -> str:
+        parts = ", ".join(f"{name}={count}" for name, count in zip(self.names, self.counts))
+        return f"Mixture({parts}; epoch_size={self.epoch_size})"
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        """Position ``index`` of the unshuffled epoch 0, as its source's record."""
+        try:
+            i = operator.index(index)
+        except TypeError:
+            raise TypeError(
+                f"Mixture indices are ints, got {type(index).__name__}; use get_batch() for many"
+            ) from None
+        if not -self.epoch_size <= i < self.epoch_size:
+            raise IndexError(
+                f"position {i} is out of range [-{self.epoch_size}, {self.epoch_size})"
+            )
+        ((leaf, _, records),) = self.locate(0, np.array([i % self.epoch_size]), False, 0)
+        return self.leaves[leaf].ref[int(records[0])]
+
+    def get_batch(
+        self, indices: Sequence[int] | np.ndarray, fields: Sequence[str] | str | None = None
+    ) -> dict[str, Any]:
+        """The items at positions ``indices`` of the unshuffled epoch 0, as field -> stacked
+        array (a list for variable shapes, strings and bytes), as ``DataRef.get_batch``."""
+        idx = np.asarray(indices)
+        if idx.ndim != 1 or (idx.size and idx.dtype.kind not in "iu"):
+            raise TypeError(
+                f"indices must be a 1-d sequence of ints, got {idx.dtype} with shape {idx.shape}"
+            )
+        idx = idx.astype(np.int64, copy=False)
+        if idx.size and (idx.min() < -self.epoch_size or idx.max() >= self.epoch_size):
+            bad = int(idx.min()) if idx.min() < -self.epoch_size else int(idx.max())
+            raise IndexError(
+                f"position {bad} is out of range [-{self.epoch_size}, {self.epoch_size})"
+            )
+        idx = np.where(idx < 0, idx + self.epoch_size, idx)
+        parts = []
+        for leaf, where, records in self.locate(0, idx, False, 0):
+            ref = self.leaves[leaf].ref
+            parts.append((self.leaves[leaf].name, where, ref.get_batch(records, fields)))
+        if not parts:
+            return {f.name: [] for f in self.batch_fields(fields)}
+        return merge_columns(parts, len(idx))
+
+    def stream(self, **kwargs: Any) -> Stream:
+        """A Stream over this mixture; it takes every argument ``DataRef.stream`` takes."""
+        from yogadl_plus.stream import Stream
+
+        return Stream(self, **kwargs)
+
+    def close(self) -> None:
+        """Release this process's LMDB handles of every source (they reopen on the next read)."""
+        for leaf in self.leaves:
+            leaf.ref.close()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_permutations"] = {}
+        return state
+
+    # --- for the Stream and adapters ---
+
+    def batch_fields(self, fields: Sequence[str] | str | None) -> tuple[Field, ...]:
+        """The fields a batch of this mixture holds: those selected, which every source must
+        have alike (SchemaError naming the field and the sources otherwise)."""
+        first = self.leaves[0]
+        chosen = _selected(first, fields)
+        for leaf in self.leaves[1:]:
+            theirs = _selected(leaf, fields)
+            mine = {f.name: f for f in chosen}
+            other = {f.name: f for f in theirs}
+            for name in sorted(set(mine) ^ set(other)):
+                has, lacks = (first, leaf) if name in mine else (leaf, first)
+                raise SchemaError(
+                    f"field {name!r} is in source {has.name!r} but not in source "
+                    f"{lacks.name!r}: batches of a mixture need the same fields from every "
+                    "source (select the shared ones with fields=, or read record by record)"
+                )
+            for name, field in mine.items():
+                if _shape_of(field) != _shape_of(other[name]):
+                    raise SchemaError(
+                        f"field {name!r} differs between sources {first.name!r} "
+                        f"({_describe(field)}) and {leaf.name!r} ({_describe(other[name])}): "
+                        "batches of a mixture need it alike in every source"
+                    )
+        return chosen
+
+    @property
+    def schema(self) -> Schema:
+        """The fields every source has alike (what a batch of all fields holds)."""
+        return Schema(self.shared_fields())
+
+    def shared_fields(self) -> tuple[Field, ...]:
+        """The fields every source has alike, in the first source's order."""
+        first, *others = [leaf.ref.select(None) for leaf in self.leaves]
+        kept = []
+        for field in first:
+            theirs = [{f.name: f for f in fields}.get(field.name) for fields in others]
+            if all(f is not None and _shape_of(f) == _shape_of(field) for f in theirs):
+                kept.append(field)
+        return tuple(kept)
+
+    def identity(self) -> tuple[str, str]:
+        """What a stream's state names this mixture by: its sources (dataset:version, and its
+        share of an epoch) and a digest of their builds and shares; any change to a source's
+        build, a weight or the epoch size changes the digest."""
+        described = ", ".join(
+            f"{name}={_source_name(source)}*{count}"
+            for name, source, count in zip(self.names, self.sources, self.counts)
+        )
+        digest = hashlib.sha256()
+        for name, source, count in zip(self.names, self.sources, self.counts):
+            inner = (
+                source.identity()[1]
+                if isinstance(source, Mixture)
+                else build_fingerprint(source.manifest)
+            )
+            digest.update(f"{name}\x00{inner}\x00{count};".encode())
+        return f"mix({described})", digest.hexdigest()[:32]
+
+    def locate(
+        self, epoch: int, slots: np.ndarray, shuffle: bool, seed: int
+    ) -> list[tuple[int, np.ndarray, np.ndarray]]:
+        """Where the ``slots`` of epoch ``epoch`` read: (leaf number in ``leaves``, which of
+        ``slots``, record indices of that leaf), a part per leaf that any slot reads. With
+        ``shuffle``, each source walks its epochs in the order of a permutation keyed by
+        ``seed`` and the source's name."""
+        found: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {}
+        epochs = np.full(len(slots), epoch, dtype=np.int64)
+        self._locate(
+            epochs, np.asarray(slots, np.int64), shuffle, seed, 0, np.arange(len(slots)), found
+        )
+        return [
+            (leaf, np.concatenate([w for w, _ in parts]), np.concatenate([r for _, r in parts]))
+            for leaf, parts in sorted(found.items())
+        ]
+
+    def _locate(
+        self,
+        epochs: np.ndarray,
+        slots: np.ndarray,
+        shuffle: bool,
+        seed: int,
+        first_leaf: int,
+        where: np.ndarray,
+        found: dict[int, list[tuple[np.ndarray, np.ndarray]]],
+    ) -> None:
+        source, rank = self._interleave.locate(slots)
+        leaf = first_leaf
+        for j, src in enumerate(self.sources):
+            chosen = source == j
+            count = len(src.leaves) if isinstance(src, Mixture) else 1
+            if chosen.any():
+                # The source's own sequence: its items of mixture epoch e come after those of
+                # the epochs before, through its own epochs in turn.
+                sequence = epochs[chosen] * self.counts[j] + rank[chosen]
+                size = len(src)
+                src_epochs, positions = np.divmod(sequence, size)
+                if shuffle:
+                    positions = self._shuffled(j, src_epochs, positions, seed)
+                if isinstance(src, Mixture):
+                    inner_seed = source_seed(seed, self.names[j])
+                    src._locate(
+                        src_epochs, positions, shuffle, inner_seed, leaf, where[chosen], found
+                    )
+                else:
+                    found.setdefault(leaf, []).append((where[chosen], positions))
+            leaf += count
+
+    def _shuffled(self, j: int, epochs: np.ndarray, positions: np.ndarray, seed: int) -> np.ndarray:
+        """``positions`` of source ``j``'s ``epochs`` through that source's permutations."""
+        key = source_seed(seed, self.names[j])
+        size = len(self.sources[j])
+        out = np.empty_like(positions)
+        for epoch in np.unique(epochs).tolist():
+            at = epochs == epoch
+            permutation = self._permutations.get((j, key, epoch))
+            if permutation is None:
+                if len(self._permutations) >= _PERMUTATIONS_KEPT:
+                    self._permutations.clear()
+                permutation = Permutation(size, key, epoch)
+                self._permutations[(j, key, epoch)] = permutation
+            out[at] = permutation.indices(positions[at])
+        return out
+
+
+def source_seed(seed: int, name: str) -> int:
+    """The key of a source's own shuffles: from the stream's seed and the source's name, the
+    same in every process (blake2b, never Python's salted hash)."""
+    digest = hashlib.blake2b(f"{seed}\x00{name}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+def _checked_sources(sources: Mapping[str, Source]) -> tuple[tuple[str, ...], tuple[Source, ...]]:
+    if not isinstance(sources, Mapping):
+        raise TypeError(
+            f"sources must be a mapping of name -> DataRef or Mixture, got {type(sources).__name__}"
+        )
+    if not sources:
+        raise ValueError("a mixture needs at least one source")
+    for name, source in sources.items():
+        if not isinstance(name, str) or not name or "/" in name:
+            raise ValueError(f"source names must be non-empty strs without '/', got {name!r}")
+        if not isinstance(source, (DataRef, Mixture)):
+            raise TypeError(
+                f"source {name!r} must be a DataRef or a Mixture, got {type(source).__name__}"
+            )
+    return tuple(sources), tuple(sources.values())
+
+
+def _checked_weights(
+    weights: Mapping[str, float] | None, names: tuple[str, ...], sizes: list[int]
+) -> list[Fraction]:
+    if weights is None:
+        if not sum(sizes):
+            raise ValueError("the sources hold no records: a mixture of them has no items")
+        return [Fraction(size) for size in sizes]
+    if not isinstance(weights, Mapping):
+        raise TypeError(f"weights must be a mapping of source name -> number, got {weights!r}")
+    for name in weights:
+        if name not in names:
+            raise ValueError(
+                f"weights names {name!r}, which is not a source (the sources: {list(names)})"
+            )
+    out: list[Fraction] = []
+    for name in names:
+        if name not in weights:
+            raise ValueError(f"weights has no weight for source {name!r}")
+        value = weights[name]
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+            raise ValueError(f"the weight of source {name!r} must be a number, got {value!r}")
+        if not math.isfinite(float(value)) or value < 0:
+            raise ValueError(
+                f"the weight of source {name!r} must be a finite number >= 0, got {value!r}"
+            )
+        out.append(Fraction(value))
+    if not any(out):
+        raise ValueError(f"the weights are all zero: {dict(weights)}")
+    return out
+
+
+def _leaves(names: Sequence[str], sources: Sequence[Source]) -> list[Leaf]:
+    out: list[Leaf] = []
+    for name, source in zip(names, sources):
+        if isinstance(source, Mixture):
+            out.extend(Leaf((name, *leaf.path), leaf.ref) for leaf in source.leaves)
+        else:
+            out.append(Leaf((name,), source))
+    return out
+
+
+def _selected(leaf: Leaf, fields: Sequence[str] | str | None) -> tuple[Field, ...]:
+    try:
+        return leaf.ref.select(fields)
+    except (KeyError, SchemaError) as exc:
+        raise SchemaError(f"source {leaf.name!r}: {exc}") from None
+
+
+def _source_name(source: Source) -> str:
+    if isinstance(source, Mixture):
+        return source.identity()[0]
+    return f"{source.dataset_id}:{source.version}"
+
+
+def _shape_of(field: Field) -> tuple[Any, ...]:
+    return (field.kind, field.dtype_name, field.shape, field.nullable)
+
+
+def _describe(field: Field) -> str:
+    shape = f"{field.shape}" if field.shape else "scalar"
+    return f"{field.dtype_name} {shape}{', nullable' if field.nullable else ''}"
