@@ -320,10 +320,20 @@ def lock_at_77(item):
     return {**item, "lock": threading.Lock()} if int(first["i"]) == 77 else item
 
 
+@pytest.fixture(scope="module")
+def wide_ref(tmp_path_factory):
+    """Records of 40 KB: without a transform, workers read units of about 1 MiB of records
+    (several batches each), so the epoch of ``ref`` would be one unit; here it is 25."""
+    storage = ydl.LocalStorage(tmp_path_factory.mktemp("wide"))
+    records = ({"i": np.int64(i), "x": np.full(10_000, i, np.float32)} for i in range(N))
+    return ydl.cache_dataset(records, "d", "v", storage, progress=False)
+
+
 @pytest.mark.parametrize("transform", [None, add_square])
-def test_a_worker_killed_while_batches_are_consumed_is_worker_died(ref, transform):
+def test_a_worker_killed_while_batches_are_consumed_is_worker_died(wide_ref, transform):
     # Batches: the death is noticed when the next unit is handed to the pool as well as when a
     # result is awaited (before: a bare BrokenProcessPool from submit).
+    ref = wide_ref
     args = dict(shuffle=True, shuffle_seed=6, batch_size=8, transform=transform)
     stream = ref.stream(num_workers=2, worker_type="process", **args)
     it = iter(stream)

@@ -8,6 +8,7 @@ worker processes, and gives the same result.
 
 from __future__ import annotations
 
+import operator
 import pickle
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -27,12 +28,14 @@ if TYPE_CHECKING:
 __all__ = [
     "Block",
     "BlockReader",
+    "Located",
     "MixtureReader",
     "TransformError",
     "as_items",
     "collate",
     "merge_columns",
     "records",
+    "stacking",
 ]
 
 _NAMED = 8  # records an error message lists for a block
@@ -75,25 +78,30 @@ class BlockReader:
         ends = np.arange(start + 1, start + 1 + len(indices), dtype=np.int64)
         if self.ngram is not None:
             return self._windows(ends, indices)
-        if self.predicate is not None and self.dataref.has_columns(self._predicate_fields):
-            # The predicate's fields are whole-chunk columns: only passing records are read.
-            tested = self.dataref.read_columns(indices, self._predicate_fields)
-            keep = np.flatnonzero(self.predicate.include_batch(tested, len(indices)))
+        keep, values = self.kept_values(indices)
+        if keep is not None:
             ends, indices = ends[keep], indices[keep]
-            values = self.dataref.read_values(indices)
-        else:
-            values = self.dataref.read_values(indices)
-            if self.predicate is not None:
-                tested = self.dataref.layout.decode_columns(values, self._predicate_fields)
-                keep = np.flatnonzero(self.predicate.include_batch(tested, len(values)))
-                values = [values[j] for j in keep]
-                ends, indices = ends[keep], indices[keep]
         if self.as_columns:
             return Block(ends, columns=self.dataref.layout.decode_columns(values, self.fields))
         items = records(self.dataref.layout.decode_columns(values, self.fields), len(values))
         if self.transform is not None:
             items = self._transformed(items, indices)
         return Block(ends, items=items)
+
+    def kept_values(self, indices: np.ndarray) -> tuple[np.ndarray | None, list[memoryview]]:
+        """The raw values of the records at ``indices`` that the predicate keeps, and which of
+        ``indices`` those are (None: all of them)."""
+        if self.predicate is None:
+            return None, self.dataref.read_values(indices)
+        if self.dataref.has_columns(self._predicate_fields):
+            # The predicate's fields are whole-chunk columns: only passing records are read.
+            tested = self.dataref.read_columns(indices, self._predicate_fields)
+            keep = np.flatnonzero(self.predicate.include_batch(tested, len(indices)))
+            return keep, self.dataref.read_values(indices[keep])
+        values = self.dataref.read_values(indices)
+        tested = self.dataref.layout.decode_columns(values, self._predicate_fields)
+        keep = np.flatnonzero(self.predicate.include_batch(tested, len(values)))
+        return keep, [values[j] for j in keep]
 
     def read_ahead(self, indices: np.ndarray) -> None:
         """The records of these positions' indices will be read soon (``DataRef.read_ahead``);
@@ -175,35 +183,46 @@ class BlockReader:
 
 @dataclass
 class MixtureReader:
-    """The boundary's work for a block of a mixture's positions: each source's records are
-    read by that source's BlockReader (its predicate, decode and transform), then put back in
-    the block's order. A unit's indices are global slots, ``epoch * len(mixture) + slot``: which
-    record a slot reads depends on the epoch (each source walks its own epochs)."""
+    """The boundary's work for a block of a mixture's positions, given where they read
+    (``Located``: per source, which positions and which of its records). Each source's records
+    pass that source's predicate; sources stored alike are then decoded together, straight into
+    the block's order (one copy, as for one DataRef); otherwise each source's reader decodes
+    and transforms its own, and the items are put back in order."""
 
     mixture: Mixture
     readers: list[BlockReader]  # one per leaf of the mixture, in its order
-    shuffle: bool
-    seed: int
     as_columns: bool
 
-    def __call__(self, unit: tuple[int, np.ndarray]) -> Block:
-        start, slots = unit
+    def __post_init__(self) -> None:
+        # Columns are merged where every source gives the same fields; records read record by
+        # record may hold different fields per source, and come as items.
+        used = [r for r, leaf in zip(self.readers, self.mixture.leaves) if leaf.used]
+        shapes = {tuple((f.name, stacking(f)) for f in r.fields) for r in used}
+        self._alike = len(shapes) == 1
+        # Sources whose records are laid out the same are decoded as one run of values.
+        schemas = {r.dataref.schema for r in used}
+        self._one_layout = self._alike and len(schemas) == 1 and used[0].transform is None
+        self._decoder = used[0]
+
+    def __call__(self, unit: tuple[int, Located]) -> Block:
+        start, located = unit
+        if self._one_layout:
+            return self._decoded_together(start, located)
         parts = []
-        for leaf, where, records in self._located(slots):
+        for leaf, where, records in located.parts:
             try:
                 block = self.readers[leaf]((0, records))
             except TransformError as exc:
                 name = self.mixture.leaves[leaf].name
                 raise TransformError(f"source {name!r}: {exc}") from exc.__cause__
             # The block's ends count its own positions (1 to len): back to the unit's.
-            kept = where[block.ends - 1]
-            parts.append((self.mixture.leaves[leaf].name, kept, block))
-        ends = np.sort(np.concatenate([kept for _, kept, _ in parts])) if parts else slots[:0]
+            parts.append((self.mixture.leaves[leaf].name, where[block.ends - 1], block))
+        ends = np.sort(np.concatenate([kept for _, kept, _ in parts]))
         places = [(name, np.searchsorted(ends, kept), block) for name, kept, block in parts]
         ends = ends + start + 1
         if self.as_columns and self._alike:
             columns = [(name, at, block.columns or {}) for name, at, block in places]
-            return Block(ends, columns=merge_columns(columns, len(ends)) if columns else {})
+            return Block(ends, columns=merge_columns(columns, len(ends)))
         items: list[Any] = [None] * len(ends)
         for _, at, block in places:
             block_items = as_items(block).items
@@ -212,40 +231,54 @@ class MixtureReader:
                 items[place] = item
         return Block(ends, items=items)
 
-    def __post_init__(self) -> None:
-        # Columns are merged where every source gives the same fields; records read record by
-        # record may hold different fields per source, and come as items.
-        shapes = {
-            tuple((f.name, f.kind, f.dtype_name, f.shape) for f in r.fields) for r in self.readers
-        }
-        self._alike = len(shapes) == 1
+    def _decoded_together(self, start: int, located: Located) -> Block:
+        kept = []
+        values: list[memoryview] = []
+        for leaf, where, indices in located.parts:
+            keep, run = self.readers[leaf].kept_values(indices)
+            kept.append(where if keep is None else where[keep])
+            values += run
+        order = np.concatenate(kept) if kept else np.zeros(0, np.int64)
+        if len(located.parts) > 1:
+            by_position = np.argsort(order, kind="stable")
+            order = order[by_position]
+            values = (
+                list(operator.itemgetter(*by_position.tolist())(values))
+                if len(values) > 1
+                else values
+            )
+        ends = order + start + 1
+        reader = self._decoder
+        columns = reader.dataref.layout.decode_columns(values, reader.fields)
+        if self.as_columns:
+            return Block(ends, columns=columns)
+        return Block(ends, items=records(columns, len(values)))
 
-    def read_ahead(self, slots: np.ndarray) -> None:
-        """Each source's records of these slots will be read soon."""
-        for leaf, _, records in self._located(slots):
+    def read_ahead(self, located: Located) -> None:
+        """Each source's records of these positions will be read soon."""
+        for leaf, _, records in located.parts:
             self.readers[leaf].read_ahead(records)
 
     @property
     def datarefs(self) -> tuple[DataRef, ...]:
         return tuple(leaf.ref for leaf in self.mixture.leaves)
 
-    def describe(self, unit: tuple[int, np.ndarray]) -> str:
+    def describe(self, unit: tuple[int, Located]) -> str:
         """The positions of ``unit`` and the sources' records at them."""
-        start, slots = unit
-        shown = slots[:_NAMED]
+        start, located = unit
         named = []
-        for leaf, where, records in self._located(shown):
+        for leaf, where, records in located.parts:
             name = self.mixture.leaves[leaf].name
             named += [(int(w), f"{name}[{int(r)}]") for w, r in zip(where, records)]
-        listed = ", ".join(text for _, text in sorted(named))
-        more = ", ..." if len(slots) > _NAMED else ""
+        listed = ", ".join(text for _, text in sorted(named)[:_NAMED])
+        more = ", ..." if len(located) > _NAMED else ""
         return (
-            f"positions {start} to {start + len(slots) - 1} of this shard's epoch "
+            f"positions {start} to {start + len(located) - 1} of this shard's epoch "
             f"(records {listed}{more})"
         )
 
     def unpicklable(
-        self, unit: tuple[int, np.ndarray], result: Block, error: Exception
+        self, unit: tuple[int, Located], result: Block, error: Exception
     ) -> TransformError:
         """The error for a block that cannot be sent back from a worker process."""
         return TransformError(
@@ -254,12 +287,50 @@ class MixtureReader:
             "numpy arrays, and lists or dicts of them), or use worker_type='thread'"
         )
 
-    def _located(self, slots: np.ndarray) -> list[tuple[int, np.ndarray, np.ndarray]]:
-        if not len(slots):
-            return []
-        epoch = int(slots[0]) // len(self.mixture)
-        local = slots - epoch * len(self.mixture)
-        return self.mixture.locate(epoch, local, self.shuffle, self.seed)
+
+@dataclass
+class Located:
+    """Where a run of consecutive positions of a mixture read: per source (leaf number), the
+    positions (offsets in the run, ascending) and that source's record at each."""
+
+    length: int
+    parts: list[tuple[int, np.ndarray, np.ndarray]]
+
+    def __len__(self) -> int:
+        return self.length
+
+    def split(self, step: int) -> list[Located]:
+        """This run cut into runs of ``step`` positions (the last may be shorter)."""
+        starts = list(range(0, self.length, step))
+        cuts = [
+            (leaf, where, records, np.searchsorted(where, [*starts, self.length]).tolist())
+            for leaf, where, records in self.parts
+        ]
+        runs = []
+        for k, start in enumerate(starts):
+            parts = [
+                (leaf, where[at[k] : at[k + 1]] - start, records[at[k] : at[k + 1]])
+                for leaf, where, records, at in cuts
+                if at[k + 1] > at[k]
+            ]
+            runs.append(Located(min(step, self.length - start), parts))
+        return runs
+
+    def __getitem__(self, run: slice) -> Located:
+        """The positions [start, stop) of this run, as a run of their own (as for arrays)."""
+        start, stop, _ = run.indices(self.length)
+        parts = []
+        for leaf, where, records in self.parts:
+            low, high = np.searchsorted(where, (start, stop)).tolist()
+            if high > low:
+                parts.append((leaf, where[low:high] - start, records[low:high]))
+        return Located(stop - start, parts)
+
+
+def stacking(field: Field) -> tuple[Any, ...]:
+    """What decides how a field's values stack in a batch: fields alike in this are batched
+    together from different sources."""
+    return (field.kind, field.dtype_name, field.shape, field.nullable)
 
 
 def as_items(block: Block) -> Block:

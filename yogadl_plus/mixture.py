@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Union
 
 import numpy as np
 
-from yogadl_plus.boundary import merge_columns
+from yogadl_plus.boundary import Located, merge_columns, stacking
 from yogadl_plus.checks import check_int
 from yogadl_plus.dataref import DataRef
 from yogadl_plus.errors import SchemaError
@@ -55,13 +55,15 @@ def mix(
 
 class Leaf:
     """A DataRef a mixture reads from, and the names that lead to it (``("web",)``, or
-    ``("text", "books")`` inside a mixture of mixtures)."""
+    ``("text", "books")`` inside a mixture of mixtures). ``used``: its share of an epoch is
+    not zero (a source of weight 0 is never read, and its fields need not match)."""
 
-    __slots__ = ("path", "ref")
+    __slots__ = ("path", "ref", "used")
 
-    def __init__(self, path: tuple[str, ...], ref: DataRef) -> None:
+    def __init__(self, path: tuple[str, ...], ref: DataRef, used: bool = True) -> None:
         self.path = path
         self.ref = ref
+        self.used = used
 
     @property
     def name(self) -> str:
@@ -102,7 +104,7 @@ class Mixture:
                     "per epoch: give it weight 0 or leave it out"
                 )
         self._interleave = Interleave(self.counts)
-        self.leaves: tuple[Leaf, ...] = tuple(_leaves(self.names, self.sources))
+        self.leaves: tuple[Leaf, ...] = tuple(_leaves(self.names, self.sources, self.counts))
         self._permutations: dict[tuple[int, int, int], Permutation] = {}
 
     # --- what a user sees ---
@@ -126,7 +128,7 @@ class Mixture:
             raise IndexError(
                 f"position {i} is out of range [-{self.epoch_size}, {self.epoch_size})"
             )
-        ((leaf, _, records),) = self.locate(0, np.array([i % self.epoch_size]), False, 0)
+        ((leaf, _, records),) = self.locate(0, np.array([i % self.epoch_size]), False, 0).parts
         return self.leaves[leaf].ref[int(records[0])]
 
     def get_batch(
@@ -147,7 +149,7 @@ class Mixture:
             )
         idx = np.where(idx < 0, idx + self.epoch_size, idx)
         parts = []
-        for leaf, where, records in self.locate(0, idx, False, 0):
+        for leaf, where, records in self.locate(0, idx, False, 0).parts:
             ref = self.leaves[leaf].ref
             parts.append((self.leaves[leaf].name, where, ref.get_batch(records, fields)))
         if not parts:
@@ -175,9 +177,9 @@ class Mixture:
     def batch_fields(self, fields: Sequence[str] | str | None) -> tuple[Field, ...]:
         """The fields a batch of this mixture holds: those selected, which every source must
         have alike (SchemaError naming the field and the sources otherwise)."""
-        first = self.leaves[0]
+        first, *others = [leaf for leaf in self.leaves if leaf.used]
         chosen = _selected(first, fields)
-        for leaf in self.leaves[1:]:
+        for leaf in others:
             theirs = _selected(leaf, fields)
             mine = {f.name: f for f in chosen}
             other = {f.name: f for f in theirs}
@@ -189,7 +191,7 @@ class Mixture:
                     "source (select the shared ones with fields=, or read record by record)"
                 )
             for name, field in mine.items():
-                if _shape_of(field) != _shape_of(other[name]):
+                if stacking(field) != stacking(other[name]):
                     raise SchemaError(
                         f"field {name!r} differs between sources {first.name!r} "
                         f"({_describe(field)}) and {leaf.name!r} ({_describe(other[name])}): "
@@ -204,11 +206,11 @@ class Mixture:
 
     def shared_fields(self) -> tuple[Field, ...]:
         """The fields every source has alike, in the first source's order."""
-        first, *others = [leaf.ref.select(None) for leaf in self.leaves]
+        first, *others = [leaf.ref.select(None) for leaf in self.leaves if leaf.used]
         kept = []
         for field in first:
             theirs = [{f.name: f for f in fields}.get(field.name) for fields in others]
-            if all(f is not None and _shape_of(f) == _shape_of(field) for f in theirs):
+            if all(f is not None and stacking(f) == stacking(field) for f in theirs):
                 kept.append(field)
         return tuple(kept)
 
@@ -230,22 +232,24 @@ class Mixture:
             digest.update(f"{name}\x00{inner}\x00{count};".encode())
         return f"mix({described})", digest.hexdigest()[:32]
 
-    def locate(
-        self, epoch: int, slots: np.ndarray, shuffle: bool, seed: int
-    ) -> list[tuple[int, np.ndarray, np.ndarray]]:
-        """Where the ``slots`` of epoch ``epoch`` read: (leaf number in ``leaves``, which of
-        ``slots``, record indices of that leaf), a part per leaf that any slot reads. With
-        ``shuffle``, each source walks its epochs in the order of a permutation keyed by
-        ``seed`` and the source's name."""
+    def locate(self, epoch: int, slots: np.ndarray, shuffle: bool, seed: int) -> Located:
+        """Where the ``slots`` of epoch ``epoch`` read: per leaf (its number in ``leaves``),
+        which of ``slots`` and that leaf's record for each. With ``shuffle``, each source walks
+        its epochs in the order of a permutation keyed by ``seed`` and the source's name."""
         found: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {}
         epochs = np.full(len(slots), epoch, dtype=np.int64)
         self._locate(
             epochs, np.asarray(slots, np.int64), shuffle, seed, 0, np.arange(len(slots)), found
         )
-        return [
-            (leaf, np.concatenate([w for w, _ in parts]), np.concatenate([r for _, r in parts]))
-            for leaf, parts in sorted(found.items())
-        ]
+        parts = []
+        for leaf, pieces in sorted(found.items()):
+            where = np.concatenate([w for w, _ in pieces])
+            records = np.concatenate([r for _, r in pieces])
+            if len(pieces) > 1:  # (from several epochs of a nested mixture)
+                ascending = np.argsort(where, kind="stable")
+                where, records = where[ascending], records[ascending]
+            parts.append((leaf, where, records))
+        return Located(len(slots), parts)
 
     def _locate(
         self,
@@ -351,13 +355,16 @@ def _checked_weights(
     return out
 
 
-def _leaves(names: Sequence[str], sources: Sequence[Source]) -> list[Leaf]:
+def _leaves(names: Sequence[str], sources: Sequence[Source], counts: Sequence[int]) -> list[Leaf]:
     out: list[Leaf] = []
-    for name, source in zip(names, sources):
+    for name, source, count in zip(names, sources, counts):
         if isinstance(source, Mixture):
-            out.extend(Leaf((name, *leaf.path), leaf.ref) for leaf in source.leaves)
+            out.extend(
+                Leaf((name, *leaf.path), leaf.ref, leaf.used and count > 0)
+                for leaf in source.leaves
+            )
         else:
-            out.append(Leaf((name,), source))
+            out.append(Leaf((name,), source, count > 0))
     return out
 
 
@@ -372,10 +379,6 @@ def _source_name(source: Source) -> str:
     if isinstance(source, Mixture):
         return source.identity()[0]
     return f"{source.dataset_id}:{source.version}"
-
-
-def _shape_of(field: Field) -> tuple[Any, ...]:
-    return (field.kind, field.dtype_name, field.shape, field.nullable)
 
 
 def _describe(field: Field) -> str:

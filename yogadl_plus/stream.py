@@ -35,12 +35,17 @@ __all__ = ["Stream"]
 # Positions whose order is computed at once: few first, so the first item comes fast.
 _FIRST_BLOCK = 32
 _ORDER_BLOCK = 4096
+_MIXTURE_BLOCK = 4 * _ORDER_BLOCK
 # Positions a unit of work reads when iterating record by record (bounds memory and latency)...
 _READ_BLOCK = 512
 # ... and about the most bytes it reads: big records come in blocks that stay in the CPU's cache
 # and under malloc's mmap threshold (so their memory is reused instead of mapped afresh, a page
 # fault per 4 KiB), and a record kept by the caller keeps no more than this alive.
 _READ_BLOCK_BYTES = 4 << 20
+# Worker pools pay a fixed cost per unit (a hand-over between threads or processes, a wake-up),
+# so without a transform their units of small records hold several batches: about this many
+# bytes, in whole batches.
+_POOL_UNIT_BYTES = 1 << 20
 # How far ahead of the units being read the stream announces to the DataRef which records come
 # next (read_ahead: a cold disk reads their pages meanwhile, a version read on demand fetches
 # their chunks), in stored bytes and at most in positions.
@@ -155,6 +160,7 @@ class Stream:
             if windows
             else max(1, min(_READ_BLOCK, int(_READ_BLOCK_BYTES // record_bytes)))
         )
+        self._pool_unit = max(1, int(_POOL_UNIT_BYTES // record_bytes))
         self._read_ahead = (
             max(1, min(_READ_AHEAD_POSITIONS, int(_READ_AHEAD_BYTES // record_bytes)))
             if _READ_AHEAD_BYTES
@@ -193,7 +199,7 @@ class Stream:
         )
         self._epoch, self._position = self._next = self.locate(self.settings.start_offset)
         self._offset = self.settings.start_offset
-        self._order_cache: tuple[int, int, int, np.ndarray] | None = None
+        self._order_cache: tuple[int, int, int, Any] | None = None
         self._ledgers: deque[Ledger] = deque(maxlen=_LEDGERS_KEPT)
 
     def __getstate__(self) -> dict[str, Any]:
@@ -382,21 +388,23 @@ class Stream:
         """The block of this shard's positions [start, stop) of ``epoch``, read at the boundary
         (predicate, decode, transform): what adapters hand to their own workers. Records come
         as items, batches as columns where there is no transform."""
-        block = self._reader((start, self._slots(epoch, self._cached_indices(epoch, start, stop))))
+        block = self._reader((start, self._cached_units(epoch, start, stop)))
         return as_items(block) if self.batch_size is None else block
 
-    def _cached_indices(self, epoch: int, start: int, stop: int) -> np.ndarray:
-        """The order at positions [start, stop), sliced from a block computed for many positions
-        at once (the order costs per call; adapters ask one item at a time)."""
+    def _cached_units(self, epoch: int, start: int, stop: int) -> Any:
+        """What the reader takes for positions [start, stop), sliced from a block computed for
+        many positions at once (the order costs per call; adapters ask one item at a time)."""
         cached = self._order_cache
         if cached is None or cached[0] != epoch or not cached[1] <= start <= stop <= cached[2]:
             length = self.order.epoch_shard_length(epoch)
             end = min(max(stop, start + 4 * _ORDER_BLOCK), length)
-            cached = self._order_cache = (epoch, start, end, self.order.indices(epoch, start, end))
+            located = self._located(epoch, self.order.indices(epoch, start, end))
+            cached = self._order_cache = (epoch, start, end, located)
         return cached[3][start - cached[1] : stop - cached[1]]
 
-    def _units(self, epoch: int, position: int, unit: int) -> Iterator[tuple[int, np.ndarray]]:
-        """(first position, record indices) of consecutive units of at most ``unit`` positions.
+    def _units(self, epoch: int, position: int, unit: int) -> Iterator[tuple[int, Any]]:
+        """(first position, what the reader takes for them) of consecutive units of at most
+        ``unit`` positions: their record indices, or for a mixture where they read.
 
         The order is computed for many units at once (it costs per call, not per position);
         record by record, the first unit is short so that the first record comes quickly.
@@ -404,15 +412,29 @@ class Stream:
         length = self.order.epoch_shard_length(epoch)
         if self.batch_size is None and position < length:
             stop = min(position + min(_FIRST_BLOCK, unit), length)
-            yield position, self.order.indices(epoch, position, stop)
+            yield position, self._located(epoch, self.order.indices(epoch, position, stop))
             position = stop
-        span = max(unit, _ORDER_BLOCK // unit * unit)
+        # (Where a mixture's positions read costs more per call than the order itself.)
+        block = _ORDER_BLOCK if self.mixture is None else _MIXTURE_BLOCK
+        span = max(unit, block // unit * unit)
         while position < length:
             stop = min(position + span, length)
-            indices = self.order.indices(epoch, position, stop)
-            for first in range(0, len(indices), unit):
-                yield position + first, indices[first : first + unit]
+            located = self._located(epoch, self.order.indices(epoch, position, stop))
+            if self.mixture is not None:
+                for k, run in enumerate(located.split(unit)):
+                    yield position + k * unit, run
+            else:
+                for first in range(0, stop - position, unit):
+                    yield position + first, located[first : first + unit]
             position = stop
+
+    def _located(self, epoch: int, indices: np.ndarray) -> Any:
+        """What the reader takes for positions whose order is ``indices``: those, or for a
+        mixture where they read (a Located, sliced like the indices)."""
+        if self.mixture is None:
+            return indices
+        seed = self.settings.seed or 0
+        return self.mixture.locate(epoch, indices, self.settings.shuffle, seed)
 
     def _blocks(self, epoch: int, position: int) -> Iterator[Block]:
         unit = self._read_block if self.batch_size is None else self.batch_size
@@ -420,23 +442,23 @@ class Stream:
             # Batches fill from passing records across units; a unit of one batch's positions
             # would leave each unit's fixed cost to a handful of passing records.
             unit = max(unit, self._read_block)
+        if self._pool is not None and self.transform is None:
+            # (A transform's work dwarfs the hand-over, and its output may be far bigger than
+            # the records: units stay a batch, so that memory and the first batch's wait do.)
+            unit = max(unit, unit * (self._pool_unit // unit))
         units = self._units(epoch, position, unit)
         if self._read_ahead:
             units = self._announced(units)
-        if self.mixture is not None:
-            units = ((first, self._slots(epoch, indices)) for first, indices in units)
         if self._pool is None:
             return map(self._reader, units)
         return self._pool.map(units)
 
-    def _announced(
-        self, units: Iterator[tuple[int, np.ndarray]]
-    ) -> Iterator[tuple[int, np.ndarray]]:
+    def _announced(self, units: Iterator[tuple[int, Any]]) -> Iterator[tuple[int, Any]]:
         """``units``, each announced to the DataRef (``read_ahead``) about ``_read_ahead``
         positions before it is read: a cold disk reads their pages meanwhile
         (cache/readahead.py), a version read on demand fetches their chunks. N-gram windows
         announce their anchor records."""
-        queued: deque[tuple[int, np.ndarray]] = deque()
+        queued: deque[tuple[int, Any]] = deque()
         positions = 0
         for unit in units:
             indices = unit[1]
@@ -490,13 +512,6 @@ class Stream:
             self._advance(epoch, end)
             yield batch
         self._epoch_done(epoch, ledger)
-
-    def _slots(self, epoch: int, indices: np.ndarray) -> np.ndarray:
-        """A mixture's positions as its reader takes them, with the epoch: which record a slot
-        of a mixture reads depends on the epoch (see MixtureReader)."""
-        if self.mixture is None:
-            return indices
-        return indices + epoch * self.num_positions
 
     @property
     def record_bytes(self) -> float:
@@ -557,18 +572,21 @@ def _mixture_reader(
     shared ones; records read record by record keep each source's own fields."""
     readers = []
     for leaf in mixture.leaves:
-        try:
-            _check_boundary(leaf.ref, settings, fields, predicate, None)
-        except SchemaError as exc:
-            raise SchemaError(f"source {leaf.name!r}: {exc}") from None
         own = fields is None and not batching
+        if leaf.used:
+            try:
+                _check_boundary(leaf.ref, settings, fields, predicate, None)
+            except SchemaError as exc:
+                raise SchemaError(f"source {leaf.name!r}: {exc}") from None
+        elif not own:  # never read: its reader only holds a place
+            own = True
         chosen = leaf.ref.select(None if own else [f.name for f in shared])
         readers.append(
             BlockReader(
                 leaf.ref, chosen, predicate=predicate, transform=transform, as_columns=as_columns
             )
         )
-    return MixtureReader(mixture, readers, settings.shuffle, settings.seed or 0, as_columns)
+    return MixtureReader(mixture, readers, as_columns)
 
 
 def _record_bytes(dataref: DataRef | Mixture) -> float:

@@ -37,6 +37,7 @@ from yogadl_plus.workers import (
     error_payload,
     keep_freed_memory,
     raised_from,
+    skip_inherited_objects,
 )
 
 if TYPE_CHECKING:
@@ -404,6 +405,7 @@ class _WorkerInit:
     def __call__(self, worker_id: int) -> None:
         if self.watch is not None:
             self.watch.start()
+        skip_inherited_objects()
         keep_freed_memory()
         if self.user is not None:
             self.user(worker_id)
