@@ -1,0 +1,221 @@
+"""Mixture benchmark: a stream over ``ydl.mix`` against a plain stream over the same bytes.
+
+    python bench/bench_mixture.py [--small-records 300000] [--big-records 8000] [--rounds 3]
+                                  [--only small,big] [--tmp DIR] [--json out.json]
+
+Data (built once per run in a temporary folder, from one generator per case):
+
+- small: ``{"x": float32[64], "y": int64}`` (264 bytes), --small-records in all;
+- big: ``{"x": uint8[96 KiB], "y": int64}``, --big-records in all.
+
+Each case is cached three times: source A (the first two thirds of the records), source B (the
+last third) and, for the plain rows, one DataRef holding all of them (A then B). ``y`` is the
+record's number in that order, so every row is checked outside the timing: the plain epoch holds
+each record once, and each mixture epoch holds exactly its shares of A's and B's records.
+
+Rows, each shuffled (``shuffle=True, shuffle_seed=0``), record by record and in batches of 256:
+
+- plain: ``ref.stream(...)`` over the one DataRef;
+- ``ydl.mix({"A": a, "B": b}, weights, epoch_size=len(a) + len(b)).stream(...)`` with weights
+  None (in proportion to the sizes: each record once an epoch, as in the plain stream), 1:1 (A
+  down-sampled, B up-sampled) and 3:1 (A up-sampled, B down-sampled).
+
+Every epoch has as many records of the same size, so records/s compare like with like. A row's
+figure is the best (shortest) epoch over --rounds rounds, stream construction included; in each
+round the page cache is warmed (every chunk file read) and the rows run one after the other, the
+plain row first in odd rounds and last in even ones. The consumer counts the items and drops them.
+The ratio is mixture / plain; the issue's target is >= 0.9x.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import yogadl_plus as ydl
+from bench._common import target_cell, warm
+
+CASES = ("small", "big")
+BIG_BYTES = 96 << 10
+BATCH = 256
+TARGET = 0.9
+WEIGHTS: dict[str, dict[str, float] | None] = {
+    "sizes": None,
+    "1:1": {"A": 1, "B": 1},
+    "3:1": {"A": 3, "B": 1},
+}
+MODES = ("records", f"batches of {BATCH}")
+
+
+# --- data ---
+
+
+def small_records(start: int, stop: int) -> Iterator[dict[str, Any]]:
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((stop, 64), dtype=np.float32)
+    for i in range(start, stop):
+        yield {"x": x[i], "y": np.int64(i)}
+
+
+def big_records(start: int, stop: int) -> Iterator[dict[str, Any]]:
+    block = np.random.default_rng(0).integers(0, 256, BIG_BYTES, dtype=np.uint8)
+    for i in range(start, stop):
+        yield {"x": np.roll(block, i), "y": np.int64(i)}
+
+
+MAKERS: dict[str, Callable[[int, int], Iterator[dict[str, Any]]]] = {
+    "small": small_records,
+    "big": big_records,
+}
+
+
+def build(storage: ydl.LocalStorage, case: str, n: int) -> dict[str, ydl.DataRef]:
+    """Sources A and B, and the plain DataRef holding A's records then B's."""
+    split = 2 * n // 3
+    make = MAKERS[case]
+    refs = {}
+    for name, start, stop in (("A", 0, split), ("B", split, n), ("plain", 0, n)):
+        refs[name] = ydl.cache_dataset(
+            make(start, stop), f"{case}-{name}", f"n{n}", storage, progress=False
+        )
+    return refs
+
+
+# --- timing ---
+
+
+def epoch_seconds(source: Any, batched: bool) -> tuple[float, int]:
+    """One epoch of a stream made by ``source()``: seconds, construction included, and items."""
+    start = time.perf_counter()
+    stream = source()
+    count = 0
+    if batched:
+        for batch in stream:
+            count += len(batch["y"])
+    else:
+        for _ in stream:
+            count += 1
+    return time.perf_counter() - start, count
+
+
+def check(refs: dict[str, ydl.DataRef], mixtures: dict[str, ydl.Mixture]) -> None:
+    """Untimed: each stream's epoch holds what it should (one batched epoch each)."""
+    n = len(refs["plain"])
+    split = len(refs["A"])
+    args = dict(shuffle=True, shuffle_seed=0, batch_size=BATCH, fields=["y"])
+    seen = np.concatenate([b["y"] for b in refs["plain"].stream(**args)])
+    assert np.array_equal(np.sort(seen), np.arange(n)), "the plain epoch is not each record once"
+    for label, mix in mixtures.items():
+        seen = np.concatenate([b["y"] for b in mix.stream(**args)])
+        from_a = int((seen < split).sum())
+        assert len(seen) == n and [from_a, n - from_a] == mix.counts, (label, mix.counts)
+        counts = np.bincount(seen, minlength=n)
+        for lo, hi in ((0, split), (split, n)):
+            # The balance property: a source's records are read as evenly as its share allows.
+            assert counts[lo:hi].max() - counts[lo:hi].min() <= 1, label
+        if label == "sizes":
+            assert np.array_equal(np.sort(seen), np.arange(n)), "weights=None: each record once"
+
+
+def run(case: str, n: int, rounds: int, root: str) -> dict[str, dict[str, list[float]]]:
+    """records/s of every row in every round: {mode: {row: [rate per round]}}."""
+    storage = ydl.LocalStorage(os.path.join(root, case))
+    began = time.perf_counter()
+    refs = build(storage, case, n)
+    print(f"{case}: built {n} records (x3) in {time.perf_counter() - began:.1f} s", file=sys.stderr)
+    epoch = len(refs["A"]) + len(refs["B"])
+    mixtures = {
+        label: ydl.mix({"A": refs["A"], "B": refs["B"]}, weights, epoch_size=epoch)
+        for label, weights in WEIGHTS.items()
+    }
+    check(refs, mixtures)
+    rows: dict[str, Any] = {"plain": refs["plain"]}
+    rows.update({f"mix {label}": mix for label, mix in mixtures.items()})
+    rates: dict[str, dict[str, list[float]]] = {mode: {row: [] for row in rows} for mode in MODES}
+    for round_ in range(rounds):
+        for ref in refs.values():
+            warm(ref.directory)
+        order = list(rows) if round_ % 2 == 0 else [*list(rows)[1:], "plain"]
+        for mode in MODES:
+            batched = mode != "records"
+            kwargs = dict(shuffle=True, shuffle_seed=0, batch_size=BATCH if batched else None)
+            for row in order:
+                make = functools.partial(rows[row].stream, **kwargs)
+                seconds, count = epoch_seconds(make, batched)
+                assert count == n, (row, mode, count, n)
+                rates[mode][row].append(n / seconds)
+        print(f"{case}: round {round_ + 1}/{rounds} done", file=sys.stderr)
+    for ref in refs.values():
+        ref.close()
+    return rates
+
+
+# --- the table ---
+
+
+def table(results: dict[str, dict[str, dict[str, list[float]]]], sizes: dict[str, int]) -> str:
+    lines = [
+        "| data | mode | row | records/s (best) | mixture / plain | target |",
+        "| --- | --- | --- | ---: | ---: | --- |",
+    ]
+    for case, rates in results.items():
+        for mode, rows in rates.items():
+            plain = max(rows["plain"])
+            for row, values in rows.items():
+                best = max(values)
+                if row == "plain":
+                    ratio, target = "", ""
+                else:
+                    ratio = f"{best / plain:.2f}x"
+                    target = target_cell(f">= {TARGET}x", best / plain >= TARGET)
+                label = f"{case} ({sizes[case]:,})"
+                lines.append(f"| {label} | {mode} | {row} | {best:,.0f} | {ratio} | {target} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--small-records", type=int, default=300_000, help="264-byte records")
+    parser.add_argument("--big-records", type=int, default=8_000, help="96 KiB records")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds (the best counts)")
+    parser.add_argument("--only", default=",".join(CASES), help="cases: small,big")
+    parser.add_argument("--tmp", default=None, help="parent of the temporary data folder")
+    parser.add_argument("--json", help="also write every round's figures here")
+    args = parser.parse_args(argv)
+    wanted = [c for c in args.only.split(",") if c]
+    unknown = set(wanted) - set(CASES)
+    if unknown:
+        parser.error(f"--only: unknown cases {sorted(unknown)}; choose from {CASES}")
+    counts = {"small": args.small_records, "big": args.big_records}
+    sizes = {case: counts[case] for case in wanted}
+    print(f"yogadl_plus from {os.path.dirname(ydl.__file__)}", file=sys.stderr)
+    root = tempfile.mkdtemp(prefix="ydl-bench-mixture-", dir=args.tmp)
+    try:
+        results = {case: run(case, n, args.rounds, root) for case, n in sizes.items()}
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    print(
+        f"\n{os.cpu_count()} CPUs, best of {args.rounds} rounds, shuffled, stream construction "
+        f"included; load average at the end {os.getloadavg()[0]:.2f}\n"
+    )
+    print(table(results, sizes))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"sizes": sizes, "rounds": args.rounds, "results": results}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
