@@ -33,6 +33,9 @@ _NODE = struct.Struct("<HHHH")  # lo, hi, flags, key size
 _MAX_LEAF_PAGES = 1 << 14
 
 
+_IDENTITY = int.from_bytes(IDENTITY_KEY, "big")
+
+
 class _Unexpected(Exception):
     """The file is not laid out as this module expects: no read-ahead for it."""
 
@@ -95,16 +98,20 @@ class _Walk:
         if root == _INVALID_PAGE or depth < 1:
             raise _Unexpected("empty tree")
         # Walk the branch levels down to the leaves, in key order.
-        level = [(0, root)]  # (first local index under the page, page number)
+        # Each level: the first local index under each page, and the page numbers.
+        leaf_first, leaf_pgno = np.zeros(1, np.int64), np.array([root], np.int64)
         for _ in range(depth - 1):
-            level = [child for first, pgno in level for child in self._children(pgno, first)]
-        leaf_first = np.array([first_key for first_key, _ in level], dtype=np.int64)
-        leaf_pgno = np.array([pgno for _, pgno in level], dtype=np.int64)
+            children = [
+                self._children(pgno, first)
+                for first, pgno in zip(leaf_first.tolist(), leaf_pgno.tolist())
+            ]
+            leaf_first = np.concatenate([first for first, _ in children])
+            leaf_pgno = np.concatenate([pgno for _, pgno in children])
         pages = PageMap(self.page_size, leaf_first, leaf_pgno, None)
-        if not overflow or len(level) > _MAX_LEAF_PAGES:
+        if not overflow or len(leaf_pgno) > _MAX_LEAF_PAGES:
             return pages  # small records: a record's span is its leaf page
         offsets, lengths = pages.spans(np.arange(records))
-        for _, pgno in level:
+        for pgno in leaf_pgno.tolist():
             self._leaf_spans(pgno, offsets, lengths)
         return PageMap(self.page_size, leaf_first, leaf_pgno, (offsets, lengths))
 
@@ -136,17 +143,38 @@ class _Walk:
             nodes.append((lo, hi, node_flags, key, at + _NODE.size + key_size))
         return nodes
 
-    def _children(self, pgno: int, first_key: int) -> list[tuple[int, int]]:
+    def _children(self, pgno: int, first_key: int) -> tuple[np.ndarray, np.ndarray]:
         """(first record under it, page number) of each child of a branch page whose own first
-        record is ``first_key``."""
-        children = []
-        for n, (lo, hi, flags, key, _) in enumerate(self._nodes(self.read_page(pgno), _P_BRANCH)):
-            child = lo | hi << 16 | flags << 32
-            # The first node's key is implicit: its subtree starts where the page's does.
-            first = first_key if n == 0 else _local(key)
-            if first is not None:
-                children.append((first, child))
-        return children
+        record is ``first_key``. Vectorized over the page's nodes: a chunk of small records has
+        tens of thousands of leaves, and a node at a time took ~90 ms per 288 MiB chunk."""
+        page = np.frombuffer(self.read_page(pgno), dtype=np.uint8)
+        flags, lower = struct.unpack_from("<HH", page, 10)
+        if not flags & _P_BRANCH:
+            raise _Unexpected("page of another kind")
+        count = (lower - _PAGE_HEADER) >> 1
+        if not 0 <= count <= self.page_size // 2:
+            raise _Unexpected("node count")
+        at = np.frombuffer(page, dtype="<u2", count=count, offset=_PAGE_HEADER).astype(np.int64)
+        if count and (at.min() < _PAGE_HEADER or at.max() + _NODE.size > self.page_size):
+            raise _Unexpected("node outside its page")
+        words = page[at[:, None] + np.arange(_NODE.size)].astype(np.int64)
+        lo, hi, node_flags, key_size = (
+            words[:, 2 * k] | words[:, 2 * k + 1] << 8 for k in range(4)
+        )
+        child = lo | hi << 16 | node_flags << 32
+        # A record's key is KEY_BYTES big-endian bytes; others (the identity, columns) are not
+        # records. The first node's key is implicit: its subtree starts where the page's does.
+        is_record = key_size == KEY_BYTES
+        if (at[is_record] + _NODE.size + KEY_BYTES > self.page_size).any():
+            raise _Unexpected("key outside its page")
+        keys = page[np.minimum(at[:, None] + _NODE.size + np.arange(KEY_BYTES), self.page_size - 1)]
+        first = np.zeros(count, dtype=np.int64)
+        for byte in range(KEY_BYTES):
+            first = first << 8 | keys[:, byte].astype(np.int64)
+        is_record &= first != _IDENTITY
+        first[0] = first_key
+        is_record[0] = True
+        return first[is_record], child[is_record]
 
     def _leaf_spans(self, pgno: int, offsets: np.ndarray, lengths: np.ndarray) -> None:
         page = self.read_page(pgno)

@@ -27,10 +27,11 @@ from yogadl_plus.cache.pages import PageMap, page_map
 
 __all__ = ["MIN_RECORD_BYTES", "PENDING_HINTS", "ReadAhead"]
 
-#: Chunks whose records are smaller than this on average get no page hints (yet): warm, their
-#: bookkeeping cost small records 4-11% of their speed (docs/performance.md), while cold it read
-#: them 1.9x faster; the cheaper hint they need is still to be built.
-MIN_RECORD_BYTES = 4096
+#: Chunks whose records are smaller than this on average get no page hints. All are hinted: a
+#: small record's hint is its leaf page (found from the branch pages alone, 20 ms per 288 MiB
+#: chunk, once), and cold, hinting them read a true shuffle of 264 B records 2.2x faster, while
+#: warm they pay 2-4% (docs/performance.md). Benchmarks set it to compare.
+MIN_RECORD_BYTES = 0
 #: Hints waiting for the thread at most; older ones are dropped (the stream has read past them).
 PENDING_HINTS = 16
 # Spans probed for residency per chunk and hint: all in memory means nothing to ask for.
@@ -189,16 +190,13 @@ def _merged(offsets: np.ndarray, lengths: np.ndarray) -> list[tuple[int, int]]:
     """The spans sorted and joined where they touch or nearly do: (start, length) ranges."""
     order = np.argsort(offsets, kind="stable")
     starts, ends = offsets[order], offsets[order] + lengths[order]
-    ranges: list[tuple[int, int]] = []
-    begin, end = int(starts[0]), int(ends[0])
-    for s, e in zip(starts[1:].tolist(), ends[1:].tolist()):
-        if s <= end + _MERGE_GAP:
-            end = max(end, e)
-        else:
-            ranges.append((begin, end - begin))
-            begin, end = s, e
-    ranges.append((begin, end - begin))
-    return ranges
+    reach = np.maximum.accumulate(ends)  # how far the spans so far go
+    # A range ends where the next span starts beyond the reach so far (plus the gap).
+    breaks = np.flatnonzero(starts[1:] > reach[:-1] + _MERGE_GAP)
+    first = np.concatenate(([0], breaks + 1))
+    last = np.concatenate((breaks, [len(starts) - 1]))
+    begins = starts[first]
+    return list(zip(begins.tolist(), (reach[last] - begins).tolist()))
 
 
 # The read-ahead objects a fork in progress paused (their _busy locks, held by the forking thread).
