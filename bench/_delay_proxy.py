@@ -38,9 +38,11 @@ class DelayProxy:
     def __exit__(self, *exc: object) -> None:
         async def stop() -> None:
             self._server.close()
-            for task in asyncio.all_tasks():
-                if task is not asyncio.current_task():
-                    task.cancel()
+            tasks = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+            for task in tasks:
+                task.cancel()
+            # Awaited, so that no task is left pending (or its result unread) when the loop stops.
+            await asyncio.gather(*tasks, return_exceptions=True)
 
         asyncio.run_coroutine_threadsafe(stop(), self._loop).result(10)
         self._loop.call_soon_threadsafe(self._loop.stop)
@@ -52,9 +54,15 @@ class DelayProxy:
         except OSError:
             writer.close()
             return
-        await asyncio.gather(
+        pipes = asyncio.gather(
             self._pipe(reader, up_writer), self._pipe(up_reader, writer), return_exceptions=True
         )
+        try:
+            await pipes
+        except asyncio.CancelledError:
+            pipes.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await pipes
 
     async def _pipe(self, source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
         loop = asyncio.get_running_loop()
