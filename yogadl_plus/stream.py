@@ -198,7 +198,6 @@ class Stream:
             else None
         )
         self._epoch, self._position = self._next = self.locate(self.settings.start_offset)
-        self._offset = self.settings.start_offset
         self._order_cache: tuple[int, int, int, Any] | None = None
         self._ledgers: deque[Ledger] = deque(maxlen=_LEDGERS_KEPT)
 
@@ -218,7 +217,7 @@ class Stream:
 
     def __repr__(self) -> str:
         return (
-            f"Stream({self.dataref!r}, order={self.order!r}, offset={self._offset}, "
+            f"Stream({self.dataref!r}, order={self.order!r}, offset={self.offset}, "
             f"batch_size={self.batch_size}, num_workers={self.num_workers})"
         )
 
@@ -254,7 +253,7 @@ class Stream:
     @property
     def offset(self) -> int:
         """The start_offset that resumes right after the last item handed out."""
-        return self._offset
+        return self.offset_of(self._epoch, self._position)
 
     @property
     def global_offset(self) -> int:
@@ -270,7 +269,7 @@ class Stream:
     def state(self) -> StreamState:
         """Where the stream is (``offset``) and what it was made with, checked by
         ``load_state``: see StreamState. ``state().to_dict()`` is JSON for a checkpoint."""
-        return self.state_at(self._offset)
+        return self.state_at(self.offset)
 
     def state_at(self, offset: int) -> StreamState:
         """This stream's state with ``offset`` (an ``offset_after`` count, for consumers that
@@ -341,7 +340,6 @@ class Stream:
 
     def _advance(self, epoch: int, position: int) -> None:
         self._epoch, self._position = epoch, position
-        self._offset = self.offset_of(epoch, position)
 
     def __len__(self) -> int:
         """Items (records, windows or batches) in one whole epoch of this shard; with a
@@ -479,8 +477,9 @@ class Stream:
             items = as_items(block).items
             assert items is not None
             ledger.add(block.ends)
-            for end, item in zip(block.ends.tolist(), items):
-                self._advance(epoch, end)
+            self._epoch = epoch
+            # The loop stores each record's end as the stream's position: one store per record.
+            for self._position, item in zip(block.ends.tolist(), items):
                 yield item
         self._epoch_done(epoch, ledger)
 
