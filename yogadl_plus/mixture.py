@@ -94,13 +94,14 @@ class Mixture:
         )
         if not self.epoch_size:
             raise ValueError("the sources hold no records: a mixture of them has no items")
-        self.counts = shares(self.weights, self.epoch_size)
-        for name, size, count in zip(self.names, sizes, self.counts):
-            if count and not size:
+        for name, size, weight in zip(self.names, sizes, self.weights):
+            # (Refused even where its share of a short epoch rounds to nothing.)
+            if weight and not size:
                 raise ValueError(
-                    f"source {name!r} has no records, yet its weight gives it {count} items "
-                    "per epoch: give it weight 0 or leave it out"
+                    f"source {name!r} has no records, yet weight {weight}: give it weight 0 "
+                    "or leave it out"
                 )
+        self.counts = shares(self.weights, self.epoch_size)
         self._interleave = Interleave(self.counts)
         self.leaves: tuple[Leaf, ...] = tuple(_leaves(self.names, self.sources))
         self._permutations: dict[tuple[int, int, int], Permutation] = {}
@@ -146,12 +147,15 @@ class Mixture:
                 f"position {bad} is out of range [-{self.epoch_size}, {self.epoch_size})"
             )
         idx = np.where(idx < 0, idx + self.epoch_size, idx)
+        # Checked whichever sources these positions read: the same call must not work for
+        # some indices and not for others.
+        names = [f.name for f in self.batch_fields(fields)]
         parts = []
         for leaf, where, records in self.locate(0, idx, False, 0):
             ref = self.leaves[leaf].ref
-            parts.append((self.leaves[leaf].name, where, ref.get_batch(records, fields)))
+            parts.append((self.leaves[leaf].name, where, ref.get_batch(records, names)))
         if not parts:
-            return {f.name: [] for f in self.batch_fields(fields)}
+            return self.leaves[0].ref.get_batch(idx, names)
         return merge_columns(parts, len(idx))
 
     def stream(self, **kwargs: Any) -> Stream:
@@ -268,14 +272,19 @@ class Mixture:
                 sequence = epochs[chosen] * self.counts[j] + rank[chosen]
                 size = len(src)
                 src_epochs, positions = np.divmod(sequence, size)
-                if shuffle:
-                    positions = self._shuffled(j, src_epochs, positions, seed)
                 if isinstance(src, Mixture):
+                    # An inner mixture is walked in its own slot order, not a permutation of
+                    # it: a part of its epoch is then a prefix, in which each of its sources
+                    # gets a run of its own sequence (the balance property holds at every
+                    # level). The items are shuffled all the same: by the outer order, and by
+                    # the inner sources' own shuffled epochs.
                     inner_seed = source_seed(seed, self.names[j])
                     src._locate(
                         src_epochs, positions, shuffle, inner_seed, leaf, where[chosen], found
                     )
                 else:
+                    if shuffle:
+                        positions = self._shuffled(j, src_epochs, positions, seed)
                     found.setdefault(leaf, []).append((where[chosen], positions))
             leaf += count
 
@@ -341,14 +350,26 @@ def _checked_weights(
         value = weights[name]
         if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
             raise ValueError(f"the weight of source {name!r} must be a number, got {value!r}")
-        if not math.isfinite(float(value)) or value < 0:
+        # (A rational is finite: float() of a big one would overflow.)
+        finite = isinstance(value, numbers.Rational) or math.isfinite(float(value))
+        if not finite or value < 0:
             raise ValueError(
                 f"the weight of source {name!r} must be a finite number >= 0, got {value!r}"
             )
-        out.append(Fraction(value))
+        out.append(_exact(value))
     if not any(out):
         raise ValueError(f"the weights are all zero: {dict(weights)}")
     return out
+
+
+def _exact(value: numbers.Real) -> Fraction:
+    """A weight as an exact rational of Python ints: numpy's integers would overflow in the
+    arithmetic of shares (np.int8(100) * 127), and Fraction takes no numpy float but float64."""
+    if isinstance(value, numbers.Integral):
+        return Fraction(int(value))
+    if isinstance(value, numbers.Rational):
+        return Fraction(int(value.numerator), int(value.denominator))
+    return Fraction(float(value))
 
 
 def _leaves(names: Sequence[str], sources: Sequence[Source]) -> list[Leaf]:

@@ -421,10 +421,11 @@ class Stream:
             # would leave each unit's fixed cost to a handful of passing records.
             unit = max(unit, self._read_block)
         units = self._units(epoch, position, unit)
+        if self.mixture is not None:
+            # (Before read_ahead: which records a mixture's slots read depends on the epoch.)
+            units = ((first, self._slots(epoch, indices)) for first, indices in units)
         if self._read_ahead:
             units = self._announced(units)
-        if self.mixture is not None:
-            units = ((first, self._slots(epoch, indices)) for first, indices in units)
         if self._pool is None:
             return map(self._reader, units)
         return self._pool.map(units)
