@@ -29,6 +29,7 @@ from yogadl_plus.errors import SchemaError
 from yogadl_plus.order import Permutation
 from yogadl_plus.proportions import Interleave, shares
 from yogadl_plus.schema import Field, Schema
+from yogadl_plus.splitmix import GOLDEN, splitmix64_array
 from yogadl_plus.stream_state import build_fingerprint
 
 if TYPE_CHECKING:
@@ -39,6 +40,8 @@ __all__ = ["Leaf", "Mixture", "mix"]
 Source = Union[DataRef, "Mixture"]
 # The per-source permutations a Mixture keeps made (a block of slots reads a few source epochs).
 _PERMUTATIONS_KEPT = 64
+# Sources up to this many records are shuffled by small_orders, many epochs at once.
+_SMALL_SOURCE = 1024
 
 
 def mix(
@@ -96,13 +99,14 @@ class Mixture:
         )
         if not self.epoch_size:
             raise ValueError("the sources hold no records: a mixture of them has no items")
-        self.counts = shares(self.weights, self.epoch_size)
-        for name, size, count in zip(self.names, sizes, self.counts):
-            if count and not size:
+        for name, size, weight in zip(self.names, sizes, self.weights):
+            # (Refused even where its share of a short epoch rounds to nothing.)
+            if weight and not size:
                 raise ValueError(
-                    f"source {name!r} has no records, yet its weight gives it {count} items "
-                    "per epoch: give it weight 0 or leave it out"
+                    f"source {name!r} has no records, yet weight {weight}: give it weight 0 "
+                    "or leave it out"
                 )
+        self.counts = shares(self.weights, self.epoch_size)
         self._interleave = Interleave(self.counts)
         self.leaves: tuple[Leaf, ...] = tuple(_leaves(self.names, self.sources, self.counts))
         self._permutations: dict[tuple[int, int, int], Permutation] = {}
@@ -148,12 +152,15 @@ class Mixture:
                 f"position {bad} is out of range [-{self.epoch_size}, {self.epoch_size})"
             )
         idx = np.where(idx < 0, idx + self.epoch_size, idx)
+        # Checked whichever sources these positions read: the same call must not work for
+        # some indices and not for others.
+        names = [f.name for f in self.batch_fields(fields)]
         parts = []
         for leaf, where, records in self.locate(0, idx, False, 0).parts:
             ref = self.leaves[leaf].ref
-            parts.append((self.leaves[leaf].name, where, ref.get_batch(records, fields)))
+            parts.append((self.leaves[leaf].name, where, ref.get_batch(records, names)))
         if not parts:
-            return {f.name: [] for f in self.batch_fields(fields)}
+            return self.leaves[0].ref.get_batch(idx, names)
         return merge_columns(parts, len(idx))
 
     def stream(self, **kwargs: Any) -> Stream:
@@ -272,14 +279,19 @@ class Mixture:
                 sequence = epochs[chosen] * self.counts[j] + rank[chosen]
                 size = len(src)
                 src_epochs, positions = np.divmod(sequence, size)
-                if shuffle:
-                    positions = self._shuffled(j, src_epochs, positions, seed)
                 if isinstance(src, Mixture):
+                    # An inner mixture is walked in its own slot order, not a permutation of
+                    # it: a part of its epoch is then a prefix, in which each of its sources
+                    # gets a run of its own sequence (the balance property holds at every
+                    # level). The items are shuffled all the same: by the outer order, and by
+                    # the inner sources' own shuffled epochs.
                     inner_seed = source_seed(seed, self.names[j])
                     src._locate(
                         src_epochs, positions, shuffle, inner_seed, leaf, where[chosen], found
                     )
                 else:
+                    if shuffle:
+                        positions = self._shuffled(j, src_epochs, positions, seed)
                     found.setdefault(leaf, []).append((where[chosen], positions))
             leaf += count
 
@@ -287,6 +299,11 @@ class Mixture:
         """``positions`` of source ``j``'s ``epochs`` through that source's permutations."""
         key = source_seed(seed, self.names[j])
         size = len(self.sources[j])
+        if size <= _SMALL_SOURCE:
+            # A small source up-sampled goes through an epoch every few slots: its epochs'
+            # orders are made together (one table per epoch would cost a Python call each).
+            unique, inverse = np.unique(epochs, return_inverse=True)
+            return small_orders(size, key, unique)[inverse, positions]
         out = np.empty_like(positions)
         for epoch in np.unique(epochs).tolist():
             at = epochs == epoch
@@ -298,6 +315,15 @@ class Mixture:
                 self._permutations[(j, key, epoch)] = permutation
             out[at] = permutation.indices(positions[at])
         return out
+
+
+def small_orders(size: int, key: int, epochs: np.ndarray) -> np.ndarray:
+    """For each of ``epochs``, a keyed uniformly random order of ``range(size)`` (a row):
+    positions sorted by their splitmix64 draws, keyed by ``key`` and the epoch. Equal draws,
+    about one pair in 2**64 / size**2, keep the positions' order."""
+    epoch_keys = splitmix64_array(np.uint64(key) ^ splitmix64_array(epochs.astype(np.uint64)))
+    states = epoch_keys[:, None] + np.arange(size, dtype=np.uint64) * np.uint64(GOLDEN)
+    return np.argsort(splitmix64_array(states), axis=1, kind="stable")
 
 
 def source_seed(seed: int, name: str) -> int:
@@ -345,14 +371,26 @@ def _checked_weights(
         value = weights[name]
         if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
             raise ValueError(f"the weight of source {name!r} must be a number, got {value!r}")
-        if not math.isfinite(float(value)) or value < 0:
+        # (A rational is finite: float() of a big one would overflow.)
+        finite = isinstance(value, numbers.Rational) or math.isfinite(float(value))
+        if not finite or value < 0:
             raise ValueError(
                 f"the weight of source {name!r} must be a finite number >= 0, got {value!r}"
             )
-        out.append(Fraction(value))
+        out.append(_exact(value))
     if not any(out):
         raise ValueError(f"the weights are all zero: {dict(weights)}")
     return out
+
+
+def _exact(value: numbers.Real) -> Fraction:
+    """A weight as an exact rational of Python ints: numpy's integers would overflow in the
+    arithmetic of shares (np.int8(100) * 127), and Fraction takes no numpy float but float64."""
+    if isinstance(value, numbers.Integral):
+        return Fraction(int(value))
+    if isinstance(value, numbers.Rational):
+        return Fraction(int(value.numerator), int(value.denominator))
+    return Fraction(float(value))
 
 
 def _leaves(names: Sequence[str], sources: Sequence[Source], counts: Sequence[int]) -> list[Leaf]:

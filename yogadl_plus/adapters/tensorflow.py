@@ -206,7 +206,14 @@ def _record_blocks_dataset(stream: Stream, output_signature: Any, nested: bool) 
         to_tf = _schema_converter(template, converters, stream.ngram is not None)
 
         def block_to_tf(block: Any) -> Any:
-            columns = block.columns if block.columns is not None else collate(block.items)
+            if block.columns is not None:
+                columns = block.columns
+            elif stream.ngram is None:
+                # A mixture's records hold their own source's fields: the signature has those
+                # all its sources share (stream.fields).
+                columns = collate([{name: item[name] for name in fields} for item in block.items])
+            else:
+                columns = collate(block.items)
             return to_tf(columns)
 
     else:
@@ -370,7 +377,8 @@ def _schema_converter(
         return convert_window
 
     def convert(item: Any) -> Any:
-        return _fill(template, {k: converters[k](v) for k, v in item.items()})
+        # (The converters' fields: a mixture's record may hold more, those of its source.)
+        return _fill(template, {k: to_tf(item[k]) for k, to_tf in converters.items()})
 
     return convert
 
