@@ -176,6 +176,41 @@ def chunk_paths(ref: ydl.DataRef) -> list[str]:
     return [os.path.join(ref.directory, c.file) for c in ref.manifest.chunks]
 
 
+def hint_cost(storage: ydl.LocalStorage, gib: float) -> int:
+    """Warm, in one process: two DataRefs of one version of 264 B records, one whose chunks get
+    page hints (the default) and one whose do not, each with its page maps already built;
+    three rounds of each row, alternating; the best of each."""
+    import yogadl_plus.cache.readahead as readahead_module
+
+    small = build(storage, SMALL, int(gib * (1 << 30) // 350))
+    default = readahead_module.MIN_RECORD_BYTES
+    refs = {}
+    for hinted in (True, False):
+        readahead_module.MIN_RECORD_BYTES = default if hinted else 4096
+        refs[hinted] = storage.fetch(small.dataset_id, small.version)
+        for _ in refs[hinted].stream(batch_size=4096, shuffle=True, shuffle_seed=9):
+            pass  # the page maps (and a warm streak) are made
+    readahead_module.MIN_RECORD_BYTES = default
+    rows = {
+        "shuffled, record by record": {"shuffle": True, "shuffle_seed": 1},
+        "sequential batches of 256": {"batch_size": 256},
+        "shuffled batches of 256": {"batch_size": 256, "shuffle": True, "shuffle_seed": 1},
+    }
+    print(f"\nWarm, {len(small)} records of 264 B: hinted / not hinted (best of 3, alternating)\n")
+    print("| row | hinted | not hinted | ratio |\n| --- | ---: | ---: | ---: |")
+    for name, kwargs in rows.items():
+        best = {True: 0.0, False: 0.0}
+        for _ in range(3):
+            warm(small.directory)
+            for hinted in (True, False):
+                best[hinted] = max(best[hinted], epoch_rate(refs[hinted], **kwargs))
+        print(
+            f"| {name} | {best[True] / 1e6:.0f} MB/s | {best[False] / 1e6:.0f} MB/s "
+            f"| {best[True] / best[False]:.2f}x |"
+        )
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--root", default="/tmp/ydl-bench-bytes")
@@ -185,7 +220,12 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--no-warm", action="store_true", help="only the cold runs")
     parser.add_argument("--sizes", default=",".join(str(s) for s in SIZES))
+    parser.add_argument(
+        "--hint-cost", action="store_true", help="only what small-record hints cost warm"
+    )
     args = parser.parse_args()
+    if args.hint_cost:
+        return hint_cost(ydl.LocalStorage(args.root), args.gib)
     storage = ydl.LocalStorage(args.root)
     print(f"yogadl_plus from {os.path.dirname(ydl.__file__)}")
     print("\nWarm, shuffled: bytes/s against a numpy copy of a 512 MiB array into memory it")

@@ -160,7 +160,10 @@ class Stream:
             if windows
             else max(1, min(_READ_BLOCK, int(_READ_BLOCK_BYTES // record_bytes)))
         )
-        self._pool_unit = max(1, int(_POOL_UNIT_BYTES // record_bytes))
+        # (At most a quarter of a chunk: a unit in chunk order then touches a chunk or two,
+        # which a version read on demand through a small local cache must hold at once.)
+        pool_unit_bytes = min(_POOL_UNIT_BYTES, _chunk_bytes(dataref) / 4)
+        self._pool_unit = max(1, int(pool_unit_bytes // record_bytes))
         self._read_ahead = (
             max(1, min(_READ_AHEAD_POSITIONS, int(_READ_AHEAD_BYTES // record_bytes)))
             if _READ_AHEAD_BYTES
@@ -595,6 +598,14 @@ def _record_bytes(dataref: DataRef | Mixture) -> float:
     chunks = cast("DataRef", dataref).manifest.chunks
     records = sum(c.records for c in chunks)
     return max(1.0, sum(c.bytes for c in chunks) / records) if records else 1.0
+
+
+def _chunk_bytes(dataref: DataRef | Mixture) -> float:
+    """The bytes of a chunk file, on average (of the smallest-chunked source of a mixture)."""
+    if _is_mixture(dataref):
+        return min(_chunk_bytes(leaf.ref) for leaf in dataref.leaves)
+    chunks = cast("DataRef", dataref).manifest.chunks
+    return max(1.0, sum(c.bytes for c in chunks) / len(chunks)) if chunks else 1.0
 
 
 def _check_worker_options(prefetch: int | None, worker_type: str) -> None:
