@@ -1116,3 +1116,55 @@ def test_tf_dataset_of_records_whose_fields_differ_holds_the_shared_ones(
         got = list(dataset.as_numpy_iterator())
         assert all(set(e) == {"src", "i"} for e in got)
         assert [pair(e) for e in got] == want
+
+
+def test_keras_fits_a_mixture_and_its_backup_resumes_at_the_same_item(tmp_path: Path) -> None:
+    keras = pytest.importorskip("keras")
+    storage = ydl.LocalStorage(tmp_path / "store")
+    sources = {
+        name: ydl.cache_dataset(
+            ({"x": np.full(3, 100 * k + i, np.float32), "y": np.int64(k)} for i in range(n)),
+            name,
+            "v",
+            storage,
+            progress=False,
+        )
+        for k, (name, n) in enumerate({"web": 40, "books": 12}.items())
+    }
+    mix = ydl.mix(sources, {"web": 3, "books": 1}, epoch_size=48)
+
+    def stream() -> ydl.Stream:
+        return mix.stream(shuffle=True, shuffle_seed=4, batch_size=8)
+
+    seq = ydl.keras.StreamSequence(stream(), x="x", y="y")
+    assert len(seq) == 6
+    epoch = [tuple(seq[b][0][:, 0].tolist()) for b in range(6)]
+    assert sum(epoch, ()) == tuple(float(r) for b in stream() for r in b["x"][:, 0])
+
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    backup = str(tmp_path / "backup")
+    first = stream()
+    callback = ydl.keras.BackupAndRestore(backup, first, save_freq=4, delete_checkpoint=False)
+    model.fit(ydl.keras.StreamSequence(first, x="x", y="y"), epochs=1, callbacks=[callback],
+              verbose=0)  # fmt: skip
+    with open(os.path.join(backup, "training_metadata.json")) as f:
+        saved = json.load(f)["yogadl_plus"]
+    assert saved["stream"]["dataset"] == "mix(web=web:v*36, books=books:v*12)"
+    assert saved["offset"] == 4 * 8  # the backup after the 4th batch of 6
+    # Restored into a new stream over the same mixture, it resumes at that item.
+    resumed = stream()
+    restore = ydl.keras.BackupAndRestore(backup, resumed, delete_checkpoint=False)
+    restore.set_model(model)
+    restore.on_train_begin()
+    assert resumed.offset == saved["offset"]
+    rest = [float(r) for b in resumed for r in b["x"][:, 0]]
+    assert rest == [float(v) for b in epoch[4:] for v in b]
+    # A stream over another mixture of the same sources refuses the backup, naming why.
+    other = ydl.mix(sources, {"web": 1, "books": 1}, epoch_size=48)
+    refused = ydl.keras.BackupAndRestore(
+        backup, other.stream(shuffle=True, shuffle_seed=4, batch_size=8), delete_checkpoint=False
+    )
+    refused.set_model(model)
+    with pytest.raises(ValueError, match="dataset"):
+        refused.on_train_begin()
