@@ -48,6 +48,9 @@ PROGRAM = textwrap.dedent(
         next(it)
     while stuck_from < len(ref) and len([f for f in os.listdir(root) if "stuck" in f]) < 2:
         time.sleep(0.01)  # until both workers are stuck
+    # ... and until each worker process has begun (one may hand over ten batches alone).
+    while len([f for f in os.listdir(root) if "worker-" in f]) < (1 if mode == "thread" else 2):
+        time.sleep(0.01)
     print("ready", flush=True)
     if action == "close":
         stream.close()
