@@ -246,6 +246,47 @@ def test_a_missing_version_exits_3_from_the_process(tmp_path):
     assert result.stderr.count("\n") == 1
 
 
+@pytest.mark.parametrize("command", ["ls", "info", "head", "verify", "rm", "bench", "push"])
+def test_reading_commands_create_nothing_and_name_a_missing_root(command, tmp_path, capsys):
+    # Before: `ls --storage /typo` printed nothing, exited 0 and made the folder.
+    typo = tmp_path / "typo"
+    args = {"ls": [], "push": ["d", "v", str(tmp_path / "elsewhere")]}.get(command, ["d", "v"])
+    assert main([command, *args, "--storage", str(typo)]) == 3
+    line = error_line(capsys)
+    assert f"no storage at {typo}" in line and "--storage" in line, line
+    assert not typo.exists() and not (tmp_path / "elsewhere").exists()
+
+
+def test_the_default_root_missing_is_named_with_how_to_look_elsewhere(
+    tmp_path, monkeypatch, capsys
+):
+    monkeypatch.setenv("YOGADL_PLUS_HOME", str(tmp_path / "home"))
+    assert main(["ls"]) == 3
+    line = error_line(capsys)
+    assert str(tmp_path / "home") in line and "$YOGADL_PLUS_HOME" in line, line
+    assert not (tmp_path / "home").exists()
+
+
+def test_ls_on_a_dataset_or_version_folder_names_the_root(local, capsys):
+    dataset = os.path.join(local.root, "sensors")
+    assert main(["ls", "--storage", dataset]) == 3
+    assert f"the storage root is {local.root}" in error_line(capsys)
+    assert main(["ls", "--storage", os.path.join(dataset, "v1")]) == 3
+    assert f"version sensors:v1; the storage root is {local.root}" in error_line(capsys)
+    assert main(["ls", "--storage", local.root]) == 0
+
+
+def test_rm_of_a_missing_version_lists_those_there_and_leaves_no_lock(local, capsys):
+    before = sorted(os.listdir(os.path.join(local.root, "sensors")))
+    assert main(["rm", "sensors", "v9", "--storage", local.root]) == 3
+    line = error_line(capsys)
+    assert "no version 'v9' of dataset 'sensors'" in line and "('sensors', 'v1')" in line, line
+    assert sorted(os.listdir(os.path.join(local.root, "sensors"))) == before
+    assert main(["rm", "other", "v1", "--storage", local.root]) == 3
+    capsys.readouterr()
+    assert not os.path.exists(os.path.join(local.root, "other"))
+
+
 def test_a_damaged_chunk_fails_verify_with_exit_1(local, capsys):
     chunk = chunk_path(local.fetch("sensors", "v1"), 1)
     data = bytearray(chunk.read_bytes())

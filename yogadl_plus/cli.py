@@ -24,7 +24,7 @@ import numpy as np
 import yogadl_plus as ydl
 from yogadl_plus.build import ENGINES
 from yogadl_plus.progress import progress_bar
-from yogadl_plus.storage import copy_version
+from yogadl_plus.storage import copy_version, local_root
 from yogadl_plus.storage.remote import RemoteStorage
 
 __all__ = ["EXIT_CODES", "INTERNAL_ERROR", "main"]
@@ -49,8 +49,34 @@ _FACTORY = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")
 # --- shared by the commands ---
 
 
-def _storage(args: argparse.Namespace) -> ydl.Storage:
+def _storage(args: argparse.Namespace, *, reading: bool = False) -> ydl.Storage:
+    """The storage ``--storage`` names (default: ``ydl.default_storage()``). Commands that only
+    read never create a local root: one that does not exist is DatasetNotFound naming it."""
+    root = local_root(args.storage)
+    if reading and root is not None and not os.path.isdir(root):
+        how = "" if args.storage else " (the default: $YOGADL_PLUS_HOME or ~/.cache/yogadl_plus)"
+        raise ydl.DatasetNotFound(
+            f"no storage at {root}{how}; nothing was created there. Name another with "
+            "--storage PATH (or s3://, gs://), or set $YOGADL_PLUS_HOME"
+        )
     return ydl.open_storage(args.storage) if args.storage else ydl.default_storage()
+
+
+def _not_a_root(root: str) -> str | None:
+    """Why ``root``, holding no dataset, is likely a dataset's or a version's folder instead."""
+    parent, name = os.path.split(root)
+    versions = [v for d, v in ydl.LocalStorage(parent).list() if d == name]
+    if versions:
+        return (
+            f"{root} is the folder of dataset {name!r} (its folders, such as {versions[0]!r}, "
+            f"are versions); the storage root is {parent}"
+        )
+    grandparent, dataset = os.path.split(parent)
+    if (dataset, name) in ydl.LocalStorage(grandparent).list():
+        return (
+            f"{root} is the folder of version {dataset}:{name}; the storage root is {grandparent}"
+        )
+    return None
 
 
 def _where(storage: ydl.Storage, ref: ydl.DataRef) -> str:
@@ -187,7 +213,12 @@ def cmd_build(args: argparse.Namespace) -> int:
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
-    pairs = _storage(args).list()
+    storage = _storage(args, reading=True)
+    pairs = storage.list()
+    root = local_root(args.storage)
+    why = _not_a_root(root) if not pairs and root is not None else None
+    if why is not None:
+        raise ydl.DatasetNotFound(f"no datasets: {why} (use --storage with it)")
     _emit(
         args,
         [{"dataset_id": d, "version": v} for d, v in pairs],
@@ -197,7 +228,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-    storage = _storage(args)
+    storage = _storage(args, reading=True)
     ref = storage.fetch(args.dataset_id, args.version)
     m = ref.manifest
     summary = _summary(storage, ref)
@@ -220,7 +251,7 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 def cmd_head(args: argparse.Namespace) -> int:
-    ref = _storage(args).fetch(args.dataset_id, args.version)
+    ref = _storage(args, reading=True).fetch(args.dataset_id, args.version)
     count = min(args.n, len(ref))
     batch = ref.get_batch(np.arange(count), fields=_fields(args.fields))
     names = list(batch)
@@ -234,7 +265,7 @@ def cmd_head(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    storage = _storage(args)
+    storage = _storage(args, reading=True)
     try:
         ref = storage.fetch(args.dataset_id, args.version)
         chunks = ref.manifest.chunks
@@ -278,7 +309,7 @@ def _copy(args: argparse.Namespace, source: ydl.Storage, target: ydl.Storage) ->
 
 
 def cmd_push(args: argparse.Namespace) -> int:
-    return _copy(args, _storage(args), ydl.open_storage(args.url))
+    return _copy(args, _storage(args, reading=True), ydl.open_storage(args.url))
 
 
 def cmd_pull(args: argparse.Namespace) -> int:
@@ -286,7 +317,7 @@ def cmd_pull(args: argparse.Namespace) -> int:
 
 
 def cmd_rm(args: argparse.Namespace) -> int:
-    storage = _storage(args)
+    storage = _storage(args, reading=True)
     storage.delete(args.dataset_id, args.version)
     _emit(
         args,
@@ -357,7 +388,7 @@ def _bench_row(row: dict[str, Any]) -> list[str]:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    ref = _storage(args).fetch(args.dataset_id, args.version)
+    ref = _storage(args, reading=True).fetch(args.dataset_id, args.version)
     stream = ref.stream(
         shuffle=args.shuffle,
         shuffle_seed=args.seed,

@@ -8,7 +8,7 @@ from urllib.parse import unquote, urlparse
 
 from yogadl_plus.storage.base import Storage, check_name
 from yogadl_plus.storage.gcs import GCSStorage
-from yogadl_plus.storage.local import LocalStorage, default_storage
+from yogadl_plus.storage.local import LocalStorage, default_root, default_storage
 from yogadl_plus.storage.s3 import S3Storage
 from yogadl_plus.storage.transfer import copy_version
 
@@ -20,6 +20,7 @@ __all__ = [
     "check_name",
     "copy_version",
     "default_storage",
+    "local_root",
     "open_storage",
 ]
 
@@ -39,10 +40,23 @@ def open_storage(url: str | os.PathLike[str], **options: Any) -> Storage:
         return GCSStorage(parsed.netloc, parsed.path, **options)
     if options:
         raise ValueError(f"{text}: a local storage takes no options, got {sorted(options)}")
+    root = local_root(text)
+    if root is None:
+        raise ValueError(f"unsupported storage URL {text!r}: use a path, file://, s3:// or gs://")
+    return LocalStorage(root)
+
+
+def local_root(url: str | os.PathLike[str] | None) -> str | None:
+    """The folder a local storage URL names (a path or file://; None: the default storage's
+    root), or None for any other URL."""
+    if url is None:
+        return default_root()
+    text = os.fspath(url)
+    parsed = urlparse(text)
     if parsed.scheme == "file":
         if parsed.netloc not in ("", "localhost"):
             raise ValueError(f"{text}: file:// URLs name a local path, not host {parsed.netloc!r}")
-        return LocalStorage(unquote(parsed.path))
+        return os.path.abspath(unquote(parsed.path))
     if parsed.scheme == "":
-        return LocalStorage(text)
-    raise ValueError(f"unsupported storage URL {text!r}: use a path, file://, s3:// or gs://")
+        return os.path.abspath(text)
+    return None

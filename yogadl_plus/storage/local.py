@@ -42,7 +42,14 @@ from yogadl_plus.errors import CacheCorrupted, DatasetNotFound, StorageError, un
 from yogadl_plus.storage.base import Storage, check_name
 from yogadl_plus.storage.pins import Pin, PinGone, Pins, exclusively
 
-__all__ = ["LocalStorage", "build_pin_path", "builds_named", "default_storage", "is_leftover"]
+__all__ = [
+    "LocalStorage",
+    "build_pin_path",
+    "builds_named",
+    "default_root",
+    "default_storage",
+    "is_leftover",
+]
 
 # Bookkeeping entries carry a '+', which no dataset_id or version may contain.
 _LOCK = "+lock."
@@ -114,6 +121,12 @@ class LocalStorage(Storage):
                 "unmounted?); make it again, or point the storage elsewhere"
             )
 
+    def _not_found(self, dataset_id: str, version: str) -> DatasetNotFound:
+        return DatasetNotFound(
+            f"no version {version!r} of dataset {dataset_id!r} in {self}; "
+            f"published: {self.list() or 'none'}"
+        )
+
     def _manifest_exists(self, dataset_id: str, version: str) -> bool:
         return os.path.isfile(os.path.join(self.path(dataset_id, version), MANIFEST_NAME))
 
@@ -128,10 +141,7 @@ class LocalStorage(Storage):
             self._check_root()
             # A deleted version's builds that were read until now go once nobody reads them.
             self._collect_if_idle(dataset_id, version, None)
-            raise DatasetNotFound(
-                f"no version {version!r} of dataset {dataset_id!r} in {self}; "
-                f"published: {self.list() or 'none'}"
-            ) from None
+            raise self._not_found(dataset_id, version) from None
         manifest = Manifest.parse(data, path)
         if (manifest.dataset_id, manifest.version) != (dataset_id, version):
             raise CacheCorrupted(
@@ -327,6 +337,10 @@ class LocalStorage(Storage):
     def delete(self, dataset_id: str, version: str) -> None:
         """Remove a published version; readers of it read on (see the module's docstring)."""
         self._check_root()  # the lock would make the folder again
+        if not os.path.isdir(self.path(dataset_id, version)):
+            # Nothing to unpublish nor to collect: no lock file is left for a version that never
+            # was (the lock would make one).
+            raise self._not_found(dataset_id, version)
         super().delete(dataset_id, version)
 
     def _remove(self, dataset_id: str, version: str) -> None:
@@ -335,7 +349,7 @@ class LocalStorage(Storage):
         if not self._manifest_exists(dataset_id, version):
             self._check_root()
             self._collect(folder, None)  # what readers of a deleted version left
-            raise DatasetNotFound(f"no version {version!r} of dataset {dataset_id!r} in {self}")
+            raise self._not_found(dataset_id, version)
         os.remove(os.path.join(folder, MANIFEST_NAME))
         fsync_dir(folder)
         self._collect(folder, None)
@@ -361,10 +375,15 @@ class LocalStorage(Storage):
 
 def default_storage() -> LocalStorage:
     """LocalStorage at $YOGADL_PLUS_HOME, or ~/.cache/yogadl_plus."""
-    root = os.environ.get("YOGADL_PLUS_HOME") or os.path.join(
-        os.path.expanduser("~"), ".cache", "yogadl_plus"
+    return LocalStorage(default_root())
+
+
+def default_root() -> str:
+    """The folder of ``default_storage()``: $YOGADL_PLUS_HOME, or ~/.cache/yogadl_plus."""
+    return os.path.abspath(
+        os.environ.get("YOGADL_PLUS_HOME")
+        or os.path.join(os.path.expanduser("~"), ".cache", "yogadl_plus")
     )
-    return LocalStorage(root)
 
 
 def _in_build(chunk: ChunkInfo, build: str) -> ChunkInfo:
