@@ -201,9 +201,10 @@ def test_bench_times_each_epoch(tmp_path, capsys):
         assert row["mb_per_s"] * 1e6 * row["seconds"] == pytest.approx(2500 * 8)
         assert 0 < row["first_item_s"] < row["seconds"]
     assert main(["bench", "sensors", "v1", *store, "--shard-by", "chunks"]) == 0
-    header, row = capsys.readouterr().out.splitlines()
+    header, row, why = capsys.readouterr().out.splitlines()
     assert header.split("  ")[:4] == ["epoch", "records", "seconds", "records/s"]
     assert row.split()[:2] == ["0", "5000"] and row.split()[4:6] == ["-", "-"]
+    assert why == "(batches/s and MB/s: with --batch-size, whose batches' arrays are sized)"
 
 
 @pytest.mark.parametrize("command", [[], *([c] for c in COMMANDS)], ids=lambda c: c[0] if c else "")
@@ -230,7 +231,13 @@ def test_errors_are_one_clear_line_and_exit_2(tmp_path, capsys):
     capsys.readouterr()
     shards = ["--shuffle", "--num-shards", "2"]  # a shuffle across shards needs a shared seed
     assert main(["bench", "sensors", "v1", *store, *shards]) == 2
-    assert error_line(capsys).startswith("yogadl-plus bench: error: shuffle=True with num_shards")
+    # In the flags' words (before: the API's "shuffle=True with num_shards > 1 needs ...").
+    assert error_line(capsys).startswith(
+        "yogadl-plus bench: error: --shuffle with --num-shards > 1 needs --seed N"
+    )
+    assert main(["bench", "sensors", "v1", *store, "--num-shards", "2", "--no-progress"]) == 0
+    table = capsys.readouterr().out  # without --shuffle, no seed is needed
+    assert "with --batch-size" in table  # why batches/s and MB/s show "-"
     with pytest.raises(SystemExit) as exit_info:
         main(["head", "sensors"])
     assert exit_info.value.code == 2
