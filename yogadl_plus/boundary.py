@@ -164,11 +164,7 @@ class BlockReader:
                 break
         else:
             where = f"the block of {self.describe(unit)}"
-        return TransformError(
-            f"{where} cannot be sent back from a worker process ({type(error).__name__}: "
-            f"{error}): return picklable values (numbers, strings, numpy arrays, and lists or "
-            "dicts of them), or use worker_type='thread'"
-        )
+        return _not_sent_back(where, error)
 
     @property
     def _what(self) -> str:
@@ -281,11 +277,15 @@ class MixtureReader:
         self, unit: tuple[int, Located], result: Block, error: Exception
     ) -> TransformError:
         """The error for a block that cannot be sent back from a worker process."""
-        return TransformError(
-            f"the block of {self.describe(unit)} cannot be sent back from a worker process "
-            f"({type(error).__name__}: {error}): return picklable values (numbers, strings, "
-            "numpy arrays, and lists or dicts of them), or use worker_type='thread'"
-        )
+        return _not_sent_back(f"the block of {self.describe(unit)}", error)
+
+
+def _not_sent_back(where: str, error: Exception) -> TransformError:
+    return TransformError(
+        f"{where} cannot be sent back from a worker process ({type(error).__name__}: "
+        f"{error}): return picklable values (numbers, strings, numpy arrays, and lists or "
+        "dicts of them), or use worker_type='thread'"
+    )
 
 
 @dataclass

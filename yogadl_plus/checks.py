@@ -7,7 +7,14 @@ import re
 
 import numpy as np
 
-__all__ = ["MAX_NAME_LENGTH", "check_bool", "check_int", "check_name"]
+__all__ = [
+    "MAX_NAME_LENGTH",
+    "check_bool",
+    "check_index",
+    "check_indices",
+    "check_int",
+    "check_name",
+]
 
 _NAME = re.compile(r"[A-Za-z0-9._-]+")
 # File names may have 255 bytes; a version's bookkeeping entries add up to 22 characters to its
@@ -52,3 +59,36 @@ def check_bool(name: str, value: object) -> bool:
     if not isinstance(value, (bool, np.bool_)):
         raise ValueError(f"{name} must be a bool, got {value!r} of type {type(value).__name__}")
     return bool(value)
+
+
+def check_index(index: object, n: int, owner: str, noun: str) -> int:
+    """``index`` of a sequence of ``n`` (negative counts from the end) as an int in [0, n):
+    TypeError for a non-int (naming ``owner``, whose get_batch takes many), IndexError naming
+    the ``noun`` and the range."""
+    try:
+        i = operator.index(index)  # type: ignore[arg-type]
+    except TypeError:
+        raise TypeError(
+            f"{owner} indices are ints, got {type(index).__name__}; use get_batch() for many"
+        ) from None
+    if not -n <= i < n:
+        raise IndexError(f"{noun} {i} is out of range [-{n}, {n})")
+    return i + n if i < 0 else i
+
+
+def check_indices(indices: object, n: int, noun: str) -> np.ndarray:
+    """``indices`` (a 1-d sequence of ints, negatives counting from the end) as int64 in
+    [0, n): TypeError for anything else, IndexError naming the ``noun`` out of range."""
+    idx = np.asarray(indices)
+    if idx.ndim != 1 or (idx.size and idx.dtype.kind not in "iu"):
+        raise TypeError(
+            f"indices must be a 1-d sequence of ints, got {idx.dtype} with shape {idx.shape}"
+        )
+    idx = idx.astype(np.int64, copy=False)
+    if idx.size:
+        low, high = int(idx.min()), int(idx.max())
+        if low < -n or high >= n:
+            raise IndexError(f"{noun} {low if low < -n else high} is out of range [-{n}, {n})")
+        if low < 0:
+            idx = np.where(idx < 0, idx + n, idx)
+    return idx

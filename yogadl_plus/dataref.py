@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -12,6 +11,7 @@ from yogadl_plus.cache.demand import ChunkSource
 from yogadl_plus.cache.layout import RecordLayout
 from yogadl_plus.cache.manifest import ChunkInfo, Manifest
 from yogadl_plus.cache.reader import ChunkSet
+from yogadl_plus.checks import check_index, check_indices
 from yogadl_plus.schema import Field, Schema
 
 if TYPE_CHECKING:
@@ -82,16 +82,7 @@ class DataRef:
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         """Record ``index`` (negative counts from the end) as a dict of decoded fields."""
-        try:
-            i = operator.index(index)
-        except TypeError:
-            raise TypeError(
-                f"DataRef indices are ints, got {type(index).__name__}; use get_batch() for many"
-            ) from None
-        if not -self._len <= i < self._len:
-            raise IndexError(f"record index {i} is out of range [-{self._len}, {self._len})")
-        if i < 0:
-            i += self._len
+        i = check_index(index, self._len, "DataRef", "record index")
         return self._layout.decode_record(self._chunks.get(i), self.schema.fields)
 
     def get_batch(
@@ -131,20 +122,7 @@ class DataRef:
         return self.schema.select(fields)
 
     def check_indices(self, indices: Sequence[int] | np.ndarray) -> np.ndarray:
-        idx = np.asarray(indices)
-        if idx.ndim != 1 or (idx.size and idx.dtype.kind not in "iu"):
-            raise TypeError(
-                f"indices must be a 1-d sequence of ints, got {idx.dtype} with shape {idx.shape}"
-            )
-        idx = idx.astype(np.int64, copy=False)
-        if idx.size:
-            low, high = int(idx.min()), int(idx.max())
-            if low < -self._len or high >= self._len:
-                bad = low if low < -self._len else high
-                raise IndexError(f"record index {bad} is out of range [-{self._len}, {self._len})")
-            if low < 0:
-                idx = np.where(idx < 0, idx + self._len, idx)
-        return idx
+        return check_indices(indices, self._len, "record index")
 
     def read_columns(self, indices: np.ndarray, fields: Sequence[Field]) -> dict[str, Any]:
         """get_batch for checked indices and resolved fields (the Stream's hot path). Fields

@@ -15,7 +15,6 @@ from __future__ import annotations
 import hashlib
 import math
 import numbers
-import operator
 from collections.abc import Mapping, Sequence
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any, Union
@@ -23,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Union
 import numpy as np
 
 from yogadl_plus.boundary import Located, merge_columns, stacking
-from yogadl_plus.checks import check_int
+from yogadl_plus.checks import check_index, check_indices, check_int
 from yogadl_plus.dataref import DataRef
 from yogadl_plus.errors import SchemaError
 from yogadl_plus.order import Permutation
@@ -122,17 +121,8 @@ class Mixture:
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         """Position ``index`` of the unshuffled epoch 0, as its source's record."""
-        try:
-            i = operator.index(index)
-        except TypeError:
-            raise TypeError(
-                f"Mixture indices are ints, got {type(index).__name__}; use get_batch() for many"
-            ) from None
-        if not -self.epoch_size <= i < self.epoch_size:
-            raise IndexError(
-                f"position {i} is out of range [-{self.epoch_size}, {self.epoch_size})"
-            )
-        ((leaf, _, records),) = self.locate(0, np.array([i % self.epoch_size]), False, 0).parts
+        i = check_index(index, self.epoch_size, "Mixture", "position")
+        ((leaf, _, records),) = self.locate(0, np.array([i]), False, 0).parts
         return self.leaves[leaf].ref[int(records[0])]
 
     def get_batch(
@@ -140,18 +130,7 @@ class Mixture:
     ) -> dict[str, Any]:
         """The items at positions ``indices`` of the unshuffled epoch 0, as field -> stacked
         array (a list for variable shapes, strings and bytes), as ``DataRef.get_batch``."""
-        idx = np.asarray(indices)
-        if idx.ndim != 1 or (idx.size and idx.dtype.kind not in "iu"):
-            raise TypeError(
-                f"indices must be a 1-d sequence of ints, got {idx.dtype} with shape {idx.shape}"
-            )
-        idx = idx.astype(np.int64, copy=False)
-        if idx.size and (idx.min() < -self.epoch_size or idx.max() >= self.epoch_size):
-            bad = int(idx.min()) if idx.min() < -self.epoch_size else int(idx.max())
-            raise IndexError(
-                f"position {bad} is out of range [-{self.epoch_size}, {self.epoch_size})"
-            )
-        idx = np.where(idx < 0, idx + self.epoch_size, idx)
+        idx = check_indices(indices, self.epoch_size, "position")
         # Checked whichever sources these positions read: the same call must not work for
         # some indices and not for others.
         names = [f.name for f in self.batch_fields(fields)]

@@ -574,14 +574,13 @@ def _mixture_reader(
     shared ones; records read record by record keep each source's own fields."""
     readers = []
     for leaf in mixture.leaves:
-        own = fields is None and not batching
         if leaf.used:
             try:
                 _check_boundary(leaf.ref, settings, fields, predicate, None)
             except SchemaError as exc:
                 raise SchemaError(f"source {leaf.name!r}: {exc}") from None
-        elif not own:  # never read: its reader only holds a place
-            own = True
+        # (A source never read, of weight 0, gets a reader only to hold its place.)
+        own = (fields is None and not batching) or not leaf.used
         chosen = leaf.ref.select(None if own else [f.name for f in shared])
         readers.append(
             BlockReader(

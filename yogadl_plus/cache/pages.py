@@ -127,16 +127,20 @@ class _Walk:
         txnid = struct.unpack_from("<Q", page, _PAGE_HEADER + _META.size + 2 * _DB.size + 8)[0]
         return txnid, root, depth, overflow
 
-    def _nodes(self, page: bytes, kind: int) -> list[tuple[int, int, int, bytes, int]]:
-        """(lo, hi, flags, key, data offset) of each node of a branch or leaf page."""
+    def _node_count(self, page: bytes, kind: int) -> int:
+        """The number of nodes of a page of ``kind`` (branch or leaf), from its header."""
         flags, lower = struct.unpack_from("<HH", page, 10)
         if not flags & kind:
             raise _Unexpected("page of another kind")
         count = (lower - _PAGE_HEADER) >> 1
         if not 0 <= count <= self.page_size // 2:
             raise _Unexpected("node count")
+        return int(count)
+
+    def _nodes(self, page: bytes, kind: int) -> list[tuple[int, int, int, bytes, int]]:
+        """(lo, hi, flags, key, data offset) of each node of a branch or leaf page."""
         nodes = []
-        for i in range(count):
+        for i in range(self._node_count(page, kind)):
             at = struct.unpack_from("<H", page, _PAGE_HEADER + 2 * i)[0]
             lo, hi, node_flags, key_size = _NODE.unpack_from(page, at)
             key = page[at + _NODE.size : at + _NODE.size + key_size]
@@ -149,12 +153,7 @@ class _Walk:
         tens of thousands of leaves, and a node at a time took ~90 ms per 288 MiB chunk."""
         raw = self.read_page(pgno)
         page = np.frombuffer(raw, dtype=np.uint8)
-        flags, lower = struct.unpack_from("<HH", raw, 10)
-        if not flags & _P_BRANCH:
-            raise _Unexpected("page of another kind")
-        count = (lower - _PAGE_HEADER) >> 1
-        if not 0 <= count <= self.page_size // 2:
-            raise _Unexpected("node count")
+        count = self._node_count(raw, _P_BRANCH)
         at = np.frombuffer(raw, dtype="<u2", count=count, offset=_PAGE_HEADER).astype(np.int64)
         if count and (at.min() < _PAGE_HEADER or at.max() + _NODE.size > self.page_size):
             raise _Unexpected("node outside its page")
