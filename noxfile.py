@@ -25,7 +25,7 @@ def tests(session: nox.Session) -> None:
 def lint(session: nox.Session) -> None:
     # mypy checks the adapters against the real frameworks (torch first: the CPU wheel).
     session.install(*CONSTRAINTS, "torch")
-    session.install(*CONSTRAINTS, "-e", ".[lint,tf,torch,s3,gcs,ray,spark]")
+    session.install(*CONSTRAINTS, "-e", ".[lint,tf,torch,s3,gcs,ray,spark,hf,grain]")
     session.run("ruff", "check", "yogadl_plus", "tests", "bench", "examples")
     session.run("ruff", "format", "--check", "yogadl_plus")
     session.run("mypy")
