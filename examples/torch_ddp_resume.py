@@ -12,6 +12,7 @@ Run: python examples/torch_ddp_resume.py [STORAGE_DIR]
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
 import signal
@@ -58,6 +59,7 @@ def rank_main(rank: int, root: str, rendezvous: str, mode: str) -> None:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
+    faulthandler.enable(all_threads=True)  # should a rank ever abort, say where every thread was
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=rendezvous, rank=rank, world_size=WORLD)
     dataref = ydl.LocalStorage(os.path.join(root, "caches")).fetch("ddp-train", "v1")
@@ -120,6 +122,11 @@ def rank_main(rank: int, root: str, rendezvous: str, mode: str) -> None:
         with open(os.path.join(root, f"{mode}.json"), "w") as out:
             json.dump({"seen": everyone, "weights": weights.tolist(), "step": step}, out)
         print(f"  {mode}: epoch done after {step} steps (loss {loss.item():.3f})", flush=True)
+    # Tear down in order while the interpreter is whole: every rank done talking, then the
+    # objects that hold the process group, then the group. A gloo thread still alive when
+    # Python finalizes can abort the process ("terminate called without an active exception").
+    dist.barrier()
+    del model, loader, optimizer
     dist.destroy_process_group()
 
 
