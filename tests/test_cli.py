@@ -274,6 +274,23 @@ def test_the_default_root_missing_is_named_with_how_to_look_elsewhere(
     assert not (tmp_path / "home").exists()
 
 
+@pytest.mark.parametrize("command", ["info", "head", "verify", "rm", "bench"])
+def test_a_version_missing_from_the_default_storage_says_how_to_look_elsewhere(
+    command, tmp_path, monkeypatch, capsys
+):
+    # Before: "no version 'v1' of dataset 'toy' in LocalStorage(...)", with no hint that a
+    # quickstart caching into another folder is found with --storage or $YOGADL_PLUS_HOME.
+    monkeypatch.setenv("YOGADL_PLUS_HOME", str(tmp_path))
+    assert main([command, "toy", "v1"]) == 3
+    line = error_line(capsys)
+    assert f"no version 'v1' of dataset 'toy' in LocalStorage('{tmp_path}')" in line, line
+    assert "that is the default storage ($YOGADL_PLUS_HOME" in line, line
+    assert "--storage PATH" in line and line.endswith("set $YOGADL_PLUS_HOME."), line
+    # Named explicitly, the storage is where the user meant to look: no hint.
+    assert main([command, "toy", "v1", "--storage", str(tmp_path)]) == 3
+    assert "default storage" not in error_line(capsys)
+
+
 def test_ls_on_a_dataset_or_version_folder_names_the_root(local, capsys):
     dataset = os.path.join(local.root, "sensors")
     assert main(["ls", "--storage", dataset]) == 3

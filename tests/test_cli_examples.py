@@ -91,6 +91,7 @@ def test_documentation_snippets_run(page, tmp_path, request, monkeypatch):
     credential chains (environment variables), as a user's machine would.
     """
     text = page.read_text()
+    monkeypatch.setenv("YOGADL_PLUS_HOME", str(tmp_path / "home"))  # ydl.default_storage()
     if "s3://my-team-bucket" in text:
         s3 = request.getfixturevalue("s3_server")
         for name, value in s3.env().items():
@@ -109,6 +110,16 @@ def test_documentation_snippets_run(page, tmp_path, request, monkeypatch):
             exec(compile(code, f"{page.name}", "exec"), namespace)
     finally:
         stop_spark()  # a page's Spark, and its JVM: the next page starts one with its own env
+
+
+def test_the_readme_quickstart_caches_where_the_cli_looks(tmp_path, monkeypatch, capsys):
+    # Before: the quickstart cached into /tmp/caches and `yogadl-plus info toy v1` said "no
+    # version", looking in ~/.cache/yogadl_plus.
+    monkeypatch.setenv("YOGADL_PLUS_HOME", str(tmp_path))
+    exec(compile(python_blocks(ROOT / "README.md")[0], "README.md", "exec"), {})
+    assert capsys.readouterr().out.splitlines() == ["100000 5", "(3, 64)", "25856 True"]
+    info = run_cli("info", "toy", "v1", home=tmp_path)
+    assert info.returncode == 0 and "records   100000" in info.stdout, info.stderr
 
 
 @pytest.mark.parametrize(

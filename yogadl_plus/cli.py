@@ -54,12 +54,29 @@ def _storage(args: argparse.Namespace, *, reading: bool = False) -> ydl.Storage:
     read never create a local root: one that does not exist is DatasetNotFound naming it."""
     root = local_root(args.storage)
     if reading and root is not None and not os.path.isdir(root):
-        how = "" if args.storage else " (the default: $YOGADL_PLUS_HOME or ~/.cache/yogadl_plus)"
         raise ydl.DatasetNotFound(
-            f"no storage at {root}{how}; nothing was created there. Name another with "
-            "--storage PATH (or s3://, gs://), or set $YOGADL_PLUS_HOME"
+            f"no storage at {root}{_default_note(args)}; nothing was created there. "
+            f"{_LOOK_ELSEWHERE}"
         )
     return ydl.open_storage(args.storage) if args.storage else ydl.default_storage()
+
+
+_DEFAULT_ROOT = "$YOGADL_PLUS_HOME or ~/.cache/yogadl_plus"
+_LOOK_ELSEWHERE = "Name another with --storage PATH (or s3://, gs://), or set $YOGADL_PLUS_HOME"
+
+
+def _default_note(args: argparse.Namespace) -> str:
+    """Why the CLI looked where it did, when no --storage named the place."""
+    return "" if args.storage else f" (the default: {_DEFAULT_ROOT})"
+
+
+def _where_it_looked(args: argparse.Namespace) -> str:
+    """For a "not found" in the default storage, which the message names: that it was the
+    default, and how to look elsewhere (a quickstart that cached into another folder is the
+    usual reason)."""
+    if not hasattr(args, "storage") or args.storage:
+        return ""
+    return f"; that is the default storage ({_DEFAULT_ROOT}). {_LOOK_ELSEWHERE}."
 
 
 def _not_a_root(root: str) -> str | None:
@@ -494,7 +511,7 @@ def _shared_options() -> tuple[argparse.ArgumentParser, ...]:
         "--storage",
         metavar="URL",
         help="where caches live: a path, file://, s3://bucket/prefix or gs://bucket/prefix "
-        "(default: $YOGADL_PLUS_HOME or ~/.cache/yogadl_plus)",
+        f"(default: {_DEFAULT_ROOT})",
     )
     output = argparse.ArgumentParser(add_help=False)
     output.add_argument("--json", action="store_true", help="print JSON for scripts")
@@ -580,7 +597,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if code is None:
             traceback.print_exc()
             return INTERNAL_ERROR
-        print(f"yogadl-plus {args.command}: error: {_message(exc)}", file=sys.stderr)
+        message = _message(exc)
+        if isinstance(exc, ydl.DatasetNotFound) and "--storage" not in message:
+            message += _where_it_looked(args)
+        print(f"yogadl-plus {args.command}: error: {message}", file=sys.stderr)
         return code
 
 
