@@ -12,10 +12,14 @@ import tempfile
 import time
 
 import numpy as np
-from pyspark.sql import SparkSession
-from pyspark.sql import functions as F
 
 import yogadl_plus as ydl
+
+try:
+    from pyspark.sql import SparkSession
+    from pyspark.sql import functions as F
+except ModuleNotFoundError as missing:  # say which pip install brings it
+    raise SystemExit(ydl.missing_extra(missing, "examples/spark_build.py")) from None
 
 
 def main() -> None:

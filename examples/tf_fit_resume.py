@@ -26,11 +26,15 @@ import tempfile
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-import keras
 import numpy as np
-import tensorflow as tf
 
 import yogadl_plus as ydl
+
+try:
+    import keras
+    import tensorflow as tf
+except ModuleNotFoundError as missing:  # say which pip install brings it
+    raise SystemExit(ydl.missing_extra(missing, "examples/tf_fit_resume.py")) from None
 
 N, FEATURES, CLASSES = 6000, 16, 4
 BATCH, SEED, EPOCHS, SAVE_EVERY = 64, 1234, 3, 10

@@ -29,6 +29,11 @@ import pyarrow.parquet as pq
 
 import yogadl_plus as ydl
 
+try:
+    import torch  # noqa: F401  (the ranks use it; checked here, before any rank starts)
+except ModuleNotFoundError as missing:  # say which pip install brings it
+    raise SystemExit(ydl.missing_extra(missing, "examples/torch_ddp_resume.py")) from None
+
 WORLD = 2
 ROWS = 4_000
 DIM = 16

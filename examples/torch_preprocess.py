@@ -17,10 +17,15 @@ import tempfile
 import time
 
 import numpy as np
-import torch
-from torch.utils.data import DataLoader, Dataset
 
 import yogadl_plus as ydl
+
+try:
+    import torch
+    from torch.utils.data import DataLoader, Dataset
+except ModuleNotFoundError as missing:  # say which pip install brings it
+    raise SystemExit(ydl.missing_extra(missing, "examples/torch_preprocess.py")) from None
+
 from yogadl_plus.sources.torch import TorchDatasetSource
 
 FILES = 200

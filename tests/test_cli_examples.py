@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -34,6 +35,65 @@ def test_demo_runs_on_the_default_storage(tmp_path):
     assert ydl.LocalStorage(tmp_path).list() == [("demo-sensors", "v1")]
     again = run_cli("demo", home=tmp_path)
     assert again.returncode == 0 and "demo-sensors" in again.stdout
+
+
+# The libraries the extras bring, as if none were installed (a None in sys.modules makes
+# `import x` fail with ModuleNotFoundError, as a missing package does).
+EXTRA_LIBRARIES = ("torch", "tensorflow", "keras", "pyspark", "ray", "grain", "jax", "datasets")
+EXTRA_LIBRARIES += ("boto3", "botocore", "google")
+WITHOUT_EXTRAS = (
+    "import runpy, sys\n"
+    f"sys.modules.update(dict.fromkeys({EXTRA_LIBRARIES!r}))\n"
+    "sys.argv = sys.argv[1:]\n"
+    "runpy.run_path(sys.argv[0], run_name='__main__')\n"
+)
+
+
+def run_without_extras(script: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", WITHOUT_EXTRAS, str(script), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+FRAMEWORK_EXAMPLES = sorted(
+    p.name
+    for p in (ROOT / "examples").glob("*.py")
+    if p.name.startswith(("torch_", "tf_", "grain_", "spark_"))
+)
+
+
+@pytest.mark.parametrize("script", FRAMEWORK_EXAMPLES)
+def test_examples_name_the_extra_they_need(script, tmp_path):
+    # Before: a bare ModuleNotFoundError traceback ("No module named 'torch'").
+    result = run_without_extras(ROOT / "examples" / script, str(tmp_path))
+    assert result.returncode == 1, result.stderr
+    assert re.fullmatch(
+        rf"examples/{script} needs [^:]+: pip install 'yogadl_plus\[\w+\]'\n", result.stderr
+    ), result.stderr
+
+
+@pytest.mark.parametrize(
+    "use, extra",
+    [
+        ("ydl.torch.make_dataloader", "torch"),
+        ("ydl.tensorflow.make_tf_dataset", "tf"),
+        ("ydl.keras.StreamSequence", "tf"),
+        ("ydl.S3Storage('bucket')", "s3"),
+        ("ydl.GCSStorage('bucket')", "gcs"),
+    ],
+)
+def test_faces_and_storages_name_the_extra_they_need(use, extra, tmp_path):
+    script = tmp_path / "use.py"
+    script.write_text(
+        "import yogadl_plus as ydl\n"
+        f"try:\n    {use}\nexcept ydl.MissingExtra as exc:\n    print(exc)\n"
+    )
+    result = run_without_extras(script)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.endswith(f" pip install 'yogadl_plus[{extra}]'\n"), result.stdout
 
 
 def test_bundled_parquet_is_what_the_generator_makes():

@@ -18,10 +18,12 @@ from yogadl_plus.errors import (
     CacheCorrupted,
     CacheLimitWarning,
     DatasetNotFound,
+    MissingExtra,
     SchemaError,
     SourceChangedWarning,
     StorageError,
     YogaError,
+    missing_extra,
 )
 from yogadl_plus.mixture import Mixture, mix
 from yogadl_plus.ngram import NGram, NGramError
@@ -52,7 +54,10 @@ def __getattr__(name: str) -> Any:
     if name in _ADAPTERS:
         import importlib
 
-        module = importlib.import_module(f"yogadl_plus.adapters.{name}")
+        try:
+            module = importlib.import_module(f"yogadl_plus.adapters.{name}")
+        except ModuleNotFoundError as exc:
+            raise missing_extra(exc, f"ydl.{name}") from None
         globals()[name] = module
         return module
     raise AttributeError(f"module 'yogadl_plus' has no attribute {name!r}")
@@ -63,6 +68,7 @@ __all__ = [
     "CacheLimitWarning",
     "DataRef",
     "DatasetNotFound",
+    "MissingExtra",
     "Field",
     "GCSStorage",
     "LocalStorage",

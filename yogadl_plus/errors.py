@@ -35,6 +35,38 @@ class CacheLimitWarning(UserWarning):
     """The local cache could not be kept under its size limit: what it holds is in use."""
 
 
+class MissingExtra(YogaError, ImportError):
+    """A face, storage or engine was used without the library it needs: the message names the
+    ``pip install 'yogadl_plus[extra]'`` that brings it."""
+
+
+# Top-level module -> (its name for people, the extra of pyproject.toml that installs it).
+_EXTRAS = {
+    "torch": ("PyTorch", "torch"),
+    "tensorflow": ("TensorFlow", "tf"),
+    "keras": ("Keras (with TensorFlow)", "tf"),
+    "boto3": ("boto3", "s3"),
+    "botocore": ("boto3", "s3"),
+    "google": ("google-cloud-storage", "gcs"),
+    "ray": ("Ray", "ray"),
+    "pyspark": ("PySpark", "spark"),
+    "datasets": ("Hugging Face datasets", "hf"),
+    "grain": ("Grain", "grain"),
+    "jax": ("JAX", "grain"),
+}
+
+
+def missing_extra(exc: ModuleNotFoundError, needed_by: str) -> ImportError:
+    """For ``raise missing_extra(exc, "S3Storage") from None`` where an import failed: a
+    MissingExtra naming the pip install when the missing module is one an extra brings, else
+    ``exc`` itself (something else is broken, and its own message says what)."""
+    root = (exc.name or "").split(".")[0]
+    if root not in _EXTRAS:
+        return exc
+    library, extra = _EXTRAS[root]
+    return MissingExtra(f"{needed_by} needs {library}: pip install 'yogadl_plus[{extra}]'")
+
+
 def unreadable(path: str, exc: OSError, what: str = "chunk") -> StorageError:
     """The error for a file that exists but cannot be read (permissions, I/O): not damage."""
     if exc.errno in (errno.EACCES, errno.EPERM):

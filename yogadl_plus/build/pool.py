@@ -31,7 +31,7 @@ from yogadl_plus.build.parts import (
 )
 from yogadl_plus.build.records import INFER_RECORDS, caching_bar, finish_version
 from yogadl_plus.cache.manifest import Manifest
-from yogadl_plus.errors import CacheCorrupted, YogaError
+from yogadl_plus.errors import CacheCorrupted, YogaError, missing_extra
 from yogadl_plus.schema import Schema, infer_schema
 from yogadl_plus.sources.base import Source
 from yogadl_plus.workers import WorkerDied
@@ -197,8 +197,8 @@ class _RayRunner:
     def __init__(self, workers: int | None) -> None:
         try:
             import ray
-        except ImportError:
-            raise ImportError("engine='ray' needs Ray: pip install 'yogadl_plus[ray]'") from None
+        except ModuleNotFoundError as exc:
+            raise missing_extra(exc, "engine='ray'") from None
         if not ray.is_initialized():
             ray.init()
         self.slots = workers or max(1, int(ray.cluster_resources().get("CPU", 1)))

@@ -7,7 +7,7 @@ import os
 import warnings
 from typing import Any
 
-from yogadl_plus.errors import StorageError
+from yogadl_plus.errors import StorageError, missing_extra
 from yogadl_plus.storage.objects import (
     DEFAULT_RETRY_TIMEOUT,
     ObjectStore,
@@ -255,10 +255,8 @@ class GCSStorage(RemoteStorage):
         if client is None:
             try:
                 from google.cloud import storage
-            except ImportError:
-                raise ImportError(
-                    "GCSStorage needs google-cloud-storage: pip install 'yogadl_plus[gcs]'"
-                ) from None
+            except ModuleNotFoundError as exc:
+                raise missing_extra(exc, "GCSStorage") from None
             try:
                 client = storage.Client()
             except Exception as exc:

@@ -7,7 +7,7 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
-from yogadl_plus.errors import StorageError
+from yogadl_plus.errors import StorageError, missing_extra
 from yogadl_plus.storage.objects import (
     DEFAULT_RETRY_TIMEOUT,
     ObjectStore,
@@ -271,8 +271,8 @@ class S3Storage(RemoteStorage):
             try:
                 import boto3
                 from botocore.config import Config
-            except ImportError:
-                raise ImportError("S3Storage needs boto3: pip install 'yogadl_plus[s3]'") from None
+            except ModuleNotFoundError as exc:
+                raise missing_extra(exc, "S3Storage") from None
             connect_timeout, read_timeout = retries.request_timeouts()
             config = Config(
                 # One try is one request: trying again, with backoff, for retry_timeout seconds
