@@ -33,7 +33,7 @@ def main() -> None:
     except ImportError:
         print("Ray is not installed (pip install 'yogadl_plus[ray]'): skipping engine='ray'")
     else:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
         builds.append(timed_build(storage, "ray", engine="ray"))
         ray.shutdown()
 

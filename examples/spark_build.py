@@ -7,6 +7,7 @@ and Java 17 or later)
 
 from __future__ import annotations
 
+import os
 import sys
 import tempfile
 import time
@@ -24,6 +25,7 @@ except ModuleNotFoundError as missing:  # say which pip install brings it
 
 def main() -> None:
     storage = ydl.LocalStorage(sys.argv[1] if len(sys.argv) > 1 else tempfile.mkdtemp())
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # a local Spark: it stays on loopback
     spark = (
         SparkSession.builder.master("local[2]")
         .appName("yogadl_plus example")

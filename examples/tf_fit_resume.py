@@ -111,7 +111,8 @@ def train(root: str, kill_at: int) -> None:
             with open(os.path.join(root, "trained.log"), "a") as f:
                 f.write(f"run restored {int(counted.seen.numpy())}\n")
 
-    history = model.fit(data, epochs=EPOCHS, callbacks=[backup, Report()], verbose=0)
+    # shuffle=False: the stream shuffles (Keras cannot shuffle a tf.data.Dataset, and says so).
+    history = model.fit(data, epochs=EPOCHS, shuffle=False, callbacks=[backup, Report()], verbose=0)
     print(f"training done: accuracy {history.history['accuracy'][-1]:.3f}")
 
 

@@ -117,6 +117,8 @@ def test_examples_run_as_they_are(script, tmp_path):
         cwd=tmp_path,
     )
     assert result.returncode == 0, result.stderr[-3000:]
+    # Python's warnings (path:line: SomeWarning: ...) are for a reader to worry about.
+    assert not re.findall(r"^\S+:\d+: \w*Warning: .*", result.stderr, re.M), result.stderr[-3000:]
 
 
 def test_import_pulls_in_no_framework():
@@ -144,6 +146,7 @@ DOC_PAGES = [  # README.md, then every page under docs/ (nested too), named by i
 
 
 @pytest.mark.parametrize("page", DOC_PAGES, ids=lambda p: p.name)
+@pytest.mark.filterwarnings("error::UserWarning")  # a warning a reader would worry about
 def test_documentation_snippets_run(page, tmp_path, request, monkeypatch):
     """Every ```python block of a page runs (```py blocks are signatures, not programs).
 
