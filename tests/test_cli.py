@@ -200,11 +200,17 @@ def test_bench_times_each_epoch(tmp_path, capsys):
         # MB/s counts the decoded bytes: 2500 int64 ids.
         assert row["mb_per_s"] * 1e6 * row["seconds"] == pytest.approx(2500 * 8)
         assert 0 < row["first_item_s"] < row["seconds"]
+        # Where the epoch's time went (stream.stats()): the workers read and decoded.
+        assert row["time"]["reading"] > 0 and row["time"]["waiting_on_workers"] > 0
     assert main(["bench", "sensors", "v1", *store, "--shard-by", "chunks"]) == 0
-    header, row, why = capsys.readouterr().out.splitlines()
+    header, row, why, spent = capsys.readouterr().out.splitlines()
     assert header.split("  ")[:4] == ["epoch", "records", "seconds", "records/s"]
-    assert row.split()[:2] == ["0", "5000"] and row.split()[4:6] == ["-", "-"]
-    assert why == "(batches/s and MB/s: with --batch-size, whose batches' arrays are sized)"
+    # Record by record too, MB/s counts the decoded bytes (stream.stats()): only batches/s
+    # has no meaning there.
+    assert row.split()[:2] == ["0", "5000"] and row.split()[4] == "-"
+    assert float(row.split()[5]) > 0
+    assert why == "(batches/s: with --batch-size)"
+    assert spent.startswith("time: reading ") and "decoding" in spent and "own" in spent
 
 
 @pytest.mark.parametrize("command", [[], *([c] for c in COMMANDS)], ids=lambda c: c[0] if c else "")

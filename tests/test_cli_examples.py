@@ -35,6 +35,9 @@ def test_demo_runs_on_the_default_storage(tmp_path):
     assert ydl.LocalStorage(tmp_path).list() == [("demo-sensors", "v1")]
     again = run_cli("demo", home=tmp_path)
     assert again.returncode == 0 and "demo-sensors" in again.stdout
+    # It says whether it built the cache or found it, and how to time the same epochs again.
+    assert "built the cache:" in first.stdout and "reused the cache" in again.stdout
+    assert "yogadl-plus bench demo-sensors v1 --shuffle --seed 7 --batch-size 256" in again.stdout
 
 
 # The libraries the extras bring, as if none were installed (a None in sys.modules makes

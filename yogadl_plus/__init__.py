@@ -37,6 +37,7 @@ from yogadl_plus.storage import (
     open_storage,
 )
 from yogadl_plus.stream import Stream
+from yogadl_plus.stream_stats import StreamStats
 from yogadl_plus.workers import WorkerDied
 
 _ADAPTERS = ("tensorflow", "torch", "keras")
@@ -82,6 +83,7 @@ __all__ = [
     "StorageError",
     "Storage",
     "Stream",
+    "StreamStats",
     "TransformError",
     "WorkerDied",
     "YogaError",

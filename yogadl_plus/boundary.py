@@ -8,15 +8,18 @@ worker processes, and gives the same result.
 
 from __future__ import annotations
 
+import dataclasses
 import operator
 import pickle
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from yogadl_plus.errors import SchemaError, YogaError
+from yogadl_plus.stream_stats import DECODING, PREDICATES, READING, TRANSFORMS, new_work
 
 if TYPE_CHECKING:
     from yogadl_plus.dataref import DataRef
@@ -48,11 +51,14 @@ class TransformError(YogaError):
 @dataclass
 class Block:
     """What one block of positions gives: per item, the position after it (``ends``), and the
-    items themselves, as a list or (for batches without a transform) as columns."""
+    items themselves, as a list or (for batches without a transform) as columns; with the
+    seconds reading it took (``work``, by kind: stream_stats.WORK) and the bytes it decoded."""
 
     ends: np.ndarray
     items: list[Any] | None = None
     columns: dict[Any, Any] | None = None
+    work: np.ndarray = dataclasses.field(default_factory=new_work)
+    nbytes: int = 0
 
     def __len__(self) -> int:
         return len(self.ends)
@@ -76,31 +82,52 @@ class BlockReader:
         """``unit`` is (first position, record indices at consecutive positions from it)."""
         start, indices = unit
         ends = np.arange(start + 1, start + 1 + len(indices), dtype=np.int64)
+        began = perf_counter()
         if self.ngram is not None:
-            return self._windows(ends, indices)
-        keep, values = self.kept_values(indices)
+            block = self._windows(ends, indices)
+            block.work[READING] += perf_counter() - began - block.work[TRANSFORMS]
+            return block
+        work = new_work()
+        keep, values = self.kept_values(indices, work)
         if keep is not None:
             ends, indices = ends[keep], indices[keep]
+        read = perf_counter()
+        work[READING] += read - began - work[PREDICATES]
+        columns = self.dataref.layout.decode_columns(values, self.fields)
+        nbytes = columns_nbytes(columns)
         if self.as_columns:
-            return Block(ends, columns=self.dataref.layout.decode_columns(values, self.fields))
-        items = records(self.dataref.layout.decode_columns(values, self.fields), len(values))
+            work[DECODING] += perf_counter() - read
+            return Block(ends, columns=columns, work=work, nbytes=nbytes)
+        items = records(columns, len(values))
+        decoded = perf_counter()
+        work[DECODING] += decoded - read
         if self.transform is not None:
             items = self._transformed(items, indices)
-        return Block(ends, items=items)
+            work[TRANSFORMS] += perf_counter() - decoded
+        return Block(ends, items=items, work=work, nbytes=nbytes)
 
-    def kept_values(self, indices: np.ndarray) -> tuple[np.ndarray | None, list[memoryview]]:
+    def kept_values(
+        self, indices: np.ndarray, work: np.ndarray | None = None
+    ) -> tuple[np.ndarray | None, list[memoryview]]:
         """The raw values of the records at ``indices`` that the predicate keeps, and which of
-        ``indices`` those are (None: all of them)."""
+        ``indices`` those are (None: all of them). The predicate's seconds (with decoding its
+        fields) are added to ``work``."""
         if self.predicate is None:
             return None, self.dataref.read_values(indices)
         if self.dataref.has_columns(self._predicate_fields):
             # The predicate's fields are whole-chunk columns: only passing records are read.
             tested = self.dataref.read_columns(indices, self._predicate_fields)
+            began = perf_counter()
             keep = np.flatnonzero(self.predicate.include_batch(tested, len(indices)))
+            if work is not None:
+                work[PREDICATES] += perf_counter() - began
             return keep, self.dataref.read_values(indices[keep])
         values = self.dataref.read_values(indices)
+        began = perf_counter()
         tested = self.dataref.layout.decode_columns(values, self._predicate_fields)
         keep = np.flatnonzero(self.predicate.include_batch(tested, len(values)))
+        if work is not None:
+            work[PREDICATES] += perf_counter() - began
         return keep, [values[j] for j in keep]
 
     def read_ahead(self, indices: np.ndarray) -> None:
@@ -117,11 +144,15 @@ class BlockReader:
         assert self.ngram is not None and self.anchors is not None
         anchors = self.anchors[positions]
         if self.as_columns:
-            return Block(ends, columns=self.ngram.read_batch(self.dataref, anchors))
+            columns = self.ngram.read_batch(self.dataref, anchors)
+            return Block(ends, columns=columns, nbytes=columns_nbytes(columns))
         windows: list[Any] = self.ngram.read_windows(self.dataref, anchors)
+        block = Block(ends, items=windows)
         if self.transform is not None:
-            windows = self._transformed(windows, anchors)
-        return Block(ends, items=windows)
+            began = perf_counter()
+            block.items = self._transformed(windows, anchors)
+            block.work[TRANSFORMS] += perf_counter() - began
+        return block
 
     def _transformed(self, items: list[Any], indices: np.ndarray) -> list[Any]:
         transform = self.transform
@@ -213,25 +244,34 @@ class MixtureReader:
                 raise TransformError(f"source {name!r}: {exc}") from exc.__cause__
             # The block's ends count its own positions (1 to len): back to the unit's.
             parts.append((self.mixture.leaves[leaf].name, where[block.ends - 1], block))
+        began = perf_counter()
         ends = np.sort(np.concatenate([kept for _, kept, _ in parts]))
         places = [(name, np.searchsorted(ends, kept), block) for name, kept, block in parts]
         ends = ends + start + 1
+        work = sum((block.work for _, _, block in parts), new_work())
+        nbytes = sum(block.nbytes for _, _, block in parts)
         if self.as_columns and self._alike:
             columns = [(name, at, block.columns or {}) for name, at, block in places]
-            return Block(ends, columns=merge_columns(columns, len(ends)))
-        items: list[Any] = [None] * len(ends)
-        for _, at, block in places:
-            block_items = as_items(block).items
-            assert block_items is not None
-            for place, item in zip(at.tolist(), block_items):
-                items[place] = item
-        return Block(ends, items=items)
+            merged = Block(ends, columns=merge_columns(columns, len(ends)), work=work)
+        else:
+            items: list[Any] = [None] * len(ends)
+            for _, at, block in places:
+                block_items = as_items(block).items
+                assert block_items is not None
+                for place, item in zip(at.tolist(), block_items):
+                    items[place] = item
+            merged = Block(ends, items=items, work=work)
+        merged.work[DECODING] += perf_counter() - began  # putting the sources' parts in order
+        merged.nbytes = nbytes
+        return merged
 
     def _decoded_together(self, start: int, located: Located) -> Block:
+        began = perf_counter()
+        work = new_work()
         kept = []
         values: list[memoryview] = []
         for leaf, where, indices in located.parts:
-            keep, run = self.readers[leaf].kept_values(indices)
+            keep, run = self.readers[leaf].kept_values(indices, work)
             kept.append(where if keep is None else where[keep])
             values += run
         order = np.concatenate(kept) if kept else np.zeros(0, np.int64)
@@ -245,10 +285,14 @@ class MixtureReader:
             )
         ends = order + start + 1
         reader = self._decoder
+        read = perf_counter()
+        work[READING] += read - began - work[PREDICATES]
         columns = reader.dataref.layout.decode_columns(values, reader.fields)
-        if self.as_columns:
-            return Block(ends, columns=columns)
-        return Block(ends, items=records(columns, len(values)))
+        block = Block(ends, columns=columns, work=work, nbytes=columns_nbytes(columns))
+        if not self.as_columns:
+            block = as_items(block)
+        work[DECODING] += perf_counter() - read
+        return block
 
     def read_ahead(self, located: Located) -> None:
         """Each source's records of these positions will be read soon."""
@@ -333,11 +377,29 @@ def stacking(field: Field) -> tuple[Any, ...]:
     return (field.kind, field.dtype_name, field.shape, field.nullable)
 
 
+def columns_nbytes(columns: Mapping[Any, Any]) -> int:
+    """The bytes of a block's decoded values: arrays, lists of arrays (variable shapes), of
+    str (their length) and bytes, and nested columns (n-gram windows)."""
+    total = 0
+    for column in columns.values():
+        if isinstance(column, np.ndarray):
+            total += column.nbytes
+        elif isinstance(column, Mapping):
+            total += columns_nbytes(column)
+        elif isinstance(column, list) and column:
+            if isinstance(column[0], np.ndarray):
+                total += sum(value.nbytes for value in column)
+            elif isinstance(column[0], (str, bytes)):
+                total += sum(map(len, column))
+    return total
+
+
 def as_items(block: Block) -> Block:
     """A block of records as a list of record dicts (a reader may give them as columns)."""
     if block.columns is None:
         return block
-    return Block(block.ends, items=records(block.columns, len(block)))
+    items = records(block.columns, len(block))
+    return Block(block.ends, items=items, work=block.work, nbytes=block.nbytes)
 
 
 def merge_columns(

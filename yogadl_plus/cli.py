@@ -14,7 +14,6 @@ import json
 import os
 import re
 import sys
-import time
 import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -26,6 +25,7 @@ from yogadl_plus.build import ENGINES
 from yogadl_plus.progress import progress_bar
 from yogadl_plus.storage import copy_version, local_root
 from yogadl_plus.storage.remote import RemoteStorage
+from yogadl_plus.stream_stats import TIMED, time_epoch
 
 __all__ = ["EXIT_CODES", "INTERNAL_ERROR", "main"]
 
@@ -347,46 +347,21 @@ def cmd_rm(args: argparse.Namespace) -> int:
 # --- bench ---
 
 
-def _nbytes(value: Any) -> int:
-    """Decoded bytes of a batch: array buffers, and the str/bytes of list fields."""
-    if isinstance(value, (np.ndarray, np.generic)):
-        return int(value.nbytes)
-    if isinstance(value, (bytes, str)):
-        return len(value)
-    if isinstance(value, dict):
-        return sum(_nbytes(v) for v in value.values())
-    if isinstance(value, list):
-        return sum(_nbytes(v) for v in value)
-    return 0
-
-
-def _time_epoch(epoch: int, stream: ydl.Stream, advance: Callable[[int], object]) -> dict[str, Any]:
-    """Run one epoch of ``stream`` and measure it. Bytes are counted for batches only: counting
-    every record would slow down what is measured."""
-    batched = stream.batch_size is not None
-    started = time.perf_counter()
-    first = None
-    items = records = size = 0
-    for item in stream:
-        if first is None:
-            first = time.perf_counter() - started
-        items += 1
-        if batched:
-            records += len(next(iter(item.values())))
-            size += _nbytes(item)
-        advance(1)
-    seconds = time.perf_counter() - started
-    records = records if batched else items
-    return {
-        "epoch": epoch,
-        "records": records,
-        "batches": items if batched else None,
-        "seconds": seconds,
-        "records_per_s": records / seconds,
-        "batches_per_s": items / seconds if batched else None,
-        "mb_per_s": size / 1e6 / seconds if batched else None,
-        "first_item_s": first,
-    }
+def _where_time_went(rows: list[dict[str, Any]], workers: bool) -> str:
+    """One line: the seconds of every epoch timed, by kind of work."""
+    total = sum(row["seconds"] for row in rows)
+    spent = {name: sum(row["time"][name] for row in rows) for name in TIMED}
+    parts = [
+        f"{name.replace('_', ' ')} {seconds:.3f} s ({seconds / total:.0%})"
+        for name, seconds in spent.items()
+        if seconds >= 0.0005
+    ]
+    line = "time: " + ", ".join(parts)
+    if workers:
+        return line + " (the workers' work is summed over them)"
+    # Without workers, what is not named is the stream's own: the order, handing items out.
+    other = total - sum(spent.values()) + spent["waiting_on_workers"]
+    return line + f", the stream's own {max(0.0, other):.3f} s ({max(0.0, other) / total:.0%})"
 
 
 def _bench_row(row: dict[str, Any]) -> list[str]:
@@ -425,13 +400,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
     total = len(stream) * args.epochs
     try:
         with _progress(args, f"bench {ref.dataset_id}:{ref.version}", total, " item") as advance:
-            rows = [_time_epoch(epoch, stream, advance) for epoch in range(args.epochs)]
+            rows = [time_epoch(stream, epoch, advance) for epoch in range(args.epochs)]
     finally:
         stream.close()
     header = ["epoch", "records", "seconds", "records/s", "batches/s", "MB/s", "first item ms"]
     text = _table(header, [_bench_row(row) for row in rows])
     if args.batch_size is None:
-        text += "\n(batches/s and MB/s: with --batch-size, whose batches' arrays are sized)"
+        text += "\n(batches/s: with --batch-size)"
+    text += "\n" + _where_time_went(rows, bool(args.num_workers))
     _emit(args, rows, text)
     return 0
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from time import perf_counter
 from typing import TYPE_CHECKING, Any, TypeGuard, cast
 
 import numpy as np
@@ -23,6 +24,7 @@ from yogadl_plus.ngram import NGram
 from yogadl_plus.order import CHUNK_SHARDS_TAKE_NO_GLOBAL_ORDER, EpochOrder, OrderSettings
 from yogadl_plus.predicates import Predicate
 from yogadl_plus.stream_state import StreamState, build_fingerprint, order_identity
+from yogadl_plus.stream_stats import StatsCounter, StreamStats
 from yogadl_plus.workers import WORKER_TYPES, OrderedPool
 
 if TYPE_CHECKING:
@@ -203,6 +205,8 @@ class Stream:
         self._epoch, self._position = self._next = self.locate(self.settings.start_offset)
         self._order_cache: tuple[int, int, int, Any] | None = None
         self._ledgers: deque[Ledger] = deque(maxlen=_LEDGERS_KEPT)
+        self._stats = StatsCounter()
+        self._handing: np.ndarray | None = None  # the ends of the block records come from
 
     def __getstate__(self) -> dict[str, Any]:
         # A copy sent to another process (a DataLoader worker) reads inline: it takes neither
@@ -211,7 +215,13 @@ class Stream:
         state["_pool"] = None
         state["_order_cache"] = None
         state["_ledgers"] = deque(maxlen=_LEDGERS_KEPT)
+        state["_stats"] = None  # (a lock; the copy counts its own, from zero)
+        state["_handing"] = None
         return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._stats = StatsCounter()
 
     def replace(self, **changes: Any) -> Stream:
         """The same stream (same seed, same start) with some arguments changed."""
@@ -354,7 +364,40 @@ class Stream:
 
     # --- iteration ---
 
+    # --- where the time goes ---
+
+    def stats(self) -> StreamStats:
+        """Items and bytes handed out, items/s, and the seconds spent reading, decoding, in
+        predicates, in transforms, batching, waiting on workers and in the consumer, since
+        the stream first began an epoch or since ``reset_stats()`` (see StreamStats)."""
+        handing = self._handing
+        extra = 0
+        if handing is not None:  # records handed out of the block being handed out
+            extra = int(np.searchsorted(handing, self._position, side="right"))
+        return self._stats.snapshot(extra)
+
+    def reset_stats(self) -> None:
+        """Count ``stats()`` from now."""
+        self._stats.reset()
+        self._stats.begin()
+
+    def begin_stats(self) -> None:
+        """Start the clock of ``stats()``, if it has not started: adapters that read with
+        ``read_unit`` call it as an epoch starts (iterating the stream does it itself)."""
+        self._stats.begin()
+
+    def count_read(self, read: Block, batches: int, seconds: float, waited: bool) -> None:
+        """For adapters that read with ``read_unit`` (in their own workers): count the items
+        of ``read`` (a Block whose ``ends``, ``work`` and ``nbytes`` are those of the blocks
+        read) handed out, in ``batches``, and the ``seconds`` the consuming thread spent
+        getting them (waiting for a worker when ``waited``)."""
+        self._stats.add_block(len(read), read.nbytes, read.work, seconds, waited)
+        self._stats.handed(len(read), batches)
+
+    # --- iteration ---
+
     def __iter__(self) -> Iterator[Any]:
+        self._stats.begin()
         epoch, position = self._next
         self._next = (epoch + 1, 0)  # the next iter() is the next epoch, finished or not
         ledger = Ledger(epoch, position)
@@ -369,6 +412,7 @@ class Stream:
         transform, else the list of items. For adapters that hand records over in bulk."""
         if self.batch_size is not None:
             raise ValueError("iter_blocks() is for record streams; this stream batches")
+        self._stats.begin()
         epoch, position = self._next
         self._next = (epoch + 1, 0)
         ledger = Ledger(epoch, position)
@@ -451,8 +495,19 @@ class Stream:
         if self._read_ahead:
             units = self._announced(units)
         if self._pool is None:
-            return map(self._reader, units)
-        return self._pool.map(units)
+            return self._timed(map(self._reader, units), waited=False)
+        return self._timed(self._pool.map(units), waited=True)
+
+    def _timed(self, blocks: Iterator[Block], waited: bool) -> Iterator[Block]:
+        """``blocks``, each counted in the stats with the time it took to arrive."""
+        stats = self._stats
+        while True:
+            began = perf_counter()
+            block = next(blocks, None)
+            if block is None:
+                return
+            stats.add_block(len(block), block.nbytes, block.work, perf_counter() - began, waited)
+            yield block
 
     def _announced(self, units: Iterator[tuple[int, Any]]) -> Iterator[tuple[int, Any]]:
         """``units``, each announced to the DataRef (``read_ahead``) about ``_read_ahead``
@@ -481,9 +536,12 @@ class Stream:
             assert items is not None
             ledger.add(block.ends)
             self._epoch = epoch
+            self._handing = block.ends  # stats() counts the records handed out of it
             # The loop stores each record's end as the stream's position: one store per record.
             for self._position, item in zip(block.ends.tolist(), items):
                 yield item
+            self._handing = None
+            self._stats.handed(len(items))
         self._epoch_done(epoch, ledger)
 
     def _handed_blocks(self, epoch: int, position: int, ledger: Ledger) -> Iterator[Block]:
@@ -491,27 +549,33 @@ class Stream:
             if len(block):
                 ledger.add(block.ends)
                 self._advance(epoch, int(block.ends[-1]))
+                self._stats.handed(len(block))
                 yield block
         self._epoch_done(epoch, ledger)
 
     def _batches(self, epoch: int, position: int, ledger: Ledger) -> Iterator[Any]:
         size = self.batch_size
         assert size is not None
+        stats = self._stats
         pending: list[Block] = []
         count = 0
         for block in self._blocks(epoch, position):
             pending.append(block)
             count += len(block)
             while count >= size:
+                began = perf_counter()
                 batch, end, pending = _take(pending, size)
+                stats.add_batching(perf_counter() - began)
                 count -= size
                 ledger.add_one(end)
                 self._advance(epoch, end)
+                stats.handed(size, 1)
                 yield batch
         if count and not self.drop_last:
             batch, end, _ = _take(pending, count)
             ledger.add_one(end)
             self._advance(epoch, end)
+            stats.handed(count, 1)
             yield batch
         self._epoch_done(epoch, ledger)
 

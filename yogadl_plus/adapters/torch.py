@@ -16,9 +16,11 @@ DataLoader's one result pipe.
 
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -43,6 +45,7 @@ from yogadl_plus.workers import (
 if TYPE_CHECKING:
     from yogadl_plus.dataref import DataRef
     from yogadl_plus.stream import Stream
+    from yogadl_plus.stream_stats import StreamStats
 
 __all__ = ["RecordDataset", "ResumableDataLoader", "StreamSampler", "make_dataloader"]
 
@@ -136,12 +139,13 @@ class _Group:
     packed: Packed | None = None
     ring: int = 0
     error: bytes | None = None
+    read: Block = dataclasses.field(default_factory=lambda: Block(np.zeros(0, np.int64)))
 
     def pin_memory(self, device: Any = None) -> _Group:
         """The items with their tensors in pinned memory (DataLoader's ``pin_memory=True``)."""
         if self.items is None:
             return self
-        return _Group([_pinned(item) for item in self.items], error=self.error)
+        return _Group([_pinned(item) for item in self.items], error=self.error, read=self.read)
 
 
 class _StreamItems(Dataset):
@@ -160,16 +164,18 @@ class _StreamItems(Dataset):
         worker = get_worker_info()
         ring = self._ring(worker)
         items: list[Any] = []
+        # What reading took (stream_stats), for the stream's stats() in the main process.
+        read = Block(np.zeros(0, np.int64))
         try:
-            self._read(*key, items)
+            self._read(*key, items, read)
         except Exception as exc:
             if worker is None:
                 raise
             # The items before the one that failed are handed out first, as without workers.
-            return _Group(items, error=error_payload(exc))
+            return _Group(items, error=error_payload(exc), read=read)
         if ring is not None and worker is not None and self.collate is None:
-            return _Group(packed=ring.pack(items), ring=worker.id)
-        return _Group(items)
+            return _Group(packed=ring.pack(items), ring=worker.id, read=read)
+        return _Group(items, read=read)
 
     def _ring(self, worker: Any) -> SharedRing | None:
         """This worker's ring (None outside workers), which its decoder writes into."""
@@ -185,23 +191,32 @@ class _StreamItems(Dataset):
     def __len__(self) -> int:
         return self.stream.positions_per_epoch
 
-    def _read(self, epoch: int, start: int, count: int, out: list[Any]) -> None:
+    def _read(self, epoch: int, start: int, count: int, out: list[Any], read: Block) -> None:
+        """Read the key's items into ``out``, adding the work of the blocks to ``read``."""
         stream = self.stream
+
+        def unit(first: int, stop: int) -> Block:
+            block = stream.read_unit(epoch, first, stop)
+            read.ends = np.concatenate([read.ends, block.ends])
+            read.work += block.work
+            read.nbytes += block.nbytes
+            return block
+
         length = stream.epoch_length(epoch)
         stop = min(start + count * self.unit, length)
         if stream.batch_size is None:
             try:
-                items = stream.read_unit(epoch, start, stop).items
+                items = unit(start, stop).items
             except Exception:
                 items = None
             if items is None:  # find the record that fails, the ones before it read
                 for position in range(start, stop):
-                    out.append(self._finished(stream.read_unit(epoch, position, position + 1)))
+                    out.append(self._finished(unit(position, position + 1)))
                 return
             out.extend(items if self.collate is None else map(self.collate, items))
             return
         for first in range(start, stop, self.unit):
-            out.append(self._finished(stream.read_unit(epoch, first, min(first + self.unit, stop))))
+            out.append(self._finished(unit(first, min(first + self.unit, stop))))
 
     def _finished(self, block: Block) -> Any:
         if self.stream.batch_size is None:
@@ -286,6 +301,15 @@ class ResumableDataLoader(DataLoader):
     def __len__(self) -> int:
         return len(self.stream)
 
+    def stats(self) -> StreamStats:
+        """Where the loader's time went (``Stream.stats``): the boundary's work summed over
+        the DataLoader workers, the time this process waited for them, and the rest, spent
+        by the code consuming the items. ``reset_stats()`` counts from now."""
+        return self.stream.stats()
+
+    def reset_stats(self) -> None:
+        self.stream.reset_stats()
+
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         # Each iter() is the next epoch, also after an unfinished one, as for streams; the first
         # iter() (or the first after load_state_dict) starts where the state says.
@@ -305,14 +329,23 @@ class ResumableDataLoader(DataLoader):
                 or multiprocessing.get_all_start_methods()[0]
             )
             self._worker_init.watch = ParentWatch.here(method)
+        self.stream.begin_stats()
         rings = self._workers_rings()
-        for group in super().__iter__():
+        groups = super().__iter__()
+        while True:
+            began = perf_counter()
+            group = next(groups, None)
+            if group is None:
+                break
             if group.packed is not None:
                 ring = rings[group.ring]
                 assert ring is not None, "a worker without a ring sent items in one"
                 items = ring.unpack(group.packed)
             else:
                 items = group.items
+            batches = 0 if self.stream.batch_size is None else len(items)
+            waited = perf_counter() - began
+            self.stream.count_read(group.read, batches, waited, bool(self.num_workers))
             for item in items:
                 cursor.position = min(cursor.position + self._unit, length)
                 yield item if convert is None else convert(item)
