@@ -7,6 +7,7 @@ of tests/servers.py, reached through the standard credential chains (environment
 
 from __future__ import annotations
 
+import base64
 import io
 import json
 import os
@@ -109,15 +110,54 @@ def test_build_ls_info_head_verify_rm(tmp_path, capsys):
     assert [row[at[0] : at[1]].rstrip() for row in rows] == ["0", "1", "2"]
     assert [row[at[1] :] for row in rows] == ["0", "0", "1"]
     assert main(["head", "sensors", "v2", "-n", "2", "--json", *store]) == 0
-    lines = capsys.readouterr().out.splitlines()
-    assert [json.loads(line) for line in lines] == [
-        {"index": 0, "id": 0, "label": 0},
-        {"index": 1, "id": 1, "label": 0},
-    ]
+    out = json.loads(capsys.readouterr().out)
+    assert out["records"] == [{"index": 0, "id": 0, "label": 0}, {"index": 1, "id": 1, "label": 0}]
     assert main(["verify", "sensors", "v2", *store]) == 0
     assert "every chunk matches its checksum" in capsys.readouterr().out
     assert main(["rm", "sensors", "v2", *store]) == 0
     assert ydl.LocalStorage(tmp_path).list() == []
+
+
+def test_head_json_writes_whole_values_and_the_schema(tmp_path, capsys):
+    # Before: arrays came as display text ("float32[3] [1.5, nan, ...]"), bytes as their repr,
+    # and no schema said what a value is.
+    records = [
+        {
+            "f": np.array([1.5, np.nan, -np.inf], np.float32),
+            "image": np.arange(6, dtype=np.uint8).reshape(2, 3) + i,
+            "raw": b"\x00\xffhi",
+            "text": "h\u00e9llo",
+            "at": np.datetime64("2026-11-24T10:00:00", "s"),
+            "took": np.timedelta64(5, "ms"),
+            "tokens": np.arange(i + 1, dtype=np.int32),
+            "n": i,
+        }
+        for i in range(3)
+    ]
+    ydl.cache_dataset(records, "h", "v1", ydl.LocalStorage(tmp_path), progress=False)
+    assert main(["head", "h", "v1", "-n", "2", "--json", "--storage", str(tmp_path)]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert (out["dataset_id"], out["version"]) == ("h", "v1")
+    schema = {field["name"]: field for field in out["schema"]}
+    assert schema["image"]["dtype"] == "|u1" and schema["image"]["shape"] == [2, 3]
+    assert schema["tokens"]["shape"] == [None] and schema["took"]["dtype"] == "<m8[ms]"
+    first, second = out["records"]
+    assert first == {
+        "index": 0,
+        "f": [1.5, "NaN", "-Infinity"],
+        "image": [[0, 1, 2], [3, 4, 5]],
+        "raw": base64.b64encode(b"\x00\xffhi").decode(),
+        "text": "h\u00e9llo",
+        "at": "2026-11-24T10:00:00",
+        "took": 5,
+        "tokens": [0],
+        "n": 0,
+    }
+    assert second["image"] == [[1, 2, 3], [4, 5, 6]] and second["tokens"] == [0, 1]
+    assert main(["head", "h", "v1", "--fields", "n", "--json", "--storage", str(tmp_path)]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [f["name"] for f in out["schema"]] == ["n"]
+    assert out["records"] == [{"index": i, "n": i} for i in range(3)]
 
 
 def test_every_printing_command_speaks_json(local, tmp_path, capsys):
@@ -151,7 +191,7 @@ def test_every_printing_command_speaks_json(local, tmp_path, capsys):
     ]
     assert out["ls"] == [[{"dataset_id": "demo", "version": "v1"}, *out["ls"][0][1:]]]
     assert out["info"][0]["where"] == local.path("sensors", "v1")
-    assert [row["index"] for row in out["head"]] == [0, 1]
+    assert [row["index"] for row in out["head"][0]["records"]] == [0, 1]
     assert out["verify"][0]["verified"] is True
     assert [row["records"] for row in out["bench"][0]] == [3000]
     assert out["push"][0]["where"] == os.path.join(other, "sensors", "v1")

@@ -7,10 +7,12 @@ long work shows a progress bar on stderr when it is a terminal. Exit codes are i
 from __future__ import annotations
 
 import argparse
+import base64
 import contextlib
 import functools
 import importlib
 import json
+import math
 import os
 import re
 import sys
@@ -158,13 +160,27 @@ def _show(value: Any, width: int = 60) -> str:
     return (value if isinstance(value, str) else repr(value))[:width]
 
 
-def _plain(value: Any) -> Any:
-    """A JSON value for one field value: numbers and strings as themselves, the rest as _show."""
-    if isinstance(value, np.generic) and not isinstance(value, np.datetime64):
-        value = value.item()
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    return _show(value, width=1000)
+# Floats JSON has no number for (as protobuf's JSON mapping writes them).
+_NON_FINITE = {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}
+
+
+def _json_value(value: Any) -> Any:
+    """One field value as JSON, whole: arrays as nested lists of numbers, bytes in base64,
+    datetimes as ISO 8601 text, timedeltas as counts of their unit (the schema names it),
+    NaN and infinities as "NaN", "Infinity", "-Infinity"."""
+    if isinstance(value, (np.ndarray, np.generic)):
+        if value.dtype.kind == "M":
+            return value.astype(str).tolist()
+        if value.dtype.kind == "m":
+            return value.astype(np.int64).tolist()
+        return _json_value(value.tolist())
+    if isinstance(value, float) and not math.isfinite(value):
+        return _NON_FINITE[repr(value)]
+    if isinstance(value, bytes):
+        return base64.b64encode(value).decode("ascii")
+    if isinstance(value, (list, tuple)):
+        return [_json_value(v) for v in value]
+    return value
 
 
 def _fields(text: str | None) -> list[str] | None:
@@ -273,8 +289,20 @@ def cmd_head(args: argparse.Namespace) -> int:
     batch = ref.get_batch(np.arange(count), fields=_fields(args.fields))
     names = list(batch)
     if args.json:
-        for i in range(count):
-            print(json.dumps({"index": i, **{k: _plain(batch[k][i]) for k in names}}))
+        records = [
+            {"index": i, **{k: _json_value(batch[k][i]) for k in names}} for i in range(count)
+        ]
+        schema = [ref.schema[name].to_json() for name in names]
+        print(
+            json.dumps(
+                {
+                    "dataset_id": ref.dataset_id,
+                    "version": ref.version,
+                    "schema": schema,
+                    "records": records,
+                }
+            )
+        )
         return 0
     rows = [[str(i), *(_show(batch[k][i]) for k in names)] for i in range(count)]
     print(_table(["index", *names], rows))
