@@ -3,6 +3,7 @@ streams, parallel builds and the errors. Every dataset is built here; the hub is
 
 from __future__ import annotations
 
+import datetime
 import io
 import os
 import pickle
@@ -58,6 +59,8 @@ FEATURES = {
     "big_text": datasets.Value("large_string"),
     "blob": datasets.Value("binary"),
     "when": datasets.Value("timestamp[ms]"),
+    "day": datasets.Value("date32"),
+    "big_blob": datasets.Value("large_binary"),
     "label": datasets.ClassLabel(names=["cat", "dog", "bird"]),
     "fixed": datasets.List(datasets.Value("float32"), length=4),
     "tokens": datasets.List(datasets.Value("int32")),
@@ -98,6 +101,8 @@ def rich_rows(n, seed=0):
                 "big_text": "ü" * i,
                 "blob": bytes(rng.integers(0, 256, k, dtype=np.uint8)),
                 "when": np.datetime64(1_700_000_000_000 + i, "ms"),
+                "day": datetime.date(2024, 2, 27) + datetime.timedelta(days=i),
+                "big_blob": bytes([i]) * i,
                 "label": i % 3,
                 "fixed": rng.random(4).astype(np.float32).tolist(),
                 "tokens": rng.integers(-(2**31), 2**31, k).tolist(),
@@ -145,7 +150,7 @@ def assert_same(cached, expected, where):
             return  # an empty list of lists: numpy makes it (0,), a field of its rank (0, 0)
         assert cached.shape == want.shape, (where, cached.shape, want.shape)
         assert np.array_equal(cached, want), where
-    elif isinstance(expected, np.datetime64) or hasattr(expected, "timestamp"):
+    elif isinstance(expected, (np.datetime64, datetime.date)):  # datetimes too
         assert np.datetime64(cached, "ms") == np.datetime64(expected, "ms"), where
     else:
         assert cached == expected, (where, cached, expected)
@@ -173,6 +178,7 @@ def test_features_become_fields(rich):
         "wide": (np.float64, ()),
         "flag": (np.bool_, ()),
         "when": (np.dtype("datetime64[ms]"), ()),
+        "day": (np.dtype("datetime64[D]"), ()),
         "label": (np.int64, ()),
         "fixed": (np.float32, (4,)),
         "tokens": (np.int32, (None,)),
@@ -194,11 +200,11 @@ def test_features_become_fields(rich):
         assert (schema[name].dtype, schema[name].shape) == (np.dtype(dtype), shape), name
     for name in ("text", "big_text", "meta/source", "tr/en", "tr/fr"):
         assert schema[name].kind == "str", name
-    assert schema["blob"].kind == "bytes"
+    assert schema["blob"].kind == "bytes" and schema["big_blob"].kind == "bytes"
     assert schema["img"].codec == ydl.codecs.Raw()  # one shape: raw pixels, bulk-decoded
     assert not any(f.nullable for f in schema)
     assert schema.names[:3] == ("id", "small", "u16"), "the features' order"
-    assert len(schema) == len(want) + 6
+    assert len(schema) == len(want) + 7
 
 
 def test_values_equal_the_datasets_own_record_by_record(rich, local_storage):
