@@ -672,3 +672,10 @@ def test_stream_values_that_do_not_fit_name_where(local_storage, bad, says):
     with pytest.raises(ydl.SchemaError, match=says):
         ydl.cache_dataset(stream, "bad", "v1", local_storage, progress=False)
     assert local_storage.list() == []
+
+
+def test_a_stream_is_ours_also_when_datasets_makes_it_a_torch_dataset():
+    torch = pytest.importorskip("torch")
+    stream = datasets.Dataset.from_dict({"x": [1, 2]}).to_iterable_dataset()
+    assert isinstance(stream, torch.utils.data.IterableDataset)  # datasets adds the base class
+    assert isinstance(as_source(stream), HuggingFaceSource)
