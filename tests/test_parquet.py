@@ -393,3 +393,22 @@ def test_fingerprint_tracks_the_partition_columns(tmp_path):
     assert hive != ParquetSource(str(root), partitioning={"id": "int64"}).fingerprint()
     (root / "id=3").rename(root / "id=4")  # same files, other partition values
     assert ParquetSource(str(root)).fingerprint() != hive
+
+
+def test_empty_lists_of_lists_keep_the_fields_rank(tmp_path):
+    grids = [[], [[1.0, 2.0]], [[], []], [[3.0]] * 3]
+    rows3 = [[], [[1, 2, 3]], [[4, 5, 6]] * 2, []]
+    path = tmp_path / "grids.parquet"
+    pq.write_table(
+        pa.table(
+            {
+                "grid": pa.array(grids, pa.list_(pa.list_(pa.float64()))),
+                "rows3": pa.array(rows3, pa.list_(pa.list_(pa.int32(), 3))),
+            }
+        ),
+        path,
+    )
+    ref = ydl.cache_dataset(str(path), "g", "v", ydl.LocalStorage(tmp_path / "s"), progress=False)
+    assert [ref[i]["grid"].shape for i in range(4)] == [(0, 0), (1, 2), (2, 0), (3, 1)]
+    assert [ref[i]["rows3"].shape for i in range(4)] == [(0, 3), (1, 3), (2, 3), (0, 3)]
+    assert ref[3]["grid"].tolist() == grids[3] and ref[2]["rows3"].tolist() == rows3[2]

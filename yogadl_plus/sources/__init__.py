@@ -6,12 +6,14 @@ import os
 from typing import Any
 
 from yogadl_plus.sources.base import Source
+from yogadl_plus.sources.huggingface import HuggingFaceSource
 from yogadl_plus.sources.iterable import IterableSource
 from yogadl_plus.sources.parquet import ParquetSource
 from yogadl_plus.sources.petastorm import PetastormSource
 from yogadl_plus.sources.spark import SparkDataFrameSource
 
 __all__ = [
+    "HuggingFaceSource",
     "IterableSource",
     "ParquetSource",
     "PetastormSource",
@@ -30,11 +32,11 @@ def _is_path_list(obj: Any) -> bool:
 
 
 def _framework_of(obj: Any) -> str:
-    """'tensorflow', 'torch', 'keras', 'ray', 'pyspark' or '' for the framework an object's
-    class comes from, found without importing any framework."""
+    """'tensorflow', 'torch', 'keras', 'ray', 'pyspark', 'datasets' (Hugging Face) or '' for
+    the framework an object's class comes from, found without importing any framework."""
     for cls in type(obj).__mro__:
         root = cls.__module__.split(".")[0]
-        if root in ("tensorflow", "torch", "keras", "ray", "pyspark"):
+        if root in ("tensorflow", "torch", "keras", "ray", "pyspark", "datasets"):
             return root
     return ""
 
@@ -66,6 +68,8 @@ def as_source(obj: Any) -> Source:
         return RayDatasetSource(obj)
     if framework == "pyspark" and hasattr(obj, "mapInArrow"):
         return SparkDataFrameSource(obj)
+    if framework == "datasets":
+        return HuggingFaceSource(obj)  # a DatasetDict, or other, is refused naming a split
     if callable(obj) or hasattr(obj, "__iter__"):
         return IterableSource(obj)
     raise TypeError(

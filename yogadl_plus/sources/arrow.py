@@ -118,14 +118,53 @@ def column_values(column: Any, field: Field) -> Sequence[Any]:
         if flat.null_count:
             return column.to_pylist()  # a null inside an array: each record is checked
         return flat.to_numpy(zero_copy_only=False).reshape((len(column), *field.shape))
+    if field.shape[0] is None and None not in field.shape[1:]:
+        split = _split_rows(column, field)
+        if split is not None:
+            return split
     try:
         if _nulls_inside(column):
             raise ValueError
-        return [np.asarray(v, dtype=field.dtype) for v in column.to_pylist()]
+        return [_array(v, field) for v in column.to_pylist()]
     except (ValueError, TypeError):
         # Values that do not make arrays of the field's dtype (ragged inner lists, a null
         # inside): as they are, for the encoder to name the record and field.
         return column.to_pylist()
+
+
+def _array(value: Any, field: Field) -> np.ndarray:
+    """A list value as an array of the field's rank: an empty list of lists (``[]`` for a
+    field of shape (None, None)) has shape (0, 0), not numpy's (0,)."""
+    array = np.asarray(value, dtype=field.dtype)
+    if array.size == 0 and array.ndim < len(field.shape):
+        rest = tuple(0 if d is None else d for d in field.shape[array.ndim :])
+        array = array.reshape(array.shape + rest)
+    return array
+
+
+def _split_rows(column: Any, field: Field) -> list[np.ndarray] | None:
+    """The values of a list column of shape (None, d1, ...) (no null at the top) as one array
+    per row, cut from one flat numpy array instead of built from Python lists (token ids of
+    text datasets: thousands of rows a batch); None when some inner list is null or not of
+    its fixed size, for the generic path to name the record."""
+    import pyarrow.compute as pc
+
+    if not len(column):
+        return []
+    lengths = pc.list_value_length(column).to_numpy(zero_copy_only=False)
+    flat = column.flatten()  # the values of this batch's rows only, also of a slice
+    for size in field.shape[1:]:
+        inner = pc.list_value_length(flat)
+        if flat.null_count or (
+            len(flat) and pc.min_max(inner).as_py() != {"min": size, "max": size}
+        ):
+            return None  # ragged or null inside: each record is checked, and named
+        flat = flat.flatten()
+    if flat.null_count:
+        return None
+    values = flat.to_numpy(zero_copy_only=False).astype(field.dtype, copy=False)
+    values = values.reshape((int(lengths.sum()), *field.shape[1:]))
+    return np.split(values, np.cumsum(lengths)[:-1])
 
 
 def _nulls_inside(column: Any) -> bool:
