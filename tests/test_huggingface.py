@@ -561,7 +561,7 @@ def test_images_argument_is_checked(rich):
 
 def test_without_datasets_the_extra_is_named(monkeypatch):
     monkeypatch.setitem(sys.modules, "datasets", None)  # import datasets now fails
-    with pytest.raises(ImportError, match=r"pip install 'yogadl_plus\[hf\]'"):
+    with pytest.raises(ydl.MissingExtra, match=r"pip install 'yogadl_plus\[hf\]'"):
         HuggingFaceSource(object())
 
 

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from yogadl_plus import codecs
-from yogadl_plus.errors import SchemaError
+from yogadl_plus.errors import SchemaError, missing_extra
 from yogadl_plus.schema import Field, Schema
 from yogadl_plus.sources.arrow import BATCH_ROWS, arrow_field, column_values
 from yogadl_plus.sources.base import Piece, Source, even_ranges
@@ -40,11 +40,8 @@ _PNG = {("uint8", 1), ("uint8", 3), ("uint8", 4), ("uint16", 1)}
 def _datasets() -> Any:
     try:
         import datasets
-    except ImportError:
-        raise ImportError(
-            "caching a Hugging Face dataset needs the datasets library: "
-            "pip install 'yogadl_plus[hf]'"
-        ) from None
+    except ModuleNotFoundError as exc:
+        raise missing_extra(exc, "caching a Hugging Face dataset") from None
     return datasets
 
 
