@@ -19,7 +19,15 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from yogadl_plus.errors import SchemaError, YogaError
-from yogadl_plus.stream_stats import DECODING, PREDICATES, READING, TRANSFORMS, new_work
+from yogadl_plus.stream_stats import (
+    DECODING,
+    PREDICATES,
+    READING,
+    TRANSFORMS,
+    Work,
+    add_work,
+    new_work,
+)
 
 if TYPE_CHECKING:
     from yogadl_plus.dataref import DataRef
@@ -57,7 +65,7 @@ class Block:
     ends: np.ndarray
     items: list[Any] | None = None
     columns: dict[Any, Any] | None = None
-    work: np.ndarray = dataclasses.field(default_factory=new_work)
+    work: Work = dataclasses.field(default_factory=new_work)
     nbytes: int = 0
 
     def __len__(self) -> int:
@@ -107,7 +115,7 @@ class BlockReader:
         return Block(ends, items=items, work=work, nbytes=nbytes)
 
     def kept_values(
-        self, indices: np.ndarray, work: np.ndarray | None = None
+        self, indices: np.ndarray, work: Work | None = None
     ) -> tuple[np.ndarray | None, list[memoryview]]:
         """The raw values of the records at ``indices`` that the predicate keeps, and which of
         ``indices`` those are (None: all of them). The predicate's seconds (with decoding its
@@ -248,7 +256,9 @@ class MixtureReader:
         ends = np.sort(np.concatenate([kept for _, kept, _ in parts]))
         places = [(name, np.searchsorted(ends, kept), block) for name, kept, block in parts]
         ends = ends + start + 1
-        work = sum((block.work for _, _, block in parts), new_work())
+        work = new_work()
+        for _, _, block in parts:
+            add_work(work, block.work)
         nbytes = sum(block.nbytes for _, _, block in parts)
         if self.as_columns and self._alike:
             columns = [(name, at, block.columns or {}) for name, at, block in places]

@@ -15,9 +15,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any
 
-import numpy as np
-
-__all__ = ["TIMED", "WORK", "StatsCounter", "StreamStats", "new_work", "time_epoch"]
+__all__ = [
+    "TIMED",
+    "WORK",
+    "StatsCounter",
+    "StreamStats",
+    "Work",
+    "add_work",
+    "new_work",
+    "time_epoch",
+]
 
 # The kinds of boundary work a block's ``work`` array times, in its order.
 WORK = ("reading", "decoding", "predicates", "transforms")
@@ -26,9 +33,20 @@ READING, DECODING, PREDICATES, TRANSFORMS = range(len(WORK))
 TIMED = (*WORK, "batching", "waiting_on_workers", "in_consumer")
 
 
-def new_work() -> np.ndarray:
+# (A list, not an array: a block adds to it a few times, and numpy's scalar arithmetic costs
+# several times Python's.)
+Work = list[float]
+
+
+def new_work() -> Work:
     """Seconds of each kind of work (WORK) for one block: zeros to add to."""
-    return np.zeros(len(WORK))
+    return [0.0] * len(WORK)
+
+
+def add_work(into: Work, work: Work) -> None:
+    """Add ``work`` to ``into``, kind by kind."""
+    for kind, seconds in enumerate(work):
+        into[kind] += seconds
 
 
 @dataclass(frozen=True)
@@ -112,16 +130,14 @@ class StatsCounter:
         if self._began is None:
             self._began = time.perf_counter()
 
-    def add_block(
-        self, items: int, nbytes: int, work: np.ndarray, seconds: float, waited: bool
-    ) -> None:
+    def add_block(self, items: int, nbytes: int, work: Work, seconds: float, waited: bool) -> None:
         """A block of ``items`` (``nbytes`` decoded) arrived after ``seconds`` in the consuming
         thread (its work inline, or a wait for a worker when ``waited``); ``work`` is what
         reading it took."""
         with self._lock:
             self._received += items
             self._received_bytes += nbytes
-            self._work += work
+            add_work(self._work, work)
             self._own += seconds
             if waited:
                 self.waiting += seconds
@@ -138,7 +154,7 @@ class StatsCounter:
         """The stats now; ``extra_items`` were handed out since the last ``handed()``."""
         with self._lock:
             seconds = 0.0 if self._began is None else time.perf_counter() - self._began
-            reading, decoding, predicates, transforms = self._work.tolist()
+            reading, decoding, predicates, transforms = self._work
             items = self.items + extra_items
             # Bytes at the average of the blocks read: exact for records of one size, and
             # free of any count per item or per batch.

@@ -33,6 +33,7 @@ from yogadl_plus.mixture import Mixture
 from yogadl_plus.order import OrderSettings
 from yogadl_plus.shared_buffers import Packed, SharedRing
 from yogadl_plus.stream_state import StreamState
+from yogadl_plus.stream_stats import add_work
 from yogadl_plus.workers import (
     ParentWatch,
     decode_into,
@@ -198,7 +199,7 @@ class _StreamItems(Dataset):
         def unit(first: int, stop: int) -> Block:
             block = stream.read_unit(epoch, first, stop)
             read.ends = np.concatenate([read.ends, block.ends])
-            read.work += block.work
+            add_work(read.work, block.work)
             read.nbytes += block.nbytes
             return block
 
