@@ -84,6 +84,7 @@ def test_examples_name_the_extra_they_need(script, tmp_path):
         ("ydl.torch.make_dataloader", "torch"),
         ("ydl.tensorflow.make_tf_dataset", "tf"),
         ("ydl.keras.StreamSequence", "tf"),
+        ("ydl.grain.source", "grain"),
         ("ydl.S3Storage('bucket')", "s3"),
         ("ydl.GCSStorage('bucket')", "gcs"),
     ],
@@ -109,7 +110,7 @@ def test_bundled_parquet_is_what_the_generator_makes():
 
 @pytest.mark.parametrize("script", sorted(p.name for p in (ROOT / "examples").glob("*.py")))
 def test_examples_run_as_they_are(script, tmp_path):
-    for prefix, framework in (("torch_", "torch"), ("tf_", "tensorflow")):
+    for prefix, framework in (("torch_", "torch"), ("tf_", "tensorflow"), ("grain_", "grain")):
         if script.startswith(prefix):
             pytest.importorskip(framework)
     result = subprocess.run(

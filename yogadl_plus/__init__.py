@@ -40,18 +40,19 @@ from yogadl_plus.stream import Stream
 from yogadl_plus.stream_stats import StreamStats
 from yogadl_plus.workers import WorkerDied
 
-_ADAPTERS = ("tensorflow", "torch", "keras")
+_ADAPTERS = ("tensorflow", "torch", "keras", "grain")
 
 
 if TYPE_CHECKING:
+    from yogadl_plus.adapters import grain as grain
     from yogadl_plus.adapters import keras as keras
     from yogadl_plus.adapters import tensorflow as tensorflow
     from yogadl_plus.adapters import torch as torch
 
 
 def __getattr__(name: str) -> Any:
-    """``ydl.tensorflow``, ``ydl.torch``, ``ydl.keras``: framework faces, imported (with their
-    framework) only when first used, so ``import yogadl_plus`` imports no framework."""
+    """``ydl.tensorflow``, ``ydl.torch``, ``ydl.keras``, ``ydl.grain``: framework faces, imported
+    (with their framework) only when first used, so ``import yogadl_plus`` imports no framework."""
     if name in _ADAPTERS:
         import importlib
 

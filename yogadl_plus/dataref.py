@@ -83,7 +83,7 @@ class DataRef:
     def __getitem__(self, index: int) -> dict[str, Any]:
         """Record ``index`` (negative counts from the end) as a dict of decoded fields."""
         i = check_index(index, self._len, "DataRef", "record index")
-        return self._layout.decode_record(self._chunks.get(i), self.schema.fields)
+        return self.read_record(i, self.schema.fields)
 
     def get_batch(
         self, indices: Sequence[int] | np.ndarray, fields: Sequence[str] | str | None = None
@@ -123,6 +123,11 @@ class DataRef:
 
     def check_indices(self, indices: Sequence[int] | np.ndarray) -> np.ndarray:
         return check_indices(indices, self._len, "record index")
+
+    def read_record(self, index: int, fields: Sequence[Field]) -> dict[str, Any]:
+        """``self[index]``'s ``fields`` for a checked index: one record read alone costs a
+        few microseconds, a get_batch of one several times that."""
+        return self._layout.decode_record(self._chunks.get(index), fields)
 
     def read_columns(self, indices: np.ndarray, fields: Sequence[Field]) -> dict[str, Any]:
         """get_batch for checked indices and resolved fields (the Stream's hot path). Fields
@@ -171,11 +176,11 @@ class DataRefOnDemand(DataRef):
             state["directory"], manifest, state.get("hold"), state["source"]
         )
 
-    def __getitem__(self, index: int) -> dict[str, Any]:
+    def read_record(self, index: int, fields: Sequence[Field]) -> dict[str, Any]:
         chunks = self._chunks
         chunks.read_begins()
         try:
-            return super().__getitem__(index)
+            return super().read_record(index, fields)
         finally:
             chunks.read_ends()
 

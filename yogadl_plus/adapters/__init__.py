@@ -1,2 +1,2 @@
-"""Framework faces (tf.data, PyTorch, Keras) over Stream and DataRef; each imports its framework
-lazily, only when used."""
+"""Framework faces (tf.data, PyTorch, Keras, Grain) over Stream and DataRef; each imports its
+framework lazily, only when used."""

@@ -60,10 +60,14 @@ class Pin:
     def held(self) -> bool:
         return self._fd is not None
 
+    # Held by the class: a pin collected at interpreter exit (a pipeline that keeps its
+    # DataRef to the end, as grain's does) is released after this module's globals are gone.
+    _close = staticmethod(os.close)
+
     def release(self) -> None:
         fd, self._fd = self._fd, None
         if fd is not None:
-            os.close(fd)  # closing drops the flock
+            self._close(fd)  # closing drops the flock
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (_repin, (self.path, self.create, self.touch))
