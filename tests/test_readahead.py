@@ -241,3 +241,38 @@ def test_a_fork_waits_for_the_hint_being_served(local_storage, monkeypatch):
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
     ref.close()
+
+
+def test_no_read_ahead_thread_outlives_the_exit_handlers(local_storage):
+    # A daemon thread still in an extension when Python finalizes can abort the process
+    # ("terminate called without an active exception", seen once in CI): the read-ahead
+    # threads end while the exit handlers run. The check is an exit handler registered before
+    # yogadl_plus is imported, so it runs after ours.
+    import subprocess
+
+    ydl.cache_dataset(
+        ({"x": np.zeros(64, np.float32)} for _ in range(50_000)),
+        "d",
+        "v",
+        local_storage,
+        chunk_bytes=1_000_000,
+        progress=False,
+    )
+    code = (
+        "import atexit, threading\n"
+        "def check():\n"
+        "    names = [t.name for t in threading.enumerate()]\n"
+        "    print('alive' if 'yogadl-readahead' in names else 'ended', flush=True)\n"
+        "atexit.register(check)\n"
+        "import sys, numpy as np, yogadl_plus as ydl\n"
+        "ref = ydl.LocalStorage(sys.argv[1]).fetch('d', 'v')\n"
+        "ref.read_ahead(np.random.default_rng(0).integers(0, len(ref), 3_000_000))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code, str(local_storage.root)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "ended\n", result.stdout

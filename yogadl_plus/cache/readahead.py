@@ -13,6 +13,7 @@ stale or wrong hint costs speed, not data.
 
 from __future__ import annotations
 
+import atexit
 import collections
 import contextlib
 import os
@@ -197,6 +198,16 @@ def _merged(offsets: np.ndarray, lengths: np.ndarray) -> list[tuple[int, int]]:
     last = np.concatenate((breaks, [len(starts) - 1]))
     begins = starts[first]
     return list(zip(begins.tolist(), (reach[last] - begins).tolist()))
+
+
+@atexit.register
+def _end_threads_at_exit() -> None:
+    # While the interpreter is whole: a daemon thread still inside an extension when Python
+    # finalizes is ended from in there (pthread_exit), and where that unwinds through C++
+    # code the process aborts, "terminate called without an active exception" (CI saw it
+    # once, as a process that had streamed exited).
+    for ahead in list(_ALL):
+        ahead.close()
 
 
 # The read-ahead objects a fork in progress paused (their _busy locks, held by the forking thread).
