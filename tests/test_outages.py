@@ -226,7 +226,9 @@ def test_s3_build_fails_naming_the_url_when_the_outage_lasts(
     outage.join()
     message = str(failed.value)
     assert f"s3://{bucket}/team/d/v/" in message and weed.server.endpoint_url in message
-    assert "cannot reach" in message and "retry_timeout=3 s" in message
+    # A server going down may answer 500s before it stops answering: either way, it is named.
+    assert "cannot reach" in message or "InternalError" in message, message
+    assert "retry_timeout=3 s" in message
     assert elapsed < 2 * CALL_S + 2 * TRY_S + SLACK_S
     # Back up: nothing was published, and the version builds (once the failed builder's
     # lease, which it could not release, has been silent for this builder's lease_ttl).

@@ -80,8 +80,9 @@ class _S3Objects(ObjectStore):
                     f"{where}: access denied ({code}) to {what}: check the credentials "
                     "(AWS_PROFILE, AWS_ACCESS_KEY_ID, or client=) and the bucket's policy"
                 )
-            error = TransientStorageError if code in _TRANSIENT else StorageError
-            return error(f"{where}: {what} failed: {exc}")
+            if code in _TRANSIENT:  # the server's own trouble: say which server
+                return TransientStorageError(f"{where}: {what} failed at {self.endpoint}: {exc}")
+            return StorageError(f"{where}: {what} failed: {exc}")
         if isinstance(exc, bx.NoCredentialsError):
             return StorageError(
                 f"{where}: no AWS credentials found: set AWS_PROFILE or AWS_ACCESS_KEY_ID and "
