@@ -44,36 +44,6 @@ def source(data: DataRef | Mixture, fields: Sequence[str] | str | None = None) -
     return RecordSource(data, fields)
 
 
-def sampler(
-    dataref: DataRef,
-    *,
-    shuffle: bool = False,
-    shuffle_seed: int | None = None,
-    shard_options: Any = None,
-    num_epochs: int | None = None,
-    skip_shuffle_at_epoch_end: bool = False,
-    shuffle_window: int | None = None,
-) -> StreamSampler:
-    """A Grain sampler with ``dataref.stream(...)``'s record order, for ``grain.DataLoader``.
-
-    ``shard_options`` is Grain's (``grain.sharding.ShardOptions``; None: no sharding), given
-    to the DataLoader too (or only here: the DataLoader takes it from its sampler). Shard ``r``
-    of ``S`` reads global positions ``r, r + S, ...`` of each epoch's order, as
-    ``dataref.stream(num_shards=S, shard_rank=r)`` does; with ``drop_remainder=True`` each epoch
-    is first cut to a multiple of ``S`` (``drop_shard_remainder=True``) and every shard's order is
-    exactly that stream's. ``num_epochs=None`` repeats forever.
-    """
-    return StreamSampler(
-        dataref,
-        shuffle=shuffle,
-        shuffle_seed=shuffle_seed,
-        shard_options=shard_options,
-        num_epochs=num_epochs,
-        skip_shuffle_at_epoch_end=skip_shuffle_at_epoch_end,
-        shuffle_window=shuffle_window,
-    )
-
-
 class RecordSource:
     """A DataRef or Mixture as a Grain ``RandomAccessDataSource`` (see ``source``).
 
@@ -129,9 +99,18 @@ class RecordSource:
 
 
 class StreamSampler:
-    """A Grain sampler: ``sampler[k]`` is the ``grain.RecordMetadata`` of global index ``k``,
-    record ``order(k // epoch_length, k % epoch_length)`` of the stream's order (see
-    ``sampler``). A pure function of ``k``: Grain's DataLoader checkpoints resume exactly."""
+    """A Grain sampler with ``dataref.stream(...)``'s record order, for ``grain.DataLoader``
+    (``ydl.grain.sampler``): ``sampler[k]`` is the ``grain.RecordMetadata`` of global index
+    ``k``, record ``order(k // epoch_length, k % epoch_length)``. A pure function of ``k``:
+    Grain's DataLoader checkpoints resume exactly.
+
+    ``shard_options`` is Grain's (``grain.sharding.ShardOptions``; None: no sharding), given
+    to the DataLoader too (or only here: the DataLoader takes it from its sampler). Shard ``r``
+    of ``S`` reads global positions ``r, r + S, ...`` of each epoch's order, as
+    ``dataref.stream(num_shards=S, shard_rank=r)`` does; with ``drop_remainder=True`` each epoch
+    is first cut to a multiple of ``S`` (``drop_shard_remainder=True``) and every shard's order is
+    exactly that stream's. ``num_epochs=None`` repeats forever.
+    """
 
     def __init__(
         self,
@@ -203,3 +182,6 @@ class StreamSampler:
             f"skip_shuffle_at_epoch_end={order.skip_shuffle_at_epoch_end}{window}, "
             f"shard_options={self._shard_options!r}, num_epochs={self.num_epochs})"
         )
+
+
+sampler = StreamSampler  # ydl.grain.sampler(ref, shuffle=..., ...): the name users call

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import itertools
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from yogadl_plus.schema import Schema
 
-__all__ = ["Piece", "Source", "even_cuts", "even_ranges"]
+__all__ = ["Piece", "Source", "even_cuts", "even_ranges", "flatten_into"]
 
 
 class Source(ABC):
@@ -63,6 +63,19 @@ class Piece(Source):
     @property
     def length(self) -> int:
         return self.rows
+
+
+def flatten_into(
+    out: dict[str, Any], prefix: str, item: Mapping[Any, Any], value: Callable[[Any, str], Any]
+) -> None:
+    """Put ``item``'s values in ``out`` under their field names: keys, nested dicts' joined
+    with "/" (under ``prefix``), each value made a record value by ``value(value, name)``."""
+    for key, element in item.items():
+        name = f"{prefix}/{key}" if prefix else str(key)
+        if isinstance(element, Mapping):
+            flatten_into(out, name, element, value)
+        else:
+            out[name] = value(element, name)
 
 
 def even_cuts(sizes: Sequence[int], parts: int) -> list[range]:

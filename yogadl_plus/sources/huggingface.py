@@ -20,7 +20,7 @@ from yogadl_plus import codecs
 from yogadl_plus.errors import SchemaError, missing_extra
 from yogadl_plus.schema import Field, Schema
 from yogadl_plus.sources.arrow import BATCH_ROWS, arrow_field, column_values
-from yogadl_plus.sources.base import Piece, Source, even_ranges
+from yogadl_plus.sources.base import Piece, Source, even_ranges, flatten_into
 
 __all__ = ["IMAGES", "HuggingFaceSource"]
 
@@ -527,16 +527,9 @@ def _python_records(dataset: Any) -> Iterator[dict[str, Any]]:
     with "/", PIL images as arrays), for the build to infer a schema from."""
     for row in dataset.with_format(None):
         record: dict[str, Any] = {}
-        _flatten("", row, record)
+        flatten_into(record, "", row, _python_value)
         yield record
 
 
-def _flatten(prefix: str, row: Mapping[str, Any], out: dict[str, Any]) -> None:
-    for key, value in row.items():
-        name = f"{prefix}/{key}" if prefix else str(key)
-        if isinstance(value, Mapping):
-            _flatten(name, value, out)
-        elif hasattr(value, "getbands"):  # a PIL image
-            out[name] = np.asarray(value)
-        else:
-            out[name] = value
+def _python_value(value: Any, name: str) -> Any:
+    return np.asarray(value) if hasattr(value, "getbands") else value  # a PIL image: its array

@@ -9,7 +9,7 @@ import numpy as np
 
 from yogadl_plus.checks import check_int
 from yogadl_plus.errors import SchemaError
-from yogadl_plus.sources.base import Source, even_ranges
+from yogadl_plus.sources.base import Source, even_ranges, flatten_into
 
 __all__ = ["TorchDatasetSource", "item_to_record"]
 
@@ -46,27 +46,18 @@ def _value(value: Any, name: str) -> Any:
     return value
 
 
-def _flatten(prefix: str, item: Mapping[Any, Any], out: dict[str, Any]) -> None:
-    for key, value in item.items():
-        name = f"{prefix}/{key}" if prefix else str(key)
-        if isinstance(value, Mapping):
-            _flatten(name, value, out)
-        else:
-            out[name] = _value(value, name)
-
-
 def item_to_record(item: Any) -> dict[str, Any]:
     """The record for one ``dataset[i]``: a dict's keys (nested dicts joined with "/"), a
     tuple's or list's positions "0", "1", ... (dict elements flattened under them), or
     "value" for anything else."""
     record: dict[str, Any] = {}
     if isinstance(item, Mapping):
-        _flatten("", item, record)
+        flatten_into(record, "", item, _value)
     elif isinstance(item, (tuple, list)):
         for position, element in enumerate(item):
             name = str(position)
             if isinstance(element, Mapping):
-                _flatten(name, element, record)
+                flatten_into(record, name, element, _value)
             else:
                 record[name] = _value(element, name)
     else:
