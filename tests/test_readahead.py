@@ -276,3 +276,54 @@ def test_no_read_ahead_thread_outlives_the_exit_handlers(local_storage):
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout == "ended\n", result.stdout
+
+
+def test_big_batches_copied_by_two_threads_hold_every_record_whole(local_storage):
+    """A batch past rowcopy.PARALLEL_BYTES is copied half by a helper thread: every byte of
+    every row is its own record's, in both halves."""
+    from yogadl_plus.cache.rowcopy import PARALLEL_BYTES
+
+    ref = _cache(local_storage, "halves", 64, 300_000, chunk_bytes=8 << 20)
+    stream = ref.stream(batch_size=61, shuffle=True, shuffle_seed=4)
+    batch = next(iter(stream))
+    assert batch["x"].nbytes >= PARALLEL_BYTES
+    assert "yogadl-plus-copy" in "".join(t.name for t in threading.enumerate())
+    for row, y in zip(batch["x"], batch["y"]):
+        np.testing.assert_array_equal(row, ref[int(y)]["x"])
+        assert (row == y % 251).all()
+
+
+@pytest.mark.parametrize("rows", [4, 64], ids=["one thread", "two threads"])
+def test_a_record_of_the_wrong_size_is_refused_before_a_byte_is_copied(local_storage, rows):
+    """Values whose length does not match the stored layout are CacheCorrupted naming the
+    field, whichever way the batch is copied."""
+    ref = _cache(local_storage, f"sizes{rows}", rows, 300_000, chunk_bytes=8 << 20)
+    values = [bytes(ref.read_values(np.array([i]))[0]) for i in range(rows)]
+    values[rows // 2 + 1] = values[rows // 2 + 1][:-1]
+    with pytest.raises(ydl.CacheCorrupted, match="field 'x': a record of 300007 bytes"):
+        ref.layout.decode_columns(values, ref.select(["x"]))
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_copies_big_batches_with_its_own_helper(local_storage):
+    """A child forked after the parent copied a big batch has the parent's pool object but
+    not its thread: it makes its own helper instead of waiting on one that is not there."""
+    import multiprocessing
+
+    ref = _cache(local_storage, "forked", 64, 300_000, chunk_bytes=8 << 20)
+    stream = ref.stream(batch_size=64)
+    next(iter(stream))  # the parent's helper exists now
+
+    def child(queue):
+        batch = next(iter(ref.stream(batch_size=64)))
+        queue.put(bool((batch["x"][:, 7] == batch["y"] % 251).all()))
+
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    process = context.Process(target=child, args=(queue,))
+    process.start()
+    process.join(60)
+    if process.is_alive():
+        process.kill()
+        pytest.fail("the forked child hung copying a big batch")
+    assert queue.get(timeout=5) is True

@@ -283,17 +283,24 @@ class Mixture:
             # orders are made together (one table per epoch would cost a Python call each).
             unique, inverse = np.unique(epochs, return_inverse=True)
             return small_orders(size, key, unique)[inverse, positions]
+        first = int(epochs[0])
+        if (epochs == first).all():  # (most blocks of slots read one epoch of each source)
+            return self._permutation(j, key, first).indices(positions)
         out = np.empty_like(positions)
         for epoch in np.unique(epochs).tolist():
             at = epochs == epoch
-            permutation = self._permutations.get((j, key, epoch))
-            if permutation is None:
-                if len(self._permutations) >= _PERMUTATIONS_KEPT:
-                    self._permutations.clear()
-                permutation = Permutation(size, key, epoch)
-                self._permutations[(j, key, epoch)] = permutation
-            out[at] = permutation.indices(positions[at])
+            out[at] = self._permutation(j, key, epoch).indices(positions[at])
         return out
+
+    def _permutation(self, j: int, key: int, epoch: int) -> Permutation:
+        """Source ``j``'s order of its epoch ``epoch`` under ``key``, made once while in use."""
+        permutation = self._permutations.get((j, key, epoch))
+        if permutation is None:
+            if len(self._permutations) >= _PERMUTATIONS_KEPT:
+                self._permutations.clear()
+            permutation = Permutation(len(self.sources[j]), key, epoch)
+            self._permutations[(j, key, epoch)] = permutation
+        return permutation
 
 
 def small_orders(size: int, key: int, epochs: np.ndarray) -> np.ndarray:

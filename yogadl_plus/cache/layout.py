@@ -25,6 +25,7 @@ import numpy as np
 
 from yogadl_plus import codecs
 from yogadl_plus.cache.recycle import ArrayRecycler
+from yogadl_plus.cache.rowcopy import copy_rows
 from yogadl_plus.errors import CacheCorrupted, SchemaError
 from yogadl_plus.schema import Field, Schema
 
@@ -354,18 +355,14 @@ class RecordLayout:
                     f"field {f.name!r}: record sizes do not match the stored schema"
                 )
             return np.frombuffer(buffer, f.dtype).reshape(_stacked(n, f))
-        out = self.recycler.empty(_stacked(n, f), f.dtype)
-        target = out.data.cast("B")
-        size = f.nbytes
         # Records of fixed fields only all have one size: a longer one is as wrong as a short one.
-        record_size = None if self.variable else self.fixed_end
-        position = 0
-        for value in values:
-            if (record_size is not None and len(value) != record_size) or len(value) < stop:
-                raise CacheCorrupted(
-                    f"field {f.name!r}: a record of {len(value)} bytes does not match the stored "
-                    "schema's layout; run storage.verify() and rebuild the version"
-                )
-            target[position : position + size] = value[start:stop]
-            position += size
+        lengths = np.fromiter(map(len, values), np.int64, n)
+        wrong = lengths != self.fixed_end if not self.variable else lengths < stop
+        if wrong.any():
+            raise CacheCorrupted(
+                f"field {f.name!r}: a record of {int(lengths[wrong.argmax()])} bytes does not "
+                "match the stored schema's layout; run storage.verify() and rebuild the version"
+            )
+        out = self.recycler.empty(_stacked(n, f), f.dtype)
+        copy_rows(out.reshape(n, -1).view(np.uint8), values, start, stop)
         return out
