@@ -26,7 +26,7 @@ __all__ = ["PARALLEL_BYTES", "copy_rows"]
 PARALLEL_BYTES = 16 << 20
 
 _lock = threading.Lock()
-_helper: tuple[int, ThreadPoolExecutor] | None = None  # (the pid that made it, the pool)
+_helper: ThreadPoolExecutor | None = None
 
 
 def copy_rows(
@@ -65,13 +65,22 @@ def _copy(
 
 
 def _pool() -> ThreadPoolExecutor | None:
-    """The helper thread's pool, made on first use in each process (a forked child has the
-    parent's pool object but not its thread); None where this process may use one CPU."""
+    """The helper thread's pool, made on first use; None where this process may use one CPU."""
     global _helper
-    pid = os.getpid()
     with _lock:
-        if _helper is None or _helper[0] != pid:
+        if _helper is None:
             if len(os.sched_getaffinity(0)) < 2:
                 return None
-            _helper = (pid, ThreadPoolExecutor(1, thread_name_prefix="yogadl-plus-copy"))
-        return _helper[1]
+            _helper = ThreadPoolExecutor(1, thread_name_prefix="yogadl-plus-copy")
+        return _helper
+
+
+def _forget_helper_after_fork() -> None:
+    # A forked child has the parent's pool object but not its thread (work sent to it would
+    # wait forever), and perhaps a copy of the lock taken by a thread it does not have.
+    global _helper, _lock
+    _helper = None
+    _lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_helper_after_fork)
