@@ -33,8 +33,8 @@ from hypothesis import strategies as st
 
 import yogadl_plus as ydl
 from yogadl_plus import predicates
-from yogadl_plus.boundary import TransformError
 from yogadl_plus.dataref import DataRef
+from yogadl_plus.errors import TransformError
 from yogadl_plus.mixture import Mixture
 from yogadl_plus.proportions import Interleave, shares
 

@@ -182,7 +182,8 @@ def test_processes_of_one_machine_download_once(spec: dict, tmp_path: Path) -> N
 def test_transient_failures_are_retried(spec: dict, tmp_path: Path) -> None:
     import functools
 
-    from yogadl_plus.storage.objects import TransientStorageError, retried
+    from yogadl_plus.errors import TransientStorageError
+    from yogadl_plus.storage.objects import retried
 
     ydl.cache_dataset(records(1000), "d", "v", make_storage(spec, tmp_path / "a"))
     b = make_storage(spec, tmp_path / "b")

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import yogadl_plus as ydl
-from yogadl_plus.boundary import TransformError
+from yogadl_plus.errors import TransformError
 
 N = 600
 

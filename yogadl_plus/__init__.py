@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, Any
 
 from yogadl_plus import codecs, predicates, sources
 from yogadl_plus._version import __version__
-from yogadl_plus.boundary import TransformError
 from yogadl_plus.build import cache_dataset
 from yogadl_plus.dataref import DataRef
 from yogadl_plus.errors import (
@@ -19,14 +18,17 @@ from yogadl_plus.errors import (
     CacheLimitWarning,
     DatasetNotFound,
     MissingExtra,
+    NGramError,
     SchemaError,
     SourceChangedWarning,
     StorageError,
+    TransformError,
+    WorkerDied,
     YogaError,
     missing_extra,
 )
 from yogadl_plus.mixture import Mixture, mix
-from yogadl_plus.ngram import NGram, NGramError
+from yogadl_plus.ngram import NGram
 from yogadl_plus.schema import Field, Schema
 from yogadl_plus.storage import (
     GCSStorage,
@@ -38,7 +40,6 @@ from yogadl_plus.storage import (
 )
 from yogadl_plus.stream import Stream
 from yogadl_plus.stream_stats import StreamStats
-from yogadl_plus.workers import WorkerDied
 
 _ADAPTERS = ("tensorflow", "torch", "keras", "grain")
 

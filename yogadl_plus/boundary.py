@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from yogadl_plus.errors import SchemaError, YogaError
+from yogadl_plus.errors import SchemaError, TransformError
 from yogadl_plus.stream_stats import (
     DECODING,
     PREDICATES,
@@ -50,10 +50,6 @@ __all__ = [
 ]
 
 _NAMED = 8  # records an error message lists for a block
-
-
-class TransformError(YogaError):
-    """The user's transform raised; the message names the record (or window anchor)."""
 
 
 @dataclass

@@ -40,6 +40,56 @@ class MissingExtra(YogaError, ImportError):
     ``pip install 'yogadl_plus[extra]'`` that brings it."""
 
 
+class WorkerDied(YogaError):
+    """A worker process ended without finishing its work (killed, or out of memory)."""
+
+
+class TransformError(YogaError):
+    """The user's transform raised; the message names the record (or window anchor)."""
+
+
+class NGramError(YogaError, ValueError):
+    """The records cannot form n-gram windows (timestamps out of order inside a window)."""
+
+
+class InfiniteDatasetError(YogaError, ValueError):
+    """The tf.data.Dataset never ends (``.repeat()`` without a count), so it cannot be cached."""
+
+
+class TransientStorageError(StorageError):
+    """A failure worth retrying: a dropped connection, a 5xx, throttling."""
+
+
+class NoRoom(StorageError):
+    """A strict ``room`` found the cache full of what is in use (a fetch ahead then waits)."""
+
+
+# --- raised and caught inside yogadl_plus; never reach a user as they are ---
+
+
+class PinGone(Exception):
+    """The pinned thing was removed before the pin was taken (its folder is gone)."""
+
+
+class UnexpectedLayout(Exception):
+    """A chunk file is not laid out as the page map expects: no read-ahead for it."""
+
+
+class RefusedCall(Exception):
+    """A call a Petastorm pickle asked for that a Unischema never needs."""
+
+    def __init__(self, call: str, why: str) -> None:
+        super().__init__(call, why)
+        self.call, self.why = call, why
+
+
+class RemoteTraceback(Exception):
+    """The traceback of an error raised in a worker process (the cause of the error raised)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
 # Top-level module -> (its name for people, the extra of pyproject.toml that installs it).
 _EXTRAS = {
     "torch": ("PyTorch", "torch"),

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from yogadl_plus.checks import check_bool
-from yogadl_plus.errors import SchemaError, YogaError
+from yogadl_plus.errors import NGramError, SchemaError
 
 if TYPE_CHECKING:
     from yogadl_plus.dataref import DataRef
@@ -39,10 +39,6 @@ _TS_BLOCK = 65536
 _MAX_OFFSET = 2**62
 # Units without a fixed length cannot bound a gap between two instants.
 _UNFIXED_UNITS = ("generic", "Y", "M")
-
-
-class NGramError(YogaError, ValueError):
-    """The records cannot form n-gram windows (timestamps out of order inside a window)."""
 
 
 def _check_offset(key: object) -> int:

@@ -47,8 +47,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from yogadl_plus.boundary import TransformError
-from yogadl_plus.errors import YogaError
+from yogadl_plus.errors import RemoteTraceback, TransformError, WorkerDied
 from yogadl_plus.shared_buffers import SharedRing
 
 __all__ = [
@@ -74,10 +73,6 @@ _PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 _ORPHANED = 70  # the exit status of a worker that ended because its parent died
 
 _LIVE_POOLS: weakref.WeakSet[OrderedPool] = weakref.WeakSet()
-
-
-class WorkerDied(YogaError):
-    """A worker process ended without finishing its work (killed, or out of memory)."""
 
 
 class Task(Protocol):
@@ -589,13 +584,6 @@ def _signal_name(number: int) -> str:
         return f"signal {number}"
 
 
-class _RemoteTraceback(Exception):
-    """The traceback of an error raised in a worker process (the cause of the error raised)."""
-
-    def __str__(self) -> str:
-        return str(self.args[0])
-
-
 def error_payload(exc: BaseException) -> bytes:
     """``exc`` as bytes another process can send back, to be raised there by ``raised_from``
     (with its traceback, also when the error itself cannot be pickled)."""
@@ -623,7 +611,7 @@ def raised_from(payload: bytes, what: Callable[[], str]) -> BaseException:
             f"a worker process failed on {what()} with {summary} (that error cannot be sent "
             "back as it is; its traceback is the cause)"
         )
-    exc.__cause__ = _RemoteTraceback(f'\n"""\n{text}"""')
+    exc.__cause__ = RemoteTraceback(f'\n"""\n{text}"""')
     return exc
 
 

@@ -20,9 +20,9 @@ from dataclasses import dataclass
 
 from yogadl_plus.build.records import write_records
 from yogadl_plus.cache.manifest import ChunkInfo
+from yogadl_plus.errors import TransientStorageError
 from yogadl_plus.schema import Schema
 from yogadl_plus.sources.base import Source
-from yogadl_plus.storage.objects import TransientStorageError
 from yogadl_plus.storage.sink import ChunkSink, part_prefix
 
 __all__ = [

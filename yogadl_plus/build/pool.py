@@ -31,10 +31,9 @@ from yogadl_plus.build.parts import (
 )
 from yogadl_plus.build.records import INFER_RECORDS, caching_bar, finish_version
 from yogadl_plus.cache.manifest import Manifest
-from yogadl_plus.errors import CacheCorrupted, YogaError, missing_extra
+from yogadl_plus.errors import CacheCorrupted, WorkerDied, YogaError, missing_extra
 from yogadl_plus.schema import Schema, infer_schema
 from yogadl_plus.sources.base import Source
-from yogadl_plus.workers import WorkerDied
 
 if TYPE_CHECKING:
     from yogadl_plus.storage.base import Storage

@@ -31,11 +31,10 @@ from yogadl_plus.build.parts import (
 )
 from yogadl_plus.build.records import finish_version
 from yogadl_plus.cache.manifest import Manifest
-from yogadl_plus.errors import CacheCorrupted, SchemaError, YogaError
+from yogadl_plus.errors import CacheCorrupted, SchemaError, WorkerDied, YogaError
 from yogadl_plus.schema import Schema
 from yogadl_plus.sources.spark import SparkDataFrameSource, SparkPartition
 from yogadl_plus.storage.sink import ChunkSink
-from yogadl_plus.workers import WorkerDied
 
 if TYPE_CHECKING:
     from yogadl_plus.storage.base import Storage

@@ -17,6 +17,7 @@ import struct
 import numpy as np
 
 from yogadl_plus.cache.keys import IDENTITY_KEY, KEY_BYTES
+from yogadl_plus.errors import UnexpectedLayout
 
 __all__ = ["PageMap", "page_map"]
 
@@ -34,10 +35,6 @@ _MAX_LEAF_PAGES = 1 << 14
 
 
 _IDENTITY = int.from_bytes(IDENTITY_KEY, "big")
-
-
-class _Unexpected(Exception):
-    """The file is not laid out as this module expects: no read-ahead for it."""
 
 
 class PageMap:
@@ -68,7 +65,7 @@ def page_map(fd: int, records: int) -> PageMap | None:
     """The spans of a chunk's ``records`` records, or None where the file is not as expected."""
     try:
         return _Walk(fd).run(records)
-    except (_Unexpected, OSError, struct.error, ValueError, IndexError):
+    except (UnexpectedLayout, OSError, struct.error, ValueError, IndexError):
         return None
 
 
@@ -80,23 +77,23 @@ class _Walk:
 
     def read_page(self, pgno: int) -> bytes:
         if not 2 <= pgno < self.file_pages:
-            raise _Unexpected(f"page {pgno} outside the file")
+            raise UnexpectedLayout(f"page {pgno} outside the file")
         data = os.pread(self.fd, self.page_size, pgno * self.page_size)
         if len(data) != self.page_size:
-            raise _Unexpected("short read")
+            raise UnexpectedLayout("short read")
         return data
 
     def run(self, records: int) -> PageMap:
         first = os.pread(self.fd, 4096, 0)
         self.page_size = _DB.unpack_from(first, _PAGE_HEADER + _META.size)[0]
         if self.page_size < 512 or self.page_size & (self.page_size - 1):
-            raise _Unexpected("page size")
+            raise UnexpectedLayout("page size")
         size = os.fstat(self.fd).st_size
         self.file_pages = size // self.page_size
         metas = [self._meta(os.pread(self.fd, self.page_size, n * self.page_size)) for n in (0, 1)]
         _, root, depth, overflow = max(m for m in metas if m is not None)
         if root == _INVALID_PAGE or depth < 1:
-            raise _Unexpected("empty tree")
+            raise UnexpectedLayout("empty tree")
         # Walk the branch levels down to the leaves, in key order.
         # Each level: the first local index under each page, and the page numbers.
         leaf_first, leaf_pgno = np.zeros(1, np.int64), np.array([root], np.int64)
@@ -121,7 +118,7 @@ class _Walk:
         flags = struct.unpack_from("<H", page, 10)[0]
         magic = _META.unpack_from(page, _PAGE_HEADER)[0]
         if not flags & _P_META or magic != _MAGIC:
-            raise _Unexpected("not an LMDB meta page")
+            raise UnexpectedLayout("not an LMDB meta page")
         main = _DB.unpack_from(page, _PAGE_HEADER + _META.size + _DB.size)
         depth, overflow, root = main[2], main[5], main[7]
         txnid = struct.unpack_from("<Q", page, _PAGE_HEADER + _META.size + 2 * _DB.size + 8)[0]
@@ -131,10 +128,10 @@ class _Walk:
         """The number of nodes of a page of ``kind`` (branch or leaf), from its header."""
         flags, lower = struct.unpack_from("<HH", page, 10)
         if not flags & kind:
-            raise _Unexpected("page of another kind")
+            raise UnexpectedLayout("page of another kind")
         count = (lower - _PAGE_HEADER) >> 1
         if not 0 <= count <= self.page_size // 2:
-            raise _Unexpected("node count")
+            raise UnexpectedLayout("node count")
         return int(count)
 
     def _nodes(self, page: bytes, kind: int) -> list[tuple[int, int, int, bytes, int]]:
@@ -156,7 +153,7 @@ class _Walk:
         count = self._node_count(raw, _P_BRANCH)
         at = np.frombuffer(raw, dtype="<u2", count=count, offset=_PAGE_HEADER).astype(np.int64)
         if count and (at.min() < _PAGE_HEADER or at.max() + _NODE.size > self.page_size):
-            raise _Unexpected("node outside its page")
+            raise UnexpectedLayout("node outside its page")
         words = page[at[:, None] + np.arange(_NODE.size)].astype(np.int64)
         lo, hi, node_flags, key_size = (
             words[:, 2 * k] | words[:, 2 * k + 1] << 8 for k in range(4)
@@ -166,7 +163,7 @@ class _Walk:
         # records. The first node's key is implicit: its subtree starts where the page's does.
         is_record = key_size == KEY_BYTES
         if (at[is_record] + _NODE.size + KEY_BYTES > self.page_size).any():
-            raise _Unexpected("key outside its page")
+            raise UnexpectedLayout("key outside its page")
         keys = page[np.minimum(at[:, None] + _NODE.size + np.arange(KEY_BYTES), self.page_size - 1)]
         first = np.zeros(count, dtype=np.int64)
         for byte in range(KEY_BYTES):
@@ -184,7 +181,7 @@ class _Walk:
                 continue
             value_page = struct.unpack_from("<Q", page, data_at)[0]
             if not 2 <= value_page < self.file_pages:
-                raise _Unexpected("overflow page outside the file")
+                raise UnexpectedLayout("overflow page outside the file")
             offsets[local] = value_page * self.page_size + _PAGE_HEADER
             lengths[local] = lo | hi << 16
 

@@ -26,7 +26,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from yogadl_plus import codecs
-from yogadl_plus.errors import SchemaError
+from yogadl_plus.errors import RefusedCall, SchemaError
 from yogadl_plus.schema import Field, Schema
 from yogadl_plus.sources.arrow import arrow_to_schema, column_values
 from yogadl_plus.sources.parquet import NULL_PARTITION, ParquetSource, resolve_paths
@@ -51,7 +51,7 @@ class _StandIn:
         if isinstance(state, tuple) and len(state) == 2 and state[1] is None:
             state = state[0]  # (dict state, no slot state), as protocol 2+ may write it
         if not isinstance(state, dict):
-            raise _Refused(f"{type(self).__name__}.__setstate__(...)", "a state is a dict")
+            raise RefusedCall(f"{type(self).__name__}.__setstate__(...)", "a state is a dict")
         for name in self._KEPT:
             if name in state:
                 setattr(self, name, state[name])
@@ -110,7 +110,7 @@ def _ordered_dict(*args: Any, **kwargs: Any) -> collections.OrderedDict[Any, Any
     """``collections.OrderedDict()`` as its pickles call it: empty (the items follow), so
     that no other container of the pickle can be copied into one."""
     if args or kwargs:
-        raise _Refused("collections.OrderedDict(...)", "an OrderedDict is pickled empty")
+        raise RefusedCall("collections.OrderedDict(...)", "an OrderedDict is pickled empty")
     return collections.OrderedDict()
 
 
@@ -120,26 +120,18 @@ class _Dtype:
 
     def __init__(self, spec: str, align: bool = False, copy: bool = False) -> None:
         if not isinstance(spec, str) or len(spec) > _DTYPE_SPEC_CHARS:
-            raise _Refused(f"numpy.dtype({spec!r:.40})", "a dtype is named by a short string")
+            raise RefusedCall(f"numpy.dtype({spec!r:.40})", "a dtype is named by a short string")
         try:
             dtype = np.dtype(spec)
         except (TypeError, ValueError):
-            raise _Refused(f"numpy.dtype({spec!r})", "numpy does not know it") from None
+            raise RefusedCall(f"numpy.dtype({spec!r})", "numpy does not know it") from None
         if dtype.fields is not None or dtype.subdtype is not None or dtype.kind not in "biufcmMSU":
-            raise _Refused(f"numpy.dtype({spec!r})", "a field's dtype is one plain type")
+            raise RefusedCall(f"numpy.dtype({spec!r})", "a field's dtype is one plain type")
         self.dtype = dtype
 
     def __setstate__(self, state: tuple[Any, ...]) -> None:
         if len(state) > 1 and state[1] in ("<", ">"):
             self.dtype = self.dtype.newbyteorder(state[1])
-
-
-class _Refused(Exception):
-    """A call the pickle asked for that a Unischema never needs."""
-
-    def __init__(self, call: str, why: str) -> None:
-        super().__init__(call, why)
-        self.call, self.why = call, why
 
 
 class _Name:
@@ -154,7 +146,7 @@ class _Name:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         shown = ", ".join([*(f"{a!r:.40}" for a in args), *(f"{k}=..." for k in kwargs)])
-        raise _Refused(f"{self.name}({shown})", "a Unischema only names this type")
+        raise RefusedCall(f"{self.name}({shown})", "a Unischema only names this type")
 
     def __repr__(self) -> str:
         return self.name
@@ -166,7 +158,7 @@ def _reconstructor(cls: type, base: Any, state: Any) -> Any:
     if cls is _UnischemaField and base is _TUPLE and isinstance(state, tuple) and len(state) <= 5:
         return _UnischemaField(*state)
     if cls not in _STAND_INS or base is not _OBJECT or state is not None:
-        raise _Refused(f"copyreg._reconstructor({cls!r}, {base!r}, ...)", "not a stand-in")
+        raise RefusedCall(f"copyreg._reconstructor({cls!r}, {base!r}, ...)", "not a stand-in")
     return object.__new__(cls)
 
 
@@ -231,7 +223,7 @@ def load_unischema(data: bytes, where: str) -> list[_UnischemaField]:
         found = _RestrictedUnpickler(data, where).load()
     except SchemaError:
         raise
-    except _Refused as refused:
+    except RefusedCall as refused:
         raise SchemaError(
             f"{where}: refusing to call {refused.call} from the Petastorm schema ({refused.why}): "
             "a Unischema is made of Petastorm, numpy and pyspark type names and plain values "

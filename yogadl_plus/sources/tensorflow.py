@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from yogadl_plus.errors import SchemaError, YogaError
+from yogadl_plus.errors import InfiniteDatasetError, SchemaError
 from yogadl_plus.schema import Field, Schema
 from yogadl_plus.sources.base import Source
 
@@ -27,10 +27,6 @@ __all__ = ["InfiniteDatasetError", "TFDatasetSource", "leaf_paths"]
 _READ_BATCH = 1024
 
 Path = tuple[Any, ...]
-
-
-class InfiniteDatasetError(YogaError, ValueError):
-    """The tf.data.Dataset never ends (``.repeat()`` without a count), so it cannot be cached."""
 
 
 def _is_sequence(spec: Any) -> bool:

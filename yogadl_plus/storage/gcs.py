@@ -7,12 +7,11 @@ import os
 import warnings
 from typing import Any
 
-from yogadl_plus.errors import StorageError, missing_extra
+from yogadl_plus.errors import StorageError, TransientStorageError, missing_extra
 from yogadl_plus.storage.objects import (
     DEFAULT_RETRY_TIMEOUT,
     ObjectStore,
     Retries,
-    TransientStorageError,
     object_gone,
     retried,
 )

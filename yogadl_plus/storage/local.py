@@ -38,9 +38,9 @@ from yogadl_plus.cache.manifest import (
     write_durably,
 )
 from yogadl_plus.dataref import DataRef
-from yogadl_plus.errors import CacheCorrupted, DatasetNotFound, StorageError, unwritable
+from yogadl_plus.errors import CacheCorrupted, DatasetNotFound, PinGone, StorageError, unwritable
 from yogadl_plus.storage.base import Storage, check_name
-from yogadl_plus.storage.pins import Pin, PinGone, Pins, exclusively
+from yogadl_plus.storage.pins import Pin, Pins, exclusively
 
 __all__ = [
     "LocalStorage",

@@ -38,9 +38,9 @@ from filelock import FileLock, Timeout
 from yogadl_plus.cache.integrity import STAMP_SUFFIX, stamp
 from yogadl_plus.cache.manifest import MANIFEST_NAME, ChunkInfo, Manifest, write_durably
 from yogadl_plus.checks import check_int
-from yogadl_plus.errors import CacheLimitWarning, StorageError, unwritable
+from yogadl_plus.errors import CacheLimitWarning, NoRoom, PinGone, StorageError, unwritable
 from yogadl_plus.storage.local import LocalStorage, build_pin_path
-from yogadl_plus.storage.pins import Pin, PinGone, Pins, exclusively
+from yogadl_plus.storage.pins import Pin, Pins, exclusively
 
 __all__ = ["AHEAD_PIN", "CHUNK_PIN", "FETCHING", "SMALL_FILES", "LocalCache", "NoRoom"]
 
@@ -61,10 +61,6 @@ _PIN_ATTEMPTS = 200
 _ROOM_WAIT_S = 5.0
 # How often a waiter for a lock held briefly (space) or by a fetch (a chunk) tries it again.
 _POLL_S = 0.002
-
-
-class NoRoom(StorageError):
-    """A strict ``room`` found the cache full of what is in use (a fetch ahead then waits)."""
 
 
 class LocalCache:

@@ -25,7 +25,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
-from yogadl_plus.errors import StorageError, YogaError
+from yogadl_plus.errors import StorageError, TransientStorageError, YogaError
 
 __all__ = [
     "DEFAULT_RETRY_TIMEOUT",
@@ -40,10 +40,6 @@ T = TypeVar("T")
 
 DEFAULT_RETRY_TIMEOUT = 120.0  # seconds: rides out a restart of the store, a network blip
 MIN_TRY_TIMEOUT = 5.0  # a healthy server is never this long silent; a short budget stops here
-
-
-class TransientStorageError(StorageError):
-    """A failure worth retrying: a dropped connection, a 5xx, throttling."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -25,8 +25,8 @@ from typing import Any
 
 from yogadl_plus.cache.integrity import check_chunk, stamp
 from yogadl_plus.cache.manifest import ChunkInfo
-from yogadl_plus.errors import CacheCorrupted, StorageError, YogaError, unwritable
-from yogadl_plus.storage.localcache import FETCHING, SMALL_FILES, LocalCache, NoRoom
+from yogadl_plus.errors import CacheCorrupted, NoRoom, StorageError, YogaError, unwritable
+from yogadl_plus.storage.localcache import FETCHING, SMALL_FILES, LocalCache
 from yogadl_plus.storage.objects import ObjectStore
 from yogadl_plus.storage.pins import Pin
 

@@ -18,13 +18,9 @@ import uuid
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from yogadl_plus.errors import DatasetNotFound
+from yogadl_plus.errors import DatasetNotFound, PinGone
 
 __all__ = ["Pin", "PinGone", "Pins", "exclusively"]
-
-
-class PinGone(Exception):
-    """The pinned thing was removed before the pin was taken (its folder is gone)."""
 
 
 class Pin:
