@@ -21,9 +21,8 @@ from typing import TYPE_CHECKING, Any, cast
 
 import keras
 
-from yogadl_plus.cache.integrity import file_sha256
-from yogadl_plus.cache.manifest import fsync_dir
 from yogadl_plus.errors import CacheCorrupted
+from yogadl_plus.files import file_sha256, fsync_dir
 
 if TYPE_CHECKING:
     from yogadl_plus.stream import Stream

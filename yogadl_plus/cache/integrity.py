@@ -15,7 +15,6 @@ costs a re-hash, nothing else. Stamps are written without fsync for that reason.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import uuid
@@ -23,13 +22,13 @@ from typing import NamedTuple
 
 from yogadl_plus.cache.manifest import ChunkInfo
 from yogadl_plus.errors import CacheCorrupted, unreadable
+from yogadl_plus.files import file_sha256
 
 __all__ = [
     "DAMAGED",
     "STAMP_SUFFIX",
     "FileState",
     "check_chunk",
-    "file_sha256",
     "file_state",
     "same_bytes",
     "stamp",
@@ -58,14 +57,6 @@ class FileState(NamedTuple):
 def file_state(path: str) -> FileState:
     st = os.stat(path)
     return FileState(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-
-
-def file_sha256(path: str, block: int = 1 << 22) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(block):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def check_chunk(

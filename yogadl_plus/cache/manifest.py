@@ -9,7 +9,6 @@ field, never records served from the wrong place.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
@@ -21,7 +20,8 @@ from datetime import datetime, timezone
 from typing import Any
 
 from yogadl_plus.checks import check_name
-from yogadl_plus.errors import CacheCorrupted, SchemaError, unreadable, unwritable
+from yogadl_plus.errors import CacheCorrupted, SchemaError, unreadable
+from yogadl_plus.files import write_durably
 from yogadl_plus.schema import Schema
 
 __all__ = [
@@ -30,10 +30,8 @@ __all__ = [
     "MAX_CHUNK_RECORDS",
     "ChunkInfo",
     "Manifest",
-    "bytes_sha256",
     "new_chunk_id",
     "schema_digest",
-    "write_durably",
 ]
 
 # 2: every chunk has an id, stored in the chunk too (see ChunkWriter), with its counts and the
@@ -373,35 +371,3 @@ class _Checker:
             if version >= 2
             else "",
         )
-
-
-def write_durably(path: str, data: bytes) -> None:
-    """Replace ``path`` by ``data`` whole or not at all: temp file, fsync, rename, and the
-    folder's entry made durable too."""
-    temp = f"{path}.{uuid.uuid4().hex[:8]}.tmp"
-    try:
-        with open(temp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(temp, path)
-    except BaseException as exc:
-        with contextlib.suppress(OSError):
-            os.remove(temp)
-        if isinstance(exc, OSError):
-            raise unwritable(path, exc) from exc
-        raise
-    fsync_dir(os.path.dirname(path) or ".")
-
-
-def fsync_dir(path: str) -> None:
-    """Make the entries of folder ``path`` (a rename, a new file) survive a power cut."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def bytes_sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()

@@ -11,10 +11,11 @@ from typing import Any
 import lmdb
 import numpy as np
 
-from yogadl_plus.cache.integrity import file_sha256, stamp
+from yogadl_plus.cache.integrity import stamp
 from yogadl_plus.cache.keys import IDENTITY_KEY, KEY_BYTES, column_key, record_keys
 from yogadl_plus.cache.manifest import MAX_CHUNK_RECORDS, ChunkInfo, new_chunk_id
 from yogadl_plus.errors import CacheCorrupted, unwritable
+from yogadl_plus.files import file_sha256
 
 __all__ = [
     "DEFAULT_CHUNK_BYTES",

@@ -29,16 +29,10 @@ from collections.abc import Iterator
 
 from filelock import FileLock
 
-from yogadl_plus.cache.manifest import (
-    MANIFEST_NAME,
-    ChunkInfo,
-    Manifest,
-    fsync_dir,
-    read_manifest_bytes,
-    write_durably,
-)
+from yogadl_plus.cache.manifest import MANIFEST_NAME, ChunkInfo, Manifest, read_manifest_bytes
 from yogadl_plus.dataref import DataRef
 from yogadl_plus.errors import CacheCorrupted, DatasetNotFound, PinGone, StorageError, unwritable
+from yogadl_plus.files import fsync_dir, write_durably
 from yogadl_plus.storage.base import Storage, check_name
 from yogadl_plus.storage.pins import Pin, Pins, exclusively
 

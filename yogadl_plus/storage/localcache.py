@@ -36,9 +36,10 @@ from collections.abc import Callable, Iterator, Sequence
 from filelock import FileLock, Timeout
 
 from yogadl_plus.cache.integrity import STAMP_SUFFIX, stamp
-from yogadl_plus.cache.manifest import MANIFEST_NAME, ChunkInfo, Manifest, write_durably
+from yogadl_plus.cache.manifest import MANIFEST_NAME, ChunkInfo, Manifest
 from yogadl_plus.checks import check_int
 from yogadl_plus.errors import CacheLimitWarning, NoRoom, PinGone, StorageError, unwritable
+from yogadl_plus.files import write_durably
 from yogadl_plus.storage.local import LocalStorage, build_pin_path
 from yogadl_plus.storage.pins import Pin, Pins, exclusively
 
