@@ -224,13 +224,21 @@ class _ValueSet:
         raise TypeError(f"expected an array value, got {value!r} of type {type(value).__name__}")
 
 
-class _InSet(Predicate):
+class _FieldInValues(Predicate):
+    """A predicate on one field and a set of values (``kind`` names it in messages)."""
+
+    kind = ""
+
     def __init__(self, field: str, values: Iterable[Any]) -> None:
-        self.field = _check_field_name("in_set: field", field)
-        self._set = _ValueSet("in_set", values)
+        self.field = _check_field_name(f"{self.kind}: field", field)
+        self._set = _ValueSet(self.kind, values)
 
     def get_fields(self) -> frozenset[str]:
         return frozenset((self.field,))
+
+
+class _InSet(_FieldInValues):
+    kind = "in_set"
 
     def _unhashable(self, value: Any) -> TypeError:
         return TypeError(
@@ -280,13 +288,8 @@ def _hashable(value: Any) -> bool:
     return True
 
 
-class _InIntersection(Predicate):
-    def __init__(self, field: str, values: Iterable[Any]) -> None:
-        self.field = _check_field_name("in_intersection: field", field)
-        self._set = _ValueSet("in_intersection", values)
-
-    def get_fields(self) -> frozenset[str]:
-        return frozenset((self.field,))
+class _InIntersection(_FieldInValues):
+    kind = "in_intersection"
 
     def include(self, values: Mapping[str, Any]) -> bool:
         return self._set.any_in(_get_value(values, self.field, self))
