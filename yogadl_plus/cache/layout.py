@@ -24,9 +24,9 @@ from typing import Any
 import numpy as np
 
 from yogadl_plus import codecs
+from yogadl_plus.cache.fixed import Allocate, FixedColumns
 from yogadl_plus.cache.recycle import ArrayRecycler
-from yogadl_plus.cache.rowcopy import copy_rows
-from yogadl_plus.errors import CacheCorrupted, SchemaError
+from yogadl_plus.errors import SchemaError
 from yogadl_plus.schema import Field, Schema
 
 __all__ = ["MAX_RECORD_BYTES", "RecordLayout"]
@@ -39,32 +39,6 @@ _TOO_LARGE_FIX = (
     "split the value across records or fields, or store it elsewhere (a file or object store) "
     "and cache a reference to it (its path or URL)"
 )
-# Unselected bytes a bulk copy may carry along before per-field copies become cheaper.
-_SPAN_SLACK_BYTES = 4096
-# Many bytes of one field are copied into an array numpy allocates (which asks the kernel for
-# huge pages) instead of joined into a bytearray: past glibc's 32 MiB mmap threshold, every
-# join gets fresh 4 KiB pages, a page fault each.
-_GATHER_INTO_ARRAY_BYTES = 1 << 20
-# Records whose selected span is at least this big are copied field by field straight into
-# each field's array: one copy of their bytes instead of two (a structured copy and a split),
-# while the slicing that costs per record stays small next to the bytes.
-_SPLIT_RECORD_BYTES = 4096
-
-
-def _struct_dtype(fields: Sequence[Field], offsets: list[int], itemsize: int) -> np.dtype:
-    """A structured dtype viewing fixed fields at ``offsets`` of ``itemsize``-byte records."""
-    spec: Any = {
-        "names": [f.name for f in fields],
-        "formats": [(f.dtype, f.shape) if f.shape else f.dtype for f in fields],
-        "offsets": offsets,
-        "itemsize": itemsize,
-    }
-    return np.dtype(spec)
-
-
-def _stacked(n: int, field: Field) -> tuple[int, ...]:
-    """The shape of ``n`` values of a fixed-shape field stacked together."""
-    return (n, *(int(d) for d in field.shape if d is not None))
 
 
 class RecordLayout:
@@ -104,7 +78,8 @@ class RecordLayout:
         self._variable_encoders = [(n, e) for n, f, e in self._encoders if not f.fixed]
         self._bitmap_zero = bytes(self.bitmap_bytes)
         self._decoders = {f.name: self._field_decoder(f) for f in schema}
-        self._plans: dict[tuple[Field, ...], tuple[int, int, np.dtype | None, bool]] = {}
+        plain = not self.variable and not self.bitmap_bytes
+        self._fixed_columns = FixedColumns(self.offset, self.fixed_end, plain)
         # Big batch arrays reuse the memory of those the caller dropped (see cache/recycle.py).
         self.recycler = ArrayRecycler()
 
@@ -285,84 +260,20 @@ class RecordLayout:
         return {f.name: decoders[f.name](data) for f in fields}
 
     def decode_columns(
-        self, values: Sequence[memoryview | bytes], fields: Sequence[Field]
+        self,
+        values: Sequence[memoryview | bytes],
+        fields: Sequence[Field],
+        allocate: Allocate | None = None,
     ) -> dict[str, Any]:
-        """Fields of many records: fixed fields stacked in one vectorized step, others in lists."""
+        """Fields of many records: fixed fields stacked in one vectorized step, others in lists.
+        Big arrays are made by ``allocate`` (np.empty's contract; a worker process's shared
+        ring), by default in memory this layout recycles (cache/recycle.py)."""
         out: dict[str, Any] = {}
         fixed = tuple(f for f in fields if f.fixed)
         if fixed:
-            out.update(self._decode_fixed(values, fixed))
+            out.update(self._fixed_columns.decode(values, fixed, allocate or self.recycler.empty))
         for f in fields:
             if not f.fixed:
                 decode = self._decoders[f.name]
                 out[f.name] = [decode(v) for v in values]
         return {f.name: out[f.name] for f in fields}
-
-    def _fixed_plan(self, fields: tuple[Field, ...]) -> tuple[int, int, np.dtype | None, bool]:
-        """(lo, hi, struct dtype, whole) for bulk-decoding ``fields``; dtype None means one copy
-        per field (large unselected fixed fields lie between the selected ones)."""
-        plan = self._plans.get(fields)
-        if plan is None:
-            lo = min(self.offset[f.name] for f in fields)
-            hi = max(self.offset[f.name] + f.nbytes for f in fields)
-            selected = sum(f.nbytes for f in fields)
-            one_field = len(fields) == 1 and hi - lo == selected
-            if (hi - lo) - selected > max(_SPAN_SLACK_BYTES, selected) or (
-                hi - lo >= _SPLIT_RECORD_BYTES and not one_field
-            ):
-                plan = (lo, hi, None, False)
-            else:
-                whole = (
-                    lo == 0 and hi == self.fixed_end and not self.variable and not self.bitmap_bytes
-                )
-                offsets = [self.offset[f.name] - lo for f in fields]
-                plan = (lo, hi, _struct_dtype(fields, offsets, hi - lo), whole)
-            self._plans[fields] = plan
-        return plan
-
-    def _decode_fixed(
-        self, values: Sequence[memoryview | bytes], fields: tuple[Field, ...]
-    ) -> dict[str, np.ndarray]:
-        n = len(values)
-        lo, hi, dtype, whole = self._fixed_plan(fields)
-        if dtype is None or (
-            len(fields) == 1
-            and hi - lo == fields[0].nbytes
-            and n * (hi - lo) >= _GATHER_INTO_ARRAY_BYTES
-        ):
-            return {f.name: self._decode_one_fixed(values, f) for f in fields}
-        # A record that is all selected fixed fields is copied as is, without slicing.
-        buffer = bytearray().join(values if whole else [v[lo:hi] for v in values])
-        if len(buffer) != n * (hi - lo):
-            raise CacheCorrupted(
-                f"record sizes do not match the stored schema's layout ({len(buffer)} bytes for "
-                f"{n} records of {hi - lo}); run storage.verify() and rebuild the version"
-            )
-        if len(fields) == 1 and hi - lo == fields[0].nbytes:
-            # The record region is exactly this field: reinterpret, no copy.
-            f = fields[0]
-            return {f.name: np.frombuffer(buffer, f.dtype).reshape(_stacked(n, f))}
-        rows = np.frombuffer(buffer, dtype, n)
-        return {f.name: np.ascontiguousarray(rows[f.name]) for f in fields}
-
-    def _decode_one_fixed(self, values: Sequence[memoryview | bytes], f: Field) -> np.ndarray:
-        start, stop = self.offset[f.name], self.offset[f.name] + f.nbytes
-        n = len(values)
-        if n * f.nbytes < _GATHER_INTO_ARRAY_BYTES:
-            buffer = bytearray().join([v[start:stop] for v in values])
-            if len(buffer) != n * f.nbytes:
-                raise CacheCorrupted(
-                    f"field {f.name!r}: record sizes do not match the stored schema"
-                )
-            return np.frombuffer(buffer, f.dtype).reshape(_stacked(n, f))
-        # Records of fixed fields only all have one size: a longer one is as wrong as a short one.
-        lengths = np.fromiter(map(len, values), np.int64, n)
-        wrong = lengths != self.fixed_end if not self.variable else lengths < stop
-        if wrong.any():
-            raise CacheCorrupted(
-                f"field {f.name!r}: a record of {int(lengths[wrong.argmax()])} bytes does not "
-                "match the stored schema's layout; run storage.verify() and rebuild the version"
-            )
-        out = self.recycler.empty(_stacked(n, f), f.dtype)
-        copy_rows(out.reshape(n, -1).view(np.uint8), values, start, stop)
-        return out

@@ -1,0 +1,135 @@
+"""Fixed-shape fields of many records, decoded into stacked arrays in one vectorized step.
+
+The fixed region of every record value has the same layout (cache/layout.py), so the selected
+fields of a batch come out of one join of the records' bytes viewed with a structured dtype, or,
+for large values, of one copy per field straight into its array.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from yogadl_plus.cache.rowcopy import copy_rows
+from yogadl_plus.errors import CacheCorrupted
+from yogadl_plus.schema import Field
+
+__all__ = ["Allocate", "FixedColumns"]
+
+# np.empty's contract: where big decoded arrays are made.
+Allocate = Callable[[tuple[int, ...], Any], np.ndarray]
+
+# Unselected bytes a bulk copy may carry along before per-field copies become cheaper.
+_SPAN_SLACK_BYTES = 4096
+# Many bytes of one field are copied into an array numpy allocates (which asks the kernel for
+# huge pages) instead of joined into a bytearray: past glibc's 32 MiB mmap threshold, every
+# join gets fresh 4 KiB pages, a page fault each.
+_GATHER_INTO_ARRAY_BYTES = 1 << 20
+# Records whose selected span is at least this big are copied field by field straight into
+# each field's array: one copy of their bytes instead of two (a structured copy and a split),
+# while the slicing that costs per record stays small next to the bytes.
+_SPLIT_RECORD_BYTES = 4096
+
+
+def _struct_dtype(fields: Sequence[Field], offsets: list[int], itemsize: int) -> np.dtype:
+    """A structured dtype viewing fixed fields at ``offsets`` of ``itemsize``-byte records."""
+    spec: Any = {
+        "names": [f.name for f in fields],
+        "formats": [(f.dtype, f.shape) if f.shape else f.dtype for f in fields],
+        "offsets": offsets,
+        "itemsize": itemsize,
+    }
+    return np.dtype(spec)
+
+
+def _stacked(n: int, field: Field) -> tuple[int, ...]:
+    """The shape of ``n`` values of a fixed-shape field stacked together."""
+    return (n, *(int(d) for d in field.shape if d is not None))
+
+
+class FixedColumns:
+    """Decodes fixed fields at ``offsets`` of records whose fixed region ends at ``fixed_end``;
+    ``plain``: records hold the fixed region only (no null bitmap, no variable fields)."""
+
+    def __init__(self, offsets: dict[str, int], fixed_end: int, plain: bool) -> None:
+        self.offset = offsets
+        self.fixed_end = fixed_end
+        self.plain = plain
+        self._plans: dict[tuple[Field, ...], tuple[int, int, np.dtype | None, bool]] = {}
+
+    def _plan(self, fields: tuple[Field, ...]) -> tuple[int, int, np.dtype | None, bool]:
+        """(lo, hi, struct dtype, whole) for bulk-decoding ``fields``; dtype None means one copy
+        per field (large unselected fixed fields lie between the selected ones)."""
+        plan = self._plans.get(fields)
+        if plan is None:
+            lo = min(self.offset[f.name] for f in fields)
+            hi = max(self.offset[f.name] + f.nbytes for f in fields)
+            selected = sum(f.nbytes for f in fields)
+            one_field = len(fields) == 1 and hi - lo == selected
+            if (hi - lo) - selected > max(_SPAN_SLACK_BYTES, selected) or (
+                hi - lo >= _SPLIT_RECORD_BYTES and not one_field
+            ):
+                plan = (lo, hi, None, False)
+            else:
+                whole = lo == 0 and hi == self.fixed_end and self.plain
+                offsets = [self.offset[f.name] - lo for f in fields]
+                plan = (lo, hi, _struct_dtype(fields, offsets, hi - lo), whole)
+            self._plans[fields] = plan
+        return plan
+
+    def decode(
+        self,
+        values: Sequence[memoryview | bytes],
+        fields: tuple[Field, ...],
+        allocate: Allocate,
+    ) -> dict[str, np.ndarray]:
+        n = len(values)
+        lo, hi, dtype, whole = self._plan(fields)
+        if dtype is None or (
+            len(fields) == 1
+            and hi - lo == fields[0].nbytes
+            and n * (hi - lo) >= _GATHER_INTO_ARRAY_BYTES
+        ):
+            return {f.name: self._one(values, f, allocate) for f in fields}
+        # A record that is all selected fixed fields is copied as is, without slicing.
+        buffer = bytearray().join(values if whole else [v[lo:hi] for v in values])
+        if len(buffer) != n * (hi - lo):
+            raise CacheCorrupted(
+                f"record sizes do not match the stored schema's layout ({len(buffer)} bytes for "
+                f"{n} records of {hi - lo}); run storage.verify() and rebuild the version"
+            )
+        if len(fields) == 1 and hi - lo == fields[0].nbytes:
+            # The record region is exactly this field: reinterpret, no copy.
+            f = fields[0]
+            return {f.name: np.frombuffer(buffer, f.dtype).reshape(_stacked(n, f))}
+        rows = np.frombuffer(buffer, dtype, n)
+        return {f.name: np.ascontiguousarray(rows[f.name]) for f in fields}
+
+    def _one(
+        self,
+        values: Sequence[memoryview | bytes],
+        f: Field,
+        allocate: Allocate,
+    ) -> np.ndarray:
+        start, stop = self.offset[f.name], self.offset[f.name] + f.nbytes
+        n = len(values)
+        if n * f.nbytes < _GATHER_INTO_ARRAY_BYTES:
+            buffer = bytearray().join([v[start:stop] for v in values])
+            if len(buffer) != n * f.nbytes:
+                raise CacheCorrupted(
+                    f"field {f.name!r}: record sizes do not match the stored schema"
+                )
+            return np.frombuffer(buffer, f.dtype).reshape(_stacked(n, f))
+        # Records of fixed fields only all have one size: a longer one is as wrong as a short one.
+        lengths = np.fromiter(map(len, values), np.int64, n)
+        wrong = lengths != self.fixed_end if self.plain else lengths < stop
+        if wrong.any():
+            raise CacheCorrupted(
+                f"field {f.name!r}: a record of {int(lengths[wrong.argmax()])} bytes does not "
+                "match the stored schema's layout; run storage.verify() and rebuild the version"
+            )
+        out = allocate(_stacked(n, f), f.dtype)
+        copy_rows(out.reshape(n, -1).view(np.uint8), values, start, stop)
+        return out
