@@ -276,21 +276,21 @@ def main() -> int:
         print(f"- {name}: {rate / 1e6:.0f} MB/s")
 
     import yogadl_plus.cache.readahead as readahead_module
-    import yogadl_plus.stream as stream_module
+    import yogadl_plus.stream.units as units_module
 
-    defaults = (stream_module._READ_AHEAD_BYTES, readahead_module.MIN_RECORD_BYTES)
+    defaults = (units_module.READ_AHEAD_BYTES, readahead_module.MIN_RECORD_BYTES)
 
     def cold(ref: ydl.DataRef, ahead: str = "default", **kwargs) -> float:
         """``ahead``: "default", "off" (no read-ahead: the code before issue 16), "big" (only
         records of 4 KiB or more hinted, as before small records were)."""
-        stream_module._READ_AHEAD_BYTES = 0 if ahead == "off" else defaults[0]
+        units_module.READ_AHEAD_BYTES = 0 if ahead == "off" else defaults[0]
         readahead_module.MIN_RECORD_BYTES = 4096 if ahead == "big" else defaults[1]
         try:
             drop_caches()
             fresh = storage.fetch(ref.dataset_id, ref.version)
             return epoch_rate(fresh, seconds, **kwargs)
         finally:
-            stream_module._READ_AHEAD_BYTES, readahead_module.MIN_RECORD_BYTES = defaults
+            units_module.READ_AHEAD_BYTES, readahead_module.MIN_RECORD_BYTES = defaults
 
     shuffled = {"shuffle": True, "shuffle_seed": 1}
     rows = [

@@ -52,7 +52,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 
-from yogadl_plus.order import EpochOrder  # noqa: E402
+from yogadl_plus.order import ShardByRecords  # noqa: E402
 
 BATCH = 256
 WINDOWS = (1, 4, 16, 64)
@@ -79,7 +79,9 @@ def layouts(quick: bool, seed: int) -> dict[str, np.ndarray]:
 
 def ours(counts: np.ndarray, window: int | None, seed: int) -> np.ndarray:
     n = int(counts.sum())
-    order = EpochOrder(n, shuffle=True, seed=seed, shuffle_window=window, chunk_records=counts)
+    order = ShardByRecords(
+        n, shuffle=True, shuffle_seed=seed, shuffle_window=window, chunk_records=counts
+    )
     return order.indices(0, 0, n)
 
 
@@ -200,8 +202,8 @@ def epoch_time(counts: np.ndarray, window: int | None, shards: int, seed: int) -
     best = float("inf")
     for _ in range(3):
         # A fresh order each run: the epoch's chunk arrays and window tables are part of it.
-        order = EpochOrder(
-            n, shuffle=True, seed=seed, shuffle_window=window, chunk_records=counts,
+        order = ShardByRecords(
+            n, shuffle=True, shuffle_seed=seed, shuffle_window=window, chunk_records=counts,
             num_shards=shards,
         )  # fmt: skip
         begin = time.perf_counter()

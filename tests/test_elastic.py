@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import yogadl_plus as ydl
-from yogadl_plus.order import EpochOrder
+from yogadl_plus.order import ShardByRecords
 
 
 @pytest.fixture(scope="module")
@@ -50,17 +50,16 @@ def test_rescaling_mid_epoch_repeats_and_skips_nothing(
     assume(n >= shards)
     ref = datasets(n)
     common = dict(shuffle=shuffle, shuffle_seed=5, drop_shard_remainder=drop)
-    before = [ydl.Stream(ref, num_shards=shards, shard_rank=r, **common) for r in range(shards)]
+    before = [ref.stream(num_shards=shards, shard_rank=r, **common) for r in range(shards)]
     shortest = min(len(s) for s in before)
     k = data.draw(st.integers(0, shortest))  # the global step reached by every rank
     consumed = []
     offsets = set()
     for stream in before:
-        stream_epoch = ydl.Stream(
-            ref,
+        stream_epoch = ref.stream(
             num_shards=shards,
-            shard_rank=stream.order.shard_rank,
-            start_offset=epoch * stream.positions_per_epoch,
+            shard_rank=stream.plan().order.shard_rank,
+            start_offset=epoch * stream.plan().positions_per_epoch,
             **common,
         )
         consumed += ids(itertools.islice(iter(stream_epoch), k))
@@ -68,7 +67,7 @@ def test_rescaling_mid_epoch_repeats_and_skips_nothing(
     assert len(offsets) == 1, "every rank at the same step reports the same global offset"
     (checkpoint,) = offsets
     after = [
-        ydl.Stream(ref, num_shards=new_shards, shard_rank=r, global_start=checkpoint, **common)
+        ref.stream(num_shards=new_shards, shard_rank=r, global_start=checkpoint, **common)
         for r in range(new_shards)
     ]
     epoch_end = (epoch + 1) * n
@@ -89,11 +88,11 @@ def test_rescaling_mid_epoch_repeats_and_skips_nothing(
         assert len(rest) == (n - start) // new_shards * new_shards
     # Then the new shards run whole epochs, in the order a fresh S'-shard stream has.
     for stream in after:
-        order = EpochOrder(
+        order = ShardByRecords(
             n,
             shuffle=shuffle,
-            seed=5,
-            shard_rank=stream.order.shard_rank,
+            shuffle_seed=5,
+            shard_rank=stream.plan().order.shard_rank,
             num_shards=new_shards,
             drop_shard_remainder=drop,
         )
@@ -172,7 +171,7 @@ def test_rescaling_again_and_again_within_one_epoch(datasets, n, counts, shuffle
             for r in range(shards)
         ]
         its = [iter(s) for s in streams]
-        lengths = [s.order.epoch_shard_length(s.order.first_epoch) for s in streams]
+        lengths = [s.plan().epoch_length(s.plan().order.first_epoch) for s in streams]
         k = data.draw(st.integers(0, min(lengths)))
         for it in its:
             seen += ids(itertools.islice(it, k))

@@ -199,3 +199,125 @@ def test_private_check_can_fail(tmp_path: pathlib.Path) -> None:
         "other._cache",
         "stream._offset_of",
     ]
+
+
+# --- the seams of the sequential layer (issue 25) ---
+
+STREAM_LAYER = ("yogadl_plus.stream", "yogadl_plus.order")
+# What tells a mixture from a dataset: their classes, and what only one of them has.
+SOURCE_KINDS = {"Mixture", "DataRef", "DataRefOnDemand", "Leaf"}
+SOURCE_MARKS = {"leaves", "locate", "place", "manifest", "mix_order", "counts", "weights"}
+
+
+def _in_layer(module: str, layer: tuple[str, ...]) -> bool:
+    return any(module == top or module.startswith(top + ".") for top in layer)
+
+
+def source_kind_branches(path: pathlib.Path) -> list[str]:
+    """Where the module at ``path`` asks what kind of source it has: isinstance/issubclass on
+    a source class, hasattr of what only one kind has, or an import of those classes."""
+    tree = ast.parse(path.read_text(), str(path))
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+            if node.func.id in ("isinstance", "issubclass") and len(node.args) == 2:
+                names = {n.id for n in ast.walk(node.args[1]) if isinstance(n, ast.Name)}
+                names |= {n.attr for n in ast.walk(node.args[1]) if isinstance(n, ast.Attribute)}
+                if names & SOURCE_KINDS:
+                    found.append(f"{path.name}:{node.lineno}: {ast.unparse(node)}")
+            if node.func.id == "hasattr" and len(node.args) == 2:
+                mark = node.args[1]
+                if isinstance(mark, ast.Constant) and mark.value in SOURCE_MARKS:
+                    found.append(f"{path.name}:{node.lineno}: {ast.unparse(node)}")
+    for statement in _imports(tree):
+        targets = [a.name for a in statement.names]
+        module = statement.module if isinstance(statement, ast.ImportFrom) else None
+        if module in ("yogadl_plus.mixture", "yogadl_plus.dataref") or any(
+            t in ("yogadl_plus.mixture", "yogadl_plus.dataref") for t in targets
+        ):
+            found.append(f"{path.name}:{statement.lineno}: imports {module or targets}")
+    return found
+
+
+def test_the_stream_layer_never_asks_which_kind_of_source_it_has() -> None:
+    found = [
+        branch
+        for module, path in MODULES.items()
+        if _in_layer(module, STREAM_LAYER)
+        for branch in source_kind_branches(path)
+    ]
+    assert not found, "the stream layer branches on the kind of source:\n" + "\n".join(found)
+
+
+def test_source_kind_check_can_fail(tmp_path: pathlib.Path) -> None:
+    sample = tmp_path / "sample.py"
+    sample.write_text(
+        "from yogadl_plus.mixture import Mixture\n"
+        "def f(source, select):\n"
+        "    if isinstance(source, (int, Mixture)) or hasattr(source, 'leaves'):\n"
+        "        return 1\n"
+        "    return hasattr(select, 'poll') or isinstance(source, str)\n"
+    )
+    assert [r.split(": ", 1)[1] for r in source_kind_branches(sample)] == [
+        "isinstance(source, (int, Mixture))",
+        "hasattr(source, 'leaves')",
+        "imports yogadl_plus.mixture",
+    ]
+
+
+def test_adapters_import_nothing_of_the_cache_format() -> None:
+    graph = import_graph()
+    found = [
+        f"{module} -> {target}"
+        for module in graph
+        if _in_layer(module, ("yogadl_plus.adapters",))
+        for target in sorted(graph[module])
+        if _in_layer(target, ("yogadl_plus.cache",))
+    ]
+    assert not found, "adapters reach into cache/:\n" + "\n".join(found)
+
+
+def test_only_lifecycle_registers_fork_and_exit_hooks() -> None:
+    found = []
+    for module, path in MODULES.items():
+        if module == "yogadl_plus.lifecycle":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Attribute) and (
+                (node.attr == "register_at_fork")
+                or (node.attr == "register" and ast.unparse(node.value) == "atexit")
+            ):
+                found.append(f"{path.name}:{node.lineno}: {ast.unparse(node)}")
+    assert not found, "fork or exit hooks outside lifecycle.py:\n" + "\n".join(found)
+
+
+# No function longer than this, and no class longer than that, in the package (docstrings
+# included): past them, a piece does two jobs.
+MAX_FUNCTION_LINES = 80
+MAX_CLASS_LINES = 300
+
+
+def too_long(path: pathlib.Path) -> list[str]:
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        limit = (
+            MAX_FUNCTION_LINES
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+            else MAX_CLASS_LINES
+            if isinstance(node, ast.ClassDef)
+            else None
+        )
+        if limit is not None:
+            assert node.end_lineno is not None
+            lines = node.end_lineno - node.lineno + 1
+            if lines > limit:
+                found.append(f"{path.name}:{node.lineno}: {node.name} has {lines} lines")
+    return found
+
+
+def test_no_function_or_class_is_too_long() -> None:
+    found = [entry for path in MODULES.values() for entry in too_long(path)]
+    assert not found, (
+        f"over {MAX_FUNCTION_LINES} lines a function or {MAX_CLASS_LINES} a class:\n"
+        + "\n".join(found)
+    )

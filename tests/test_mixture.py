@@ -36,7 +36,7 @@ from yogadl_plus import predicates
 from yogadl_plus.dataref import DataRef
 from yogadl_plus.errors import TransformError
 from yogadl_plus.mixture import Mixture
-from yogadl_plus.proportions import Interleave, shares
+from yogadl_plus.order.interleave import Interleave, shares
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -188,7 +188,7 @@ def test_shares_break_ties_to_the_earlier_source_and_are_exact_at_any_size() -> 
 def test_interleave_deals_each_source_its_count_evenly(counts: list[int]) -> None:
     assume(sum(counts))
     total = sum(counts)
-    source, rank = Interleave(counts).locate(np.arange(total))
+    source, rank = Interleave(counts).source_and_rank(np.arange(total))
     # A split in halves per level: each level is within one of the exact proportion.
     levels = max(1, math.ceil(math.log2(len(counts))))
     for j, count in enumerate(counts):
@@ -211,9 +211,9 @@ def test_interleave_refuses_bad_counts_and_slots() -> None:
     with pytest.raises(ValueError, match="non-negative"):
         Interleave([3, -1])
     with pytest.raises(IndexError, match="slot 5 is out of range"):
-        Interleave([2, 3]).locate([0, 5])
+        Interleave([2, 3]).source_and_rank([0, 5])
     with pytest.raises(IndexError, match="slot -1"):
-        Interleave([2, 3]).locate([-1])
+        Interleave([2, 3]).source_and_rank([-1])
 
 
 # --- properties over real caches ------------------------------------------------------------
@@ -313,8 +313,8 @@ def test_shards_are_disjoint_and_cover_each_epoch(
     slots = []
     for rank in range(shards):
         first = mix.stream(num_shards=shards, shard_rank=rank, drop_shard_remainder=drop, **common)
-        length = first.positions_per_epoch
-        slots += first.order.indices(epoch, 0, length).tolist()
+        length = first.plan().positions_per_epoch
+        slots += first.plan().indices(epoch, 0, length).tolist()
         stream = mix.stream(
             num_shards=shards,
             shard_rank=rank,
@@ -355,7 +355,7 @@ def test_rescaling_from_s_to_s_prime_ranks_loses_and_repeats_nothing(
     assume(n >= shards)
     common = dict(shuffle=shuffle, shuffle_seed=seed)
     lengths = [
-        mix.stream(num_shards=shards, shard_rank=r, **common).positions_per_epoch
+        mix.stream(num_shards=shards, shard_rank=r, **common).plan().positions_per_epoch
         for r in range(shards)
     ]
     k = data.draw(st.integers(0, min(lengths)))  # the global step every rank reached
@@ -367,7 +367,7 @@ def test_rescaling_from_s_to_s_prime_ranks_loses_and_repeats_nothing(
             num_shards=shards, shard_rank=rank, start_offset=epoch * lengths[rank], **common
         )
         consumed += [pair(item) for item in itertools.islice(iter(stream), k)]
-        slots += stream.order.indices(epoch, 0, k).tolist()
+        slots += stream.plan().indices(epoch, 0, k).tolist()
         offsets.add(stream.global_offset)
     assert len(offsets) == 1, "every rank at the same step reports the same global offset"
     (checkpoint,) = offsets
@@ -379,7 +379,7 @@ def test_rescaling_from_s_to_s_prime_ranks_loses_and_repeats_nothing(
     whole = [epoch_pairs(mix.stream(start_offset=e * n, **common)) for e in (epoch, epoch + 1)]
     if checkpoint < (epoch + 1) * n:
         for stream in after:
-            slots += stream.order.indices(epoch, 0, stream.epoch_length(epoch)).tolist()
+            slots += stream.plan().indices(epoch, 0, stream.plan().epoch_length(epoch)).tolist()
         rest = [p for stream in after for p in epoch_pairs(stream)]
     else:
         rest = []  # the epoch was finished: the new ranks start the next one whole
@@ -804,6 +804,7 @@ class HugeRef(DataRef):
             dataset_id=name, version="v", schema=schema, chunks=[chunk], num_records=n
         )
         self._len = n
+        self._fingerprint = None
 
     def read_ahead(self, indices: np.ndarray) -> None:
         pass
@@ -819,8 +820,8 @@ def test_a_mixture_of_billions_costs_memory_of_its_sources_only() -> None:
         mix = ydl.mix(refs, {"a": 1, "b": 1, "c": 3}, epoch_size=5 * 10**9)
         stream = mix.stream(shuffle=True, shuffle_seed=3, start_offset=7 * len(mix) - 10)
         epoch, position = stream.next_epoch_position
-        slots = stream.order.indices(epoch, position - 2000, position + 10)
-        located = mix.locate(epoch, slots, True, stream.shuffle_seed)
+        slots = stream.plan().indices(epoch, position - 2000, position + 10)
+        located = mix.place(epoch, slots, True, stream.shuffle_seed)
         state = stream.state()
         peak = tracemalloc.get_traced_memory()[1]
     finally:
@@ -843,7 +844,7 @@ def test_the_interleave_is_exact_at_billions() -> None:
     end = sum(counts)
     for first in (0, 20 * 123_456_789, end - 20_000):
         slots = np.arange(first, first + 20_000)
-        source, rank = interleave.locate(slots)
+        source, rank = interleave.source_and_rank(slots)
         assert np.bincount(source, minlength=3).tolist() == [4000, 4000, 12000]
         a = slots[source == 0]
         assert (a % 5 == 4).all() and (rank[source == 0] == a // 5).all()
@@ -851,7 +852,7 @@ def test_the_interleave_is_exact_at_billions() -> None:
             ranks = rank[source == j]
             assert (np.diff(ranks) == 1).all()
             assert ranks[0] == first * count // end
-    source, rank = interleave.locate([end - 1])
+    source, rank = interleave.source_and_rank([end - 1])
     assert (int(source[0]), int(rank[0])) == (0, 10**9 - 1), "the last slot, a's last rank"
     # Past int64 products (3e9 * 8e9): each slot's side is floor((s + 1) * a / T) > floor(s *
     # a / T), in exact integers, up to the last slot.
@@ -862,7 +863,7 @@ def test_the_interleave_is_exact_at_billions() -> None:
     # floating point would round up.
     short = -pow(a, -1, total) % total
     slots = np.concatenate([slots, np.arange(short - 2, short + 3), np.arange(total - 5000, total)])
-    source, rank = Interleave([a, b]).locate(slots)
+    source, rank = Interleave([a, b]).source_and_rank(slots)
     for slot, j, r in zip(slots.tolist(), source.tolist(), rank.tolist()):
         left = (slot + 1) * a // total > slot * a // total
         assert (j, r) == ((0, slot * a // total) if left else (1, slot - slot * a // total))
@@ -870,7 +871,7 @@ def test_the_interleave_is_exact_at_billions() -> None:
     # Two equal sources alternate exactly.
     two = Interleave([4 * 10**9, 4 * 10**9])
     slots = np.array([0, 1, 2, 8 * 10**9 - 2, 8 * 10**9 - 1])
-    source, rank = two.locate(slots)
+    source, rank = two.source_and_rank(slots)
     assert source.tolist() == [1, 0, 1, 1, 0]
     assert rank.tolist() == [0, 0, 1, 4 * 10**9 - 1, 4 * 10**9 - 1]
 
@@ -880,18 +881,18 @@ def test_sources_of_billions_walk_their_own_epochs() -> None:
     assert mix.counts == [10, 10**9] and len(mix) == 10**9 + 10
     # Source b (10 records) is up-sampled to 10^9 items per epoch: its slots read its records
     # evenly, in any epoch.
-    (b,) = [r for leaf, _, r in mix.locate(3, np.arange(1000), True, 5).parts if leaf == 1]
+    (b,) = [r for leaf, _, r in mix.place(3, np.arange(1000), True, 5).parts if leaf == 1]
     assert np.bincount(b, minlength=10).tolist() == [100] * 10
     # Source a (10^9 records) is down-sampled to 10 a mixture epoch: its r-th slot is the one
     # where floor(slot * 10 / len) steps up. It is read without replacement for 10^8 mixture
     # epochs, all from its own epoch 0.
     total = len(mix)
     a_slots = np.array([-(-(r + 1) * total // 10) - 1 for r in range(10)])
-    source, rank = Interleave(mix.counts).locate(a_slots)
+    source, rank = Interleave(mix.counts).source_and_rank(a_slots)
     assert source.tolist() == [0] * 10 and rank.tolist() == list(range(10))
     seen: list[int] = []
     for epoch in (0, 1, 2, 10**8 - 1):
-        ((leaf, where, records),) = mix.locate(epoch, a_slots, True, 5).parts
+        ((leaf, where, records),) = mix.place(epoch, a_slots, True, 5).parts
         assert leaf == 0 and sorted(where.tolist()) == list(range(10))
         seen += records.tolist()
     assert len(set(seen)) == 40, "no record of a repeats within its own epoch"

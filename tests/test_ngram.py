@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 import yogadl_plus as ydl
 from yogadl_plus import ngram as ngram_module
-from yogadl_plus.boundary import collate
+from yogadl_plus.columns import collate
 from yogadl_plus.errors import NGramError
 from yogadl_plus.ngram import NGram
 

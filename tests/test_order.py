@@ -18,7 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from yogadl_plus.order import ChunkShardOrder, EpochOrder, Permutation
+from yogadl_plus.order import Permutation, ShardByChunks, ShardByRecords
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -143,28 +143,34 @@ def test_permutation_rejects_bad_arguments(kwargs: dict[str, Any], value: str) -
 # --- Determinism ----------------------------------------------------------------------------
 
 CONFIGS = [
-    {"num_records": 1000, "shuffle": True, "seed": 0},
-    {"num_records": 1000, "shuffle": True, "seed": 2**64 + 3, "num_shards": 3, "shard_rank": 2},
+    {"num_records": 1000, "shuffle": True, "shuffle_seed": 0},
+    {
+        "num_records": 1000,
+        "shuffle": True,
+        "shuffle_seed": 2**64 + 3,
+        "num_shards": 3,
+        "shard_rank": 2,
+    },
     {
         "num_records": 777,
         "shuffle": True,
-        "seed": 9,
+        "shuffle_seed": 9,
         "num_shards": 4,
         "shard_rank": 1,
         "drop_shard_remainder": True,
     },
-    {"num_records": 10**12, "shuffle": True, "seed": 123456789},
-    {"num_records": 50, "shuffle": True, "seed": 5, "skip_shuffle_at_epoch_end": True},
+    {"num_records": 10**12, "shuffle": True, "shuffle_seed": 123456789},
+    {"num_records": 50, "shuffle": True, "shuffle_seed": 5, "skip_shuffle_at_epoch_end": True},
 ]
 
 
 ORDERS_OF = """
 import json, sys
-from yogadl_plus.order import EpochOrder
+from yogadl_plus.order import ShardByRecords
 
 def orders_of(configs):
     return [
-        [EpochOrder(**c).indices(epoch, 0, 200).tolist() for epoch in (0, 1, 10**6)]
+        [ShardByRecords(**c).indices(epoch, 0, 200).tolist() for epoch in (0, 1, 10**6)]
         for c in configs
     ]
 """
@@ -197,7 +203,7 @@ def test_orders_are_pinned_across_versions() -> None:
     assert Permutation(10, seed=0).indices(np.arange(10)).tolist() == [6, 4, 3, 7, 0, 1, 8, 5, 9, 2]
     other_key = Permutation(10, seed=2**64 + 5, epoch=7)
     assert other_key.indices(np.arange(10)).tolist() == [7, 8, 2, 1, 0, 6, 4, 5, 3, 9]
-    billion = EpochOrder(10**9, shuffle=True, seed=3)
+    billion = ShardByRecords(10**9, shuffle=True, shuffle_seed=3)
     assert billion.indices(5, 0, 5).tolist() == [
         407688921,
         881758441,
@@ -205,8 +211,13 @@ def test_orders_are_pinned_across_versions() -> None:
         546562339,
         210816084,
     ]
-    order = EpochOrder(
-        1000, shuffle=True, seed=12345, num_shards=3, shard_rank=1, drop_shard_remainder=True
+    order = ShardByRecords(
+        1000,
+        shuffle=True,
+        shuffle_seed=12345,
+        num_shards=3,
+        shard_rank=1,
+        drop_shard_remainder=True,
     )
     assert order.indices(2, 10, 16).tolist() == [604, 763, 892, 167, 738, 92]
 
@@ -218,21 +229,21 @@ def test_epochs_and_seeds_give_different_orders(n: int, seed: int, epoch: int) -
     first = Permutation(n, seed, epoch).indices(positions)
     assert not np.array_equal(first, Permutation(n, seed, epoch + 1).indices(positions))
     assert not np.array_equal(first, Permutation(n, seed + 1, epoch).indices(positions))
-    shuffled = EpochOrder(n, shuffle=True, seed=seed)
+    shuffled = ShardByRecords(n, shuffle=True, shuffle_seed=seed)
     assert not np.array_equal(shuffled.indices(0, 0, n), shuffled.indices(1, 0, n))
 
 
 @settings(deadline=None)
 @given(n=st.integers(min_value=0, max_value=3000), seed=seeds, epoch=epochs)
 def test_skip_shuffle_at_epoch_end_reuses_epoch_zero(n: int, seed: int, epoch: int) -> None:
-    order = EpochOrder(n, shuffle=True, seed=seed, skip_shuffle_at_epoch_end=True)
+    order = ShardByRecords(n, shuffle=True, shuffle_seed=seed, skip_shuffle_at_epoch_end=True)
     expected = Permutation(n, seed, 0).indices(np.arange(n))
     np.testing.assert_array_equal(order.indices(epoch, 0, n), expected)
     np.testing.assert_array_equal(order.indices(0, 0, n), expected)
 
 
 def test_switching_epochs_back_and_forth_gives_each_epochs_order() -> None:
-    order = EpochOrder(500, shuffle=True, seed=8)
+    order = ShardByRecords(500, shuffle=True, shuffle_seed=8)
     for epoch in [3, 4, 3, 0, 4, 4, 9, 3]:
         np.testing.assert_array_equal(
             order.indices(epoch, 0, 500), global_order(500, True, 8, epoch)
@@ -250,7 +261,7 @@ def order_arguments(draw: st.DrawFn) -> dict[str, Any]:
     return {
         "num_records": draw(st.integers(min_value=0, max_value=3000)),
         "shuffle": shuffle,
-        "seed": draw(seeds) if shuffle else draw(st.none() | seeds),
+        "shuffle_seed": draw(seeds) if shuffle else draw(st.none() | seeds),
         "num_shards": num_shards,
         "shard_rank": draw(st.integers(min_value=0, max_value=num_shards - 1)),
         "drop_shard_remainder": draw(st.booleans()),
@@ -263,13 +274,13 @@ def test_shards_are_disjoint_and_cover_the_cut_global_order(
     args: dict[str, Any], epoch: int
 ) -> None:
     n, num_shards = args["num_records"], args["num_shards"]
-    full = global_order(n, args["shuffle"], args["seed"], epoch)
+    full = global_order(n, args["shuffle"], args["shuffle_seed"], epoch)
     drop = args["drop_shard_remainder"]
     cut = full[: n - n % num_shards] if drop else full
 
     shards = []
     for rank in range(num_shards):
-        order = EpochOrder(**{**args, "shard_rank": rank})
+        order = ShardByRecords(**{**args, "shard_rank": rank})
         shard = order.indices(epoch, 0, order.shard_length)
         assert order.num_records == n
         assert order.global_length == len(cut)
@@ -299,7 +310,7 @@ def test_shards_are_disjoint_and_cover_the_cut_global_order(
 def test_a_slice_equals_slicing_the_whole_epoch(
     args: dict[str, Any], epoch: int, start: int, stop: int
 ) -> None:
-    order = EpochOrder(**args)
+    order = ShardByRecords(**args)
     whole = order.indices(epoch, 0, order.shard_length)
     length = order.shard_length
     lo, hi = min(max(start, 0), length), min(max(stop, 0), length)
@@ -309,12 +320,12 @@ def test_a_slice_equals_slicing_the_whole_epoch(
 
 
 def test_drop_shard_remainder_drops_other_records_each_shuffled_epoch() -> None:
-    def dropped(order: EpochOrder, epoch: int) -> set[int]:
+    def dropped(order: ShardByRecords, epoch: int) -> set[int]:
         shards = [
-            EpochOrder(
+            ShardByRecords(
                 103,
-                shuffle=order.shuffle,
-                seed=order.seed,
+                shuffle=order.settings.shuffle,
+                shuffle_seed=order.shuffle_seed,
                 num_shards=10,
                 shard_rank=rank,
                 drop_shard_remainder=True,
@@ -324,22 +335,24 @@ def test_drop_shard_remainder_drops_other_records_each_shuffled_epoch() -> None:
         kept = np.concatenate([shard.indices(epoch, 0, 10) for shard in shards])
         return set(range(103)) - set(kept.tolist())
 
-    shuffled = EpochOrder(103, shuffle=True, seed=1, num_shards=10, drop_shard_remainder=True)
+    shuffled = ShardByRecords(
+        103, shuffle=True, shuffle_seed=1, num_shards=10, drop_shard_remainder=True
+    )
     assert len(dropped(shuffled, 0)) == 3
     assert dropped(shuffled, 0) != dropped(shuffled, 1)
-    plain = EpochOrder(103, num_shards=10, drop_shard_remainder=True)
+    plain = ShardByRecords(103, num_shards=10, drop_shard_remainder=True)
     assert dropped(plain, 0) == dropped(plain, 1) == {100, 101, 102}
 
 
 def test_unshuffled_order_is_the_identity() -> None:
-    order = EpochOrder(10, seed=5, num_shards=3, shard_rank=1)
+    order = ShardByRecords(10, shuffle_seed=5, num_shards=3, shard_rank=1)
     assert order.indices(7, 0, 10).tolist() == [1, 4, 7]
     assert order.index(0, 2) == 7
 
 
 def test_repr_shows_the_arguments() -> None:
-    text = repr(EpochOrder(10, shuffle=True, seed=5, num_shards=3, shard_rank=1))
-    assert text.startswith("EpochOrder(")
+    text = repr(ShardByRecords(10, shuffle=True, shuffle_seed=5, num_shards=3, shard_rank=1))
+    assert text.startswith("ShardByRecords(")
     for part in [
         "num_records=10",
         "shuffle=True",
@@ -369,7 +382,7 @@ def test_tracemalloc_sees_numpy_buffers() -> None:
 
 def test_a_billion_records_cost_no_more_than_a_thousand() -> None:
     begin = time.perf_counter()
-    order = EpochOrder(10**9, shuffle=True, seed=3)
+    order = ShardByRecords(10**9, shuffle=True, shuffle_seed=3)
     first = order.indices(5, 0, 1000)
     assert time.perf_counter() - begin < 0.05
 
@@ -389,7 +402,7 @@ def test_a_billion_records_cost_no_more_than_a_thousand() -> None:
 
     tracemalloc.start()
     try:
-        order = EpochOrder(10**9, shuffle=True, seed=3)
+        order = ShardByRecords(10**9, shuffle=True, shuffle_seed=3)
         order.indices(5, 0, 1000)
         order.indices(5, 9 * 10**8, 9 * 10**8 + 1000)
         order.index(7, 123_456_789)
@@ -462,27 +475,27 @@ def test_first_index_is_uniform_over_seeds_and_epochs(vary: str) -> None:
         ({"num_records": 10, "num_shards": 4, "shard_rank": 4}, "4"),
         ({"num_records": 10, "num_shards": 4, "shard_rank": -1}, "-1"),
         ({"num_records": 10, "shuffle": True}, "None"),
-        ({"num_records": 10, "shuffle": True, "seed": -5}, "-5"),
-        ({"num_records": 10, "seed": -5}, "-5"),
-        ({"num_records": 10, "shuffle": "yes", "seed": 1}, "'yes'"),
+        ({"num_records": 10, "shuffle": True, "shuffle_seed": -5}, "-5"),
+        ({"num_records": 10, "shuffle_seed": -5}, "-5"),
+        ({"num_records": 10, "shuffle": "yes", "shuffle_seed": 1}, "'yes'"),
     ],
 )
 def test_bad_arguments_raise_value_error_quoting_the_value(
     kwargs: dict[str, Any], value: str
 ) -> None:
     with pytest.raises(ValueError, match=re.escape(value)) as info:
-        EpochOrder(**kwargs)
+        ShardByRecords(**kwargs)
     if "shard_rank" in kwargs:
         assert "[0, 3]" in str(info.value)
 
 
 def test_missing_seed_message_says_what_to_do() -> None:
     with pytest.raises(ValueError, match="shuffle_seed"):
-        EpochOrder(10, shuffle=True)
+        ShardByRecords(10, shuffle=True)
 
 
 def test_bad_epoch_and_position_are_rejected() -> None:
-    order = EpochOrder(10, shuffle=True, seed=1, num_shards=3, shard_rank=0)
+    order = ShardByRecords(10, shuffle=True, shuffle_seed=1, num_shards=3, shard_rank=0)
     with pytest.raises(ValueError, match="-1"):
         order.indices(-1, 0, 2)
     with pytest.raises(ValueError, match="-1"):
@@ -513,9 +526,9 @@ def test_small_orders_are_uniform_as_whole_permutations(n: int) -> None:
 
 
 def test_table_and_network_sizes_meet_at_the_threshold() -> None:
-    from yogadl_plus.order import _TABLE_MAX
+    from yogadl_plus.order.permutation import TABLE_MAX
 
-    for n in (_TABLE_MAX - 1, _TABLE_MAX, _TABLE_MAX + 1):
+    for n in (TABLE_MAX - 1, TABLE_MAX, TABLE_MAX + 1):
         p = Permutation(n, seed=9, epoch=2)
         values = p.indices(np.arange(n))
         assert sorted(values.tolist()) == list(range(n))
@@ -539,15 +552,15 @@ def test_chunk_shards_own_whole_chunks_and_cover_the_version(
 ) -> None:
     if len(counts) < shards:
         with pytest.raises(ValueError, match="at least one chunk per shard"):
-            ChunkShardOrder(counts, num_shards=shards)
+            ShardByChunks(counts, num_shards=shards)
         return
     starts = np.concatenate([[0], np.cumsum(counts)])
     chunk_of = np.repeat(np.arange(len(counts)), counts)
     seen = []
     lengths = set()
     for rank in range(shards):
-        order = ChunkShardOrder(
-            counts, shuffle=shuffle, seed=seed, shard_rank=rank, num_shards=shards,
+        order = ShardByChunks(
+            counts, shuffle=shuffle, shuffle_seed=seed, shard_rank=rank, num_shards=shards,
             drop_shard_remainder=drop,
         )  # fmt: skip
         got = order.indices(epoch, 0, order.shard_length)
@@ -565,8 +578,12 @@ def test_chunk_shards_own_whole_chunks_and_cover_the_version(
         assert len(lengths) == 1  # equal lengths, cut to the shortest shard
         if shuffle:
             # The cut moves with the epoch (it is not always the same tail of the shard).
-            order = ChunkShardOrder(
-                counts, shuffle=True, seed=seed, num_shards=shards, drop_shard_remainder=True
+            order = ShardByChunks(
+                counts,
+                shuffle=True,
+                shuffle_seed=seed,
+                num_shards=shards,
+                drop_shard_remainder=True,
             )
             mine = np.flatnonzero(chunk_of % shards == 0)
             first = set(order.indices(0, 0, order.shard_length).tolist())
@@ -580,34 +597,37 @@ def test_chunk_shards_own_whole_chunks_and_cover_the_version(
 
 
 def test_chunk_shards_have_no_global_offset() -> None:
-    # By type: a ChunkShardOrder is not an EpochOrder, the only order with a global_offset (a
-    # Stream over it raises ValueError "no global order": tests/test_stream.py).
-    order = ChunkShardOrder([5, 5, 5], num_shards=2, shard_rank=1)
-    assert not isinstance(order, EpochOrder)
-    assert not hasattr(order, "global_offset")
+    # (A Stream over it raises the same ValueError "no global order": tests/test_stream.py).
+    order = ShardByChunks([5, 5, 5], num_shards=2, shard_rank=1)
+    with pytest.raises(ValueError, match="no global order"):
+        order.global_offset(0, 0)
 
 
 def test_small_tables_drawn_at_once_equal_the_draw_loop(monkeypatch: pytest.MonkeyPatch) -> None:
     # Windowed shuffles make a table per small window, so the draws are vectorized; the tables
     # must stay those of the loop (which also takes over when a draw would be rejected).
-    from yogadl_plus import order as order_module
+    from yogadl_plus.order import permutation
 
     keys = [0, 1, 2**64 - 1, 0x9E3779B97F4A7C15, 123456789012345]
     sizes = [0, 1, 2, 3, 7, 64, 1000, 1024]
-    fast = {(n, k): order_module._fisher_yates(n, k).tolist() for n in sizes for k in keys}
-    monkeypatch.setattr(order_module, "_draws_without_rejection", lambda n, key: None)
+    fast = {(n, k): permutation.fisher_yates(n, k).tolist() for n in sizes for k in keys}
+    # Many tables of one size are made together, swap by swap in numpy: the same tables.
+    for n in sizes:
+        rows = permutation.fisher_yates_rows(n, keys * 8)
+        assert [row.tolist() for row in rows] == [fast[(n, k)] for k in keys * 8]
+    monkeypatch.setattr(permutation, "draws_at_once", lambda n, key: None)
     for (n, k), table in fast.items():
-        assert order_module._fisher_yates(n, k).tolist() == table
+        assert permutation.fisher_yates(n, k).tolist() == table
 
 
 def test_wide_products_match_python_integers() -> None:
-    from yogadl_plus.order import _wide_product
+    from yogadl_plus.order.permutation import wide_product
 
     rng = np.random.default_rng(5)
     draws = rng.integers(0, 2**64, size=2000, dtype=np.uint64, endpoint=False)
     draws[:3] = [0, 2**64 - 1, 2**63]
     bounds = rng.integers(1, 2**31, size=2000, dtype=np.uint64)
     bounds[:3] = [2**31 - 1, 2**31 - 1, 1]
-    high, low = _wide_product(draws, bounds)
+    high, low = wide_product(draws, bounds)
     for d, b, h, lo in zip(draws.tolist(), bounds.tolist(), high.tolist(), low.tolist()):
         assert (h, lo) == divmod(d * b, 2**64)

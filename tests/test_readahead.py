@@ -119,17 +119,17 @@ def test_read_ahead_changes_nothing_that_is_read(local_storage, monkeypatch, shu
     """The same items with read-ahead as without (small and big records, shuffled or not,
     records and batches), and the thread stops with the DataRef."""
     import yogadl_plus.cache.readahead as readahead_module
-    import yogadl_plus.stream as stream_module
+    import yogadl_plus.stream.units as units_module
 
     monkeypatch.setattr(readahead_module, "MIN_RECORD_BYTES", 0)
     others = {t for t in threading.enumerate() if t.name == "yogadl-readahead"}
     ref = _cache(local_storage, f"same{size}", 400, size)
-    assert ref.stream()._read_ahead > 0
+    assert ref.stream().plan().sizes.read_ahead > 0
     with_ahead = [r["y"] for r in ref.stream(shuffle=shuffle, shuffle_seed=3)]
     batches = [b["x"].copy() for b in ref.stream(shuffle=shuffle, shuffle_seed=3, batch_size=64)]
-    monkeypatch.setattr(stream_module, "_READ_AHEAD_BYTES", 0)
+    monkeypatch.setattr(units_module, "READ_AHEAD_BYTES", 0)
     plain = ref.stream(shuffle=shuffle, shuffle_seed=3)
-    assert plain._read_ahead == 0
+    assert plain.plan().sizes.read_ahead == 0
     assert [r["y"] for r in plain] == with_ahead
     for got, want in zip(ref.stream(shuffle=shuffle, shuffle_seed=3, batch_size=64), batches):
         np.testing.assert_array_equal(got["x"], want)
@@ -208,7 +208,7 @@ def test_big_record_mode_reads_in_small_blocks(local_storage):
     record kept by the caller is right after many more were read."""
     ref = _cache(local_storage, "blocks", 200, 300_000, chunk_bytes=32 << 20)
     stream = ref.stream(shuffle=True, shuffle_seed=2)
-    assert stream._read_block < 32
+    assert stream.plan().sizes.read_block < 32
     records = list(stream)
     for r in records:
         assert (r["x"] == r["y"] % 251).all()

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import yogadl_plus as ydl
-from yogadl_plus.shared_buffers import MIN_SHARED, SharedRing
+from yogadl_plus.stream.workers.ring import MIN_SHARED, SharedRing
 
 pytestmark = pytest.mark.skipif(
     not hasattr(os, "memfd_create"), reason="shared rings need memfd (Linux)"
@@ -261,7 +261,7 @@ def test_stream_workers_hand_blocks_over_in_their_rings(ref, batch_size):
 def test_items_held_across_a_whole_epoch_stay_right(ref):
     # Holding everything fills the rings: the rest crosses through the pipes, nothing is
     # overwritten.
-    from yogadl_plus import shared_buffers
+    from yogadl_plus.stream.workers import ring as shared_buffers
 
     args = dict(shuffle=True, shuffle_seed=5, batch_size=16)
     capacity = shared_buffers.RING_BYTES
@@ -476,17 +476,17 @@ def test_a_ring_pickled_outside_a_process_start_is_the_same_memory():
     assert out.shared and int(ring.unpack(out)[-1]) == 3
 
 
-def test_decode_into_gives_a_layout_with_a_recycler_the_ring():
-    from types import SimpleNamespace
-
-    from yogadl_plus.workers import decode_into
-
+def test_a_plan_decodes_into_the_allocator_it_is_given(ref):
+    # What a worker process does with its ring: big decoded arrays are made there, and a plan
+    # given none decodes as usual.
     ring = SharedRing.create()
     assert ring is not None
-    chooses = SimpleNamespace(layout=SimpleNamespace(recycler=object()))
-    decode_into(ring, chooses)
-    assert chooses.layout.recycler is ring
-    fixed = SimpleNamespace(layout=SimpleNamespace())
-    decode_into(ring, fixed)  # a layout that does not let its caller choose is left alone
-    assert not hasattr(fixed.layout, "recycler")
-    decode_into(ring, None)
+    # (One field of a MiB or more in all: decoded by one copy into an array made for it.)
+    plan = ref.stream(batch_size=N, fields="x").plan()
+    assert not in_a_ring(plan.read(0, 0, N).columns["x"])
+    plan.decode_into(ring.empty)
+    batch = plan.read(0, 0, N).columns
+    assert in_a_ring(batch["x"])
+    assert (batch["x"] == (np.arange(N) % 251).astype(np.uint8)[:, None]).all()
+    plan.decode_into(None)
+    assert not in_a_ring(plan.read(0, 0, N).columns["x"])

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import yogadl_plus as ydl
-from yogadl_plus.order import EpochOrder
+from yogadl_plus.order import ShardByRecords
 
 N = 97  # prime, so shards and batches never divide evenly
 
@@ -39,7 +39,7 @@ def test_shuffled_epochs_differ_and_each_covers_everything(ref):
     assert sorted(first) == sorted(second) == list(range(N))
     assert first != second and first != list(range(N))
     assert first == ids(ref.stream(shuffle=True, shuffle_seed=11))
-    assert first == EpochOrder(N, shuffle=True, seed=11).indices(0, 0, N).tolist()
+    assert first == ShardByRecords(N, shuffle=True, shuffle_seed=11).indices(0, 0, N).tolist()
 
 
 def test_skip_shuffle_at_epoch_end_reuses_epoch_0(ref):
@@ -126,9 +126,9 @@ def test_resuming_from_offset_reproduces_the_rest_exactly(
                 out.append(tuple(int(i) for i in np.atleast_1d(item["i"])))
         return out
 
-    reference = ydl.Stream(ref, start_offset=start, **args)
+    reference = ref.stream(start_offset=start, **args)
     whole = flat(reference, 3)
-    stream = ydl.Stream(ref, start_offset=start, **args)
+    stream = ref.stream(start_offset=start, **args)
     prefix, epochs_used = [], 0
     while len(prefix) < min(take, len(whole)):
         for item in stream:
@@ -136,7 +136,7 @@ def test_resuming_from_offset_reproduces_the_rest_exactly(
             if len(prefix) == min(take, len(whole)):
                 break
         epochs_used += 1
-    resumed = ydl.Stream(ref, start_offset=stream.offset, **args)
+    resumed = ref.stream(start_offset=stream.offset, **args)
     rest = flat(resumed, 3)
     assert prefix == whole[: len(prefix)]
     # The resumed stream continues exactly where the prefix stopped.
@@ -146,7 +146,7 @@ def test_resuming_from_offset_reproduces_the_rest_exactly(
 
 def test_start_offset_counts_positions_across_epochs(ref):
     stream = ref.stream(shuffle=True, shuffle_seed=2, start_offset=2 * N + 5)
-    expected = EpochOrder(N, shuffle=True, seed=2).indices(2, 5, N).tolist()
+    expected = ShardByRecords(N, shuffle=True, shuffle_seed=2).indices(2, 5, N).tolist()
     assert ids(stream) == expected and stream.offset == 3 * N
 
 

@@ -88,14 +88,12 @@ def test_resuming_with_a_predicate_is_exact(ref, take, batch, shards, workers):
     )
     whole = [
         flat([item])
-        for item in itertools.chain(
-            ydl.Stream(ref, **args), ydl.Stream(ref, start_offset=0, **args)
-        )
+        for item in itertools.chain(ref.stream(**args), ref.stream(start_offset=0, **args))
     ]
-    stream = ydl.Stream(ref, **args)
+    stream = ref.stream(**args)
     it = iter(stream)
     prefix = [flat([item]) for item in itertools.islice(it, min(take, len(whole) // 2))]
-    rest = [flat([item]) for item in ydl.Stream(ref, start_offset=stream.offset, **args)]
+    rest = [flat([item]) for item in ref.stream(start_offset=stream.offset, **args)]
     stream.close()
     assert prefix + rest[: len(whole) // 2 - len(prefix)] == whole[: len(whole) // 2]
 

@@ -12,8 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import yogadl_plus as ydl
-from yogadl_plus.order import ChunkShardOrder, EpochOrder, OrderSettings
-from yogadl_plus.stream_state import StreamState
+from yogadl_plus.order import OrderSettings, ShardByChunks, ShardByRecords, shard_order
+from yogadl_plus.stream import StreamState
 
 N = 53
 
@@ -55,39 +55,40 @@ def test_locate_and_offset_of_are_inverse_and_match_iteration(
         shuffle=True, shuffle_seed=7, num_shards=shards, shard_rank=shards - 1,
         drop_shard_remainder=drop, global_start=global_start,
     )  # fmt: skip
-    epoch, position = stream.locate(offset)
-    assert 0 <= position <= stream.epoch_length(epoch)
-    if position < stream.epoch_length(epoch) and stream.positions_per_epoch:
-        assert stream.offset_of(epoch, position) == offset
+    plan = stream.plan()
+    epoch, position = plan.position_of(offset)
+    assert 0 <= position <= plan.epoch_length(epoch)
+    if position < plan.epoch_length(epoch) and plan.positions_per_epoch:
+        assert plan.offset_of(epoch, position) == offset
     resumed = stream.replace(start_offset=offset)
     assert resumed.next_epoch_position == (epoch, position)
-    expected = stream.order_indices(epoch, position, stream.epoch_length(epoch)).tolist()
+    expected = plan.indices(epoch, position, plan.epoch_length(epoch)).tolist()
     assert ids(resumed) == expected
-    assert stream.items_from(epoch, position) == len(expected)
+    assert plan.items_from(epoch, position) == len(expected)
 
 
 def test_items_from_counts_batches(ref):
     stream = ref.stream(batch_size=10)
-    assert stream.items_from(0, 0) == len(stream) == 6
-    assert stream.items_from(0, 45) == 1
-    assert stream.replace(drop_last=True).items_from(0, 45) == 0
+    assert stream.plan().items_from(0, 0) == len(stream) == 6
+    assert stream.plan().items_from(0, 45) == 1
+    assert stream.replace(drop_last=True).plan().items_from(0, 45) == 0
 
 
 def test_order_settings_are_checked_once_and_frozen():
-    settings_ = OrderSettings(shuffle=True, seed=np.int64(3), num_shards=2, shard_rank=1)
-    assert type(settings_.seed) is int and settings_.seeded() is settings_
+    settings_ = OrderSettings(shuffle=True, shuffle_seed=np.int64(3), num_shards=2, shard_rank=1)
+    assert type(settings_.shuffle_seed) is int and settings_.seeded() is settings_
     with pytest.raises(AttributeError):
-        settings_.seed = 4  # type: ignore[misc]
-    assert OrderSettings(shuffle=True).seeded().seed is not None
+        settings_.shuffle_seed = 4  # type: ignore[misc]
+    assert OrderSettings(shuffle=True).seeded().shuffle_seed is not None
     with pytest.raises(ValueError, match="explicit shuffle_seed"):
         OrderSettings(shuffle=True, num_shards=2)
     with pytest.raises(ValueError, match="shard_by must be"):
         OrderSettings(shard_by="rows")
     with pytest.raises(ValueError, match="global_start"):
         OrderSettings(shard_by="chunks", global_start=3)
-    assert isinstance(OrderSettings().order(10, [10]), EpochOrder)
-    chunked = OrderSettings(shard_by="chunks").order(10, [5, 5])
-    assert isinstance(chunked, ChunkShardOrder) and not hasattr(chunked, "global_offset")
+    assert isinstance(shard_order(OrderSettings(), 10, [10]), ShardByRecords)
+    chunked = shard_order(OrderSettings(shard_by="chunks"), 10, [5, 5])
+    assert isinstance(chunked, ShardByChunks)
 
 
 def test_the_torch_sampler_orders_as_the_stream_without_making_one(ref):
@@ -145,7 +146,7 @@ def test_a_state_of_another_stream_is_refused_naming_what_differs(ref, storage):
     [
         (lambda d: d.pop("fingerprint"), "lacks"),
         (lambda d: d.update(offset=-1), "offset"),
-        (lambda d: d["order"].pop("seed"), "'order' must hold"),
+        (lambda d: d["order"].pop("shuffle_seed"), "'order' must hold"),
         (lambda d: d.update(dataset=3), "'dataset' must be a str"),
     ],
 )
@@ -170,11 +171,11 @@ def test_the_torch_loader_state_carries_the_stream_state(ref):
                                                  num_shards=2))  # fmt: skip
     with pytest.raises(ValueError, match="num_shards"):
         other.load_state_dict(state)
-    # A state saved before it carried the stream's state resumes on its seed check.
+    # A state without the stream's (saved before 0.1.0) is refused, saying where to resume.
     older = {k: v for k, v in state.items() if k != "stream"}
     fresh = ydl.torch.make_dataloader(ref.stream(shuffle=True, shuffle_seed=3, batch_size=4))
-    fresh.load_state_dict(older)
-    assert next(iter(fresh))["i"].tolist() == next(it)["i"].tolist()
+    with pytest.raises(ValueError, match="start_offset=4"):
+        fresh.load_state_dict(older)
 
 
 # --- caches a module owns ---

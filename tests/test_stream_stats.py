@@ -9,7 +9,7 @@ import pytest
 
 import yogadl_plus as ydl
 from yogadl_plus.predicates import in_lambda
-from yogadl_plus.stream_stats import TIMED
+from yogadl_plus.stream.stats import TIMED
 
 N = 2000
 X = 64  # float32 values a record: 256 bytes, plus its int64 id

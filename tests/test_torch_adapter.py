@@ -97,7 +97,7 @@ def test_dataloader_gives_the_streams_batches_as_tensors(ref, workers, persisten
             shuffle=True,
             shuffle_seed=2,
             batch_size=16,
-            start_offset=len(stream.order.indices(0, 0, N)),
+            start_offset=len(stream.plan().indices(0, 0, N)),
         )
     )
 

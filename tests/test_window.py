@@ -20,10 +20,10 @@ from hypothesis import strategies as st
 
 import yogadl_plus as ydl
 from yogadl_plus.order import (
-    ChunkShardOrder,
-    EpochOrder,
     OrderSettings,
     Permutation,
+    ShardByChunks,
+    ShardByRecords,
     WindowPermutation,
 )
 
@@ -178,7 +178,9 @@ def test_windowed_orders_are_pinned_across_versions() -> None:
     assert mid.indices(np.arange(0, 1040, 130)).tolist() == [
         521, 556, 747, 886, 774, 298, 327, 219,
     ]  # fmt: skip
-    big = EpochOrder(10**9, shuffle=True, seed=3, shuffle_window=4, chunk_records=[10**5] * 10**4)
+    big = ShardByRecords(
+        10**9, shuffle=True, shuffle_seed=3, shuffle_window=4, chunk_records=[10**5] * 10**4
+    )
     assert big.indices(5, 0, 4).tolist() == [298266319, 298296993, 926535657, 298234382]
 
 
@@ -188,7 +190,9 @@ def test_memory_is_per_chunk_never_per_record() -> None:
     counts = [10**5] * 10**4
     tracemalloc.start()
     try:
-        order = EpochOrder(10**9, shuffle=True, seed=3, shuffle_window=4, chunk_records=counts)
+        order = ShardByRecords(
+            10**9, shuffle=True, shuffle_seed=3, shuffle_window=4, chunk_records=counts
+        )
         first = order.indices(5, 0, 1000)
         far = order.indices(5, 9 * 10**8, 9 * 10**8 + 1000)
         order.index(7, 123_456_789)
@@ -211,7 +215,7 @@ def window_orders(draw: st.DrawFn) -> dict[str, Any]:
         "num_records": sum(counts),
         "chunk_records": counts,
         "shuffle": True,
-        "seed": draw(seeds),
+        "shuffle_seed": draw(seeds),
         "shuffle_window": draw(windows),
         "num_shards": num_shards,
         "shard_rank": draw(st.integers(0, num_shards - 1)),
@@ -227,12 +231,12 @@ def test_shards_are_disjoint_and_cover_the_cut_windowed_order(
 ) -> None:
     n, shards = args["num_records"], args["num_shards"]
     key_epoch = 0 if args["skip_shuffle_at_epoch_end"] else epoch
-    full = whole(WindowPermutation(args["chunk_records"], args["shuffle_window"], args["seed"],
-                                   key_epoch))  # fmt: skip
+    full = whole(WindowPermutation(args["chunk_records"], args["shuffle_window"],
+                                   args["shuffle_seed"], key_epoch))  # fmt: skip
     cut = full[: n - n % shards] if args["drop_shard_remainder"] else full
     got = []
     for rank in range(shards):
-        order = EpochOrder(**{**args, "shard_rank": rank})
+        order = ShardByRecords(**{**args, "shard_rank": rank})
         shard = order.indices(epoch, 0, order.shard_length)
         np.testing.assert_array_equal(shard, cut[rank::shards])
         if len(shard):
@@ -261,8 +265,8 @@ def test_chunk_shards_shuffle_their_own_chunks_in_windows(
     owner = chunk_of(counts)
     seen = []
     for rank in range(shards):
-        order = ChunkShardOrder(
-            counts, shuffle=True, seed=seed, shuffle_window=window, shard_rank=rank,
+        order = ShardByChunks(
+            counts, shuffle=True, shuffle_seed=seed, shuffle_window=window, shard_rank=rank,
             num_shards=shards,
         )  # fmt: skip
         got = order.indices(epoch, 0, order.shard_length)
@@ -279,12 +283,12 @@ def test_chunk_shards_shuffle_their_own_chunks_in_windows(
 
 
 def test_skip_shuffle_at_epoch_end_reuses_epoch_zeros_windowed_order() -> None:
-    args = {"shuffle": True, "seed": 4, "shuffle_window": 3, "chunk_records": [10] * 9}
-    order = EpochOrder(90, skip_shuffle_at_epoch_end=True, **args)
+    args = {"shuffle": True, "shuffle_seed": 4, "shuffle_window": 3, "chunk_records": [10] * 9}
+    order = ShardByRecords(90, skip_shuffle_at_epoch_end=True, **args)
     epoch0 = order.indices(0, 0, 90)
     for epoch in (1, 2, 10**6):
         np.testing.assert_array_equal(order.indices(epoch, 0, 90), epoch0)
-    moving = EpochOrder(90, **args)
+    moving = ShardByRecords(90, **args)
     np.testing.assert_array_equal(moving.indices(0, 0, 90), epoch0)
     assert not np.array_equal(moving.indices(1, 0, 90), epoch0)
 
@@ -324,7 +328,7 @@ def test_each_stream_epoch_is_a_permutation_that_moves_window_by_window(
     epochs = [ids(stream) for _ in range(3)]
     for epoch, got in enumerate(epochs):
         assert sorted(got) == list(range(N))
-        perm = stream.order.window_permutation(epoch)
+        perm = stream.plan().order.window_permutation(epoch)
         assert perm is not None
         start = 0
         for k in range(perm.num_windows):
@@ -333,8 +337,8 @@ def test_each_stream_epoch_is_a_permutation_that_moves_window_by_window(
             assert set(owner[got[start : start + size]].tolist()) == chunks
             start += size
     assert epochs[0] != epochs[1] != epochs[2]
-    assert stream.order.window_permutation(0) is not None
-    assert ref.stream(shuffle=True, shuffle_seed=2).order.window_permutation(0) is None
+    assert stream.plan().order.window_permutation(0) is not None
+    assert ref.stream(shuffle=True, shuffle_seed=2).plan().order.window_permutation(0) is None
 
 
 @settings(
@@ -352,7 +356,7 @@ def test_elastic_rescale_loses_and_repeats_nothing(
 ) -> None:
     args = dict(shuffle=True, shuffle_seed=7, shuffle_window=window, drop_shard_remainder=drop)
     ranks = [ref.stream(num_shards=shards, shard_rank=r, **args) for r in range(shards)]
-    steps = min(steps, ranks[-1].positions_per_epoch)
+    steps = min(steps, ranks[-1].plan().positions_per_epoch)
     iters = [iter(s) for s in ranks]
     seen = [int(next(it)["i"]) for _ in range(steps) for it in iters]
     checkpoint = ranks[0].global_offset
@@ -364,7 +368,7 @@ def test_elastic_rescale_loses_and_repeats_nothing(
     ]
     # The global order (one shard, nothing cut) of each epoch: the S ranks handed out its
     # first S * steps records, the S' ranks hand out the rest (cut to rounds of S' with drop).
-    one = ref.stream(shuffle=True, shuffle_seed=7, shuffle_window=window).order
+    one = ref.stream(shuffle=True, shuffle_seed=7, shuffle_window=window).plan().order
     assert sorted(seen) == sorted(one.indices(0, 0, shards * steps).tolist())
     epoch, start = divmod(checkpoint, N)
     end = start + (N - start) // new_shards * new_shards if drop else N
@@ -376,15 +380,16 @@ def test_elastic_rescale_loses_and_repeats_nothing(
 def test_same_order_in_a_fresh_process() -> None:
     code = (
         "import json, sys\n"
-        "from yogadl_plus.order import EpochOrder\n"
-        "orders = [EpochOrder(1000, shuffle=True, seed=s, shuffle_window=w, num_shards=3,\n"
-        "                     shard_rank=1, chunk_records=[90] * 11 + [10]).indices(e, 0, 300)\n"
+        "from yogadl_plus.order import ShardByRecords\n"
+        "orders = [ShardByRecords(1000, shuffle=True, shuffle_seed=s, shuffle_window=w,\n"
+        "                         num_shards=3, shard_rank=1,\n"
+        "                         chunk_records=[90] * 11 + [10]).indices(e, 0, 300)\n"
         "          .tolist() for s in (0, 2**65) for w in (1, 4) for e in (0, 7)]\n"
         "json.dump(orders, sys.stdout)\n"
     )
     here = [
-        EpochOrder(1000, shuffle=True, seed=s, shuffle_window=w, num_shards=3, shard_rank=1,
-                   chunk_records=[90] * 11 + [10]).indices(e, 0, 300).tolist()
+        ShardByRecords(1000, shuffle=True, shuffle_seed=s, shuffle_window=w, num_shards=3,
+                       shard_rank=1, chunk_records=[90] * 11 + [10]).indices(e, 0, 300).tolist()
         for s in (0, 2**65) for w in (1, 4) for e in (0, 7)
     ]  # fmt: skip
     # A different hash salt: the order must not depend on Python's per-process hash().
@@ -408,7 +413,7 @@ def test_ngram_windows_are_grouped_by_their_anchor_records_chunk(ref: ydl.DataRe
     stream = ref.stream(ngram=gram, shuffle=True, shuffle_seed=5, shuffle_window=2)
     got = [int(w[0]["i"]) for w in stream]
     assert sorted(got) == anchors.tolist()  # each window once
-    perm = stream.order.window_permutation(0)
+    perm = stream.plan().order.window_permutation(0)
     assert perm is not None and perm.n == len(anchors)
     start = 0
     for k in range(perm.num_windows):
@@ -442,14 +447,16 @@ def test_bad_windows_are_value_errors_naming_the_argument(
     with pytest.raises(ValueError, match=message):
         ref.stream(**args)
     with pytest.raises(ValueError, match=message):
-        OrderSettings(shuffle=args["shuffle"], seed=1, shuffle_window=kwargs["shuffle_window"])
+        OrderSettings(
+            shuffle=args["shuffle"], shuffle_seed=1, shuffle_window=kwargs["shuffle_window"]
+        )
 
 
 def test_orders_need_and_check_the_chunk_counts() -> None:
     with pytest.raises(ValueError, match="chunk_records"):
-        EpochOrder(10, shuffle=True, seed=1, shuffle_window=2)
+        ShardByRecords(10, shuffle=True, shuffle_seed=1, shuffle_window=2)
     with pytest.raises(ValueError, match="adding up to num_records=10"):
-        EpochOrder(10, shuffle=True, seed=1, shuffle_window=2, chunk_records=[5, 4])
+        ShardByRecords(10, shuffle=True, shuffle_seed=1, shuffle_window=2, chunk_records=[5, 4])
     with pytest.raises(ValueError, match="chunk_records must be >= 0"):
         WindowPermutation([5, -1], 2, seed=1)
     with pytest.raises(ValueError, match="1-d sequence of ints"):
@@ -457,16 +464,16 @@ def test_orders_need_and_check_the_chunk_counts() -> None:
     with pytest.raises(IndexError, match=r"9.*\[0, 8\]"):
         WindowPermutation([4, 5], 1, seed=1)[9]
     assert whole(WindowPermutation([], 3, seed=1)).tolist() == []
-    text = repr(EpochOrder(10, shuffle=True, seed=1, shuffle_window=2, chunk_records=[5, 5]))
+    text = repr(
+        ShardByRecords(10, shuffle=True, shuffle_seed=1, shuffle_window=2, chunk_records=[5, 5])
+    )
     assert "shuffle_window=2" in text
-    # Orders without a window print as before (Keras backups of older versions name them so).
-    assert "window" not in repr(EpochOrder(10, shuffle=True, seed=1))
 
 
 def test_replace_changes_or_keeps_the_window(ref: ydl.DataRef) -> None:
     stream = ref.stream(shuffle=True, shuffle_seed=3, shuffle_window=2)
     assert ids(stream.replace(start_offset=5)) == ids(stream)[5:]
-    assert stream.replace(start_offset=5).settings.shuffle_window == 2
+    assert stream.replace(start_offset=5).plan().order.settings.shuffle_window == 2
     full = stream.replace(shuffle_window=None)
     assert ids(full) == ids(ref.stream(shuffle=True, shuffle_seed=3))
 
@@ -487,16 +494,3 @@ def test_a_state_with_another_window_is_refused(ref: ydl.DataRef) -> None:
     full = ref.stream(shuffle=True, shuffle_seed=3).state().to_dict()
     with pytest.raises(ValueError, match="shuffle_window: saved None, this stream 2"):
         ref.stream(shuffle=True, shuffle_seed=3, shuffle_window=2).load_state(full)
-
-
-def test_a_state_saved_before_windows_existed_still_loads(ref: ydl.DataRef) -> None:
-    stream = ref.stream(shuffle=True, shuffle_seed=3, num_shards=2)
-    state = stream.state().to_dict()
-    # A full shuffle's state names no window: it is what versions before windows wrote.
-    assert "shuffle_window" not in state["order"]
-    stream.load_state({**state, "offset": 7})
-    assert stream.next_epoch_position == (0, 7)
-    explicit = {**state, "order": {**state["order"], "shuffle_window": None}}
-    stream.load_state(explicit)  # naming the default is the same as leaving it out
-    with pytest.raises(ValueError, match="'order' must hold"):
-        stream.load_state({**state, "order": {**state["order"], "window": 2}})

@@ -420,7 +420,7 @@ def test_a_stream_copied_into_a_forked_child_runs_workers_of_its_own(ref, worker
 
 FAULTS = """
 import resource, sys, numpy as np
-from yogadl_plus.workers import keep_freed_memory
+from yogadl_plus.stream.workers.child import keep_freed_memory
 if sys.argv[1] == "keep":
     keep_freed_memory()
 values = [bytes(98312) for _ in range(256)]  # a batch of 96 KiB records, decoded as a worker does

@@ -38,8 +38,7 @@ from yogadl_plus.storage import (
     default_storage,
     open_storage,
 )
-from yogadl_plus.stream import Stream
-from yogadl_plus.stream_stats import StreamStats
+from yogadl_plus.stream import Stream, StreamStats
 
 _ADAPTERS = ("tensorflow", "torch", "keras", "grain")
 

@@ -27,7 +27,7 @@ from yogadl_plus.build import ENGINES
 from yogadl_plus.progress import progress_bar
 from yogadl_plus.storage import copy_version, local_root
 from yogadl_plus.storage.remote import RemoteStorage
-from yogadl_plus.stream_stats import TIMED, time_epoch
+from yogadl_plus.stream.stats import TIMED, time_epoch
 
 __all__ = ["EXIT_CODES", "INTERNAL_ERROR", "main"]
 

@@ -1,32 +1,37 @@
-"""DataRef: record ``i`` of a published version, in O(1), from any process."""
+"""DataRef: record ``i`` of a published version, in O(1), from any process; a RecordSource."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+import contextlib
+import hashlib
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 
 from yogadl_plus.cache.demand import ChunkSource
+from yogadl_plus.cache.fixed import Allocate
 from yogadl_plus.cache.layout import RecordLayout
 from yogadl_plus.cache.manifest import ChunkInfo, Manifest
 from yogadl_plus.cache.reader import ChunkSet
 from yogadl_plus.checks import check_index, check_indices
+from yogadl_plus.order.placement import Placement
+from yogadl_plus.order.settings import OrderSettings
+from yogadl_plus.recordsource import Leaf, RecordSource
 from yogadl_plus.schema import Field, Schema
-
-if TYPE_CHECKING:
-    from yogadl_plus.stream import Stream
 
 __all__ = ["DataRef", "DataRefOnDemand"]
 
 
-class DataRef:
+class DataRef(RecordSource):
     """Random access to one published version of a dataset.
 
     Every chunk is checked before a record of it is served (see docs/guarantees.md). ``hold``
     is whatever keeps the files of this version on disk while it is read (the storage's pins):
     kept as long as the DataRef lives, and sent along (it pickles itself) to other processes.
-    Picklable: a copy sent to another process opens its own LMDB handles there.
+    Picklable: a copy sent to another process opens its own LMDB handles there. As a
+    RecordSource, it is what ``ref.stream(...)`` streams: position ``i`` of an unshuffled epoch
+    is record ``i``.
     """
 
     def __init__(self, directory: str, manifest: Manifest, hold: Any = None) -> None:
@@ -38,6 +43,7 @@ class DataRef:
         self._layout = RecordLayout(manifest.schema)
         self._len = manifest.num_records
         self._columns = self._chunks.columns()
+        self._fingerprint: str | None = None
         # The manifest as it travels to other processes: made once, on the first pickle (a
         # torch DataLoader pickles its dataset for every worker, every epoch).
         self._manifest_text: str | None = None
@@ -92,12 +98,6 @@ class DataRef:
         strings, bytes and nullable fields). Only the fields asked for are decoded."""
         return self.read_columns(self.check_indices(indices), self.select(fields))
 
-    def stream(self, **kwargs: Any) -> Stream:
-        """A Stream over this version; see Stream for the arguments."""
-        from yogadl_plus.stream import Stream
-
-        return Stream(self, **kwargs)
-
     def verify(self, on_chunk: Callable[[ChunkInfo], object] | None = None) -> None:
         """Re-hash every chunk against the manifest; raises CacheCorrupted on a mismatch.
         ``on_chunk(info)`` is called after each chunk that matches (for a progress bar)."""
@@ -129,12 +129,18 @@ class DataRef:
         few microseconds, a get_batch of one several times that."""
         return self._layout.decode_record(self._chunks.get(index), fields)
 
-    def read_columns(self, indices: np.ndarray, fields: Sequence[Field]) -> dict[str, Any]:
+    def read_columns(
+        self,
+        indices: np.ndarray,
+        fields: Sequence[Field],
+        allocate: Allocate | None = None,
+    ) -> dict[str, Any]:
         """get_batch for checked indices and resolved fields (the Stream's hot path). Fields
-        kept as whole-chunk columns come from there, without reading the records."""
+        kept as whole-chunk columns come from there, without reading the records. ``allocate``:
+        where big arrays are made (``RecordLayout.decode_columns``)."""
         if self.has_columns(fields):
             return {f.name: self._chunks.gather(f.name, f.dtype, indices) for f in fields}
-        return self._layout.decode_columns(self._chunks.get_many(indices), fields)
+        return self._layout.decode_columns(self._chunks.get_many(indices), fields, allocate)
 
     def has_columns(self, fields: Sequence[Field]) -> bool:
         """True when every one of ``fields`` is kept as a whole-chunk column."""
@@ -148,6 +154,55 @@ class DataRef:
     @property
     def layout(self) -> RecordLayout:
         return self._layout
+
+    @property
+    def source_kind(self) -> str:
+        """What the version was cached from ("tensorflow", "torch", "parquet", ...)."""
+        return self.manifest.source_kind
+
+    # --- as a RecordSource (what a Stream reads) ---
+
+    @property
+    def leaves(self) -> tuple[Leaf, ...]:
+        """This DataRef, alone (made on each call: a DataRef holding its own Leaf would live on
+        until the garbage collector broke the cycle, and its files stayed open till then)."""
+        return (Leaf((), self),)
+
+    def identity(self) -> tuple[str, str]:
+        """``"dataset_id:version"``, and a digest of this build's chunks (their checksums and
+        counts, in order): another build of the version has another."""
+        if self._fingerprint is None:
+            digest = hashlib.sha256()
+            for chunk in self.manifest.chunks:
+                digest.update(f"{chunk.sha256}:{chunk.records};".encode("ascii"))
+            self._fingerprint = digest.hexdigest()[:32]
+        return f"{self.dataset_id}:{self.version}", self._fingerprint
+
+    def place(self, epoch: int, positions: np.ndarray, shuffle: bool, seed: int) -> Placement:
+        """Position ``i`` reads record ``i``, in every epoch."""
+        return Placement.whole(positions)
+
+    @property
+    def chunk_records(self) -> np.ndarray:
+        return np.array([c.records for c in self.manifest.chunks], dtype=np.int64)
+
+    @property
+    def record_bytes(self) -> float:
+        chunks = self.manifest.chunks
+        return max(1.0, sum(c.bytes for c in chunks) / self._len) if self._len else 1.0
+
+    @property
+    def chunk_bytes(self) -> float:
+        chunks = self.manifest.chunks
+        return max(1.0, sum(c.bytes for c in chunks) / len(chunks)) if chunks else 1.0
+
+    def stream_fields(
+        self, fields: Sequence[str] | str | None, batching: bool
+    ) -> tuple[Field, ...]:
+        return self.select(fields)
+
+    def check_stream(self, order: OrderSettings, windows: bool) -> None:
+        """A DataRef streams in every order."""
 
 
 class DataRefOnDemand(DataRef):
@@ -176,26 +231,23 @@ class DataRefOnDemand(DataRef):
             state["directory"], manifest, state.get("hold"), state["source"]
         )
 
-    def read_record(self, index: int, fields: Sequence[Field]) -> dict[str, Any]:
-        chunks = self._chunks
-        chunks.read_begins()
+    @contextlib.contextmanager
+    def _reading(self) -> Iterator[None]:
+        """Brackets one read for the ChunkSet (see the class docstring)."""
+        self._chunks.read_begins()
         try:
-            return super().read_record(index, fields)
+            yield
         finally:
-            chunks.read_ends()
+            self._chunks.read_ends()
 
-    def read_columns(self, indices: np.ndarray, fields: Sequence[Field]) -> dict[str, Any]:
-        chunks = self._chunks
-        chunks.read_begins()
-        try:
-            return super().read_columns(indices, fields)
-        finally:
-            chunks.read_ends()
+    def read_record(self, *args: Any) -> dict[str, Any]:
+        with self._reading():
+            return super().read_record(*args)
 
-    def read_values(self, indices: np.ndarray) -> list[memoryview]:
-        chunks = self._chunks
-        chunks.read_begins()
-        try:
-            return super().read_values(indices)
-        finally:
-            chunks.read_ends()
+    def read_columns(self, *args: Any) -> dict[str, Any]:
+        with self._reading():
+            return super().read_columns(*args)
+
+    def read_values(self, *args: Any) -> list[memoryview]:
+        with self._reading():
+            return super().read_values(*args)

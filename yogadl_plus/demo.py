@@ -8,7 +8,7 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from yogadl_plus.stream_stats import time_epoch
+from yogadl_plus.stream.stats import time_epoch
 
 __all__ = ["DEMO_PARQUET", "make_demo_table", "run_demo"]
 
@@ -112,7 +112,7 @@ def run_demo(storage: Any = None, out: TextIO | None = None) -> int:
         f"continues with ids {following} (the original went on with {expected})"
     )
 
-    # Timed as `yogadl-plus bench` times it (stream_stats.time_epoch): the same figures.
+    # Timed as `yogadl-plus bench` times it (stream/stats.py, time_epoch): the same figures.
     stream = ref.stream(shuffle=True, shuffle_seed=7, batch_size=256)
     rates = [time_epoch(stream, epoch)["records_per_s"] for epoch in range(3)]
     say(

@@ -103,6 +103,10 @@ class Registry(Generic[T]):
         else:
             self._objects.discard(obj)
 
+    def clear(self) -> None:
+        """Forget every object (a forked child forgets those that are its parent's)."""
+        self._objects.clear()
+
     def __iter__(self) -> Iterator[T]:
         """The objects now (a copy: hooks may add or drop objects while they run)."""
         objects = self._objects.values() if isinstance(self._objects, dict) else self._objects

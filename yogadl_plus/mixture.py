@@ -2,12 +2,13 @@
 
 ``ydl.mix({"web": web, "books": books}, weights={"web": 3, "books": 1})`` is a view, like a
 DataRef, whose epochs hold exactly ``epoch_size`` items: source ``j`` gets its weight's share of
-them (``proportions.shares``), dealt evenly through the epoch (``proportions.Interleave``).
+them (``order.interleave.shares``), dealt evenly through the epoch (``Interleave`` there).
 Within a source, items come from that source's own endless sequence of epochs, each its own
 shuffle when the stream shuffles (keyed by the seed and the source's name), so a down-sampled
 source is read without replacement across mixture epochs and an up-sampled one repeats evenly.
-Which record a slot reads is arithmetic on (epoch, slot): a stream over a mixture resumes,
-shards and rescales as over a DataRef (docs/mixtures.md).
+Which record a slot reads is arithmetic on (epoch, slot) (``order.mixing.MixOrder``): a Mixture
+is a RecordSource, so a stream over it resumes, shards and rescales as over a DataRef
+(docs/mixtures.md).
 """
 
 from __future__ import annotations
@@ -17,30 +18,24 @@ import math
 import numbers
 from collections.abc import Mapping, Sequence
 from fractions import Fraction
-from typing import TYPE_CHECKING, Any, Union
+from typing import Any, Union
 
 import numpy as np
 
-from yogadl_plus.boundary import Located, merge_columns, stacking
 from yogadl_plus.checks import check_index, check_indices, check_int
+from yogadl_plus.columns import merge_columns, stacking
 from yogadl_plus.dataref import DataRef
 from yogadl_plus.errors import SchemaError
-from yogadl_plus.order import Permutation
-from yogadl_plus.proportions import Interleave, shares
+from yogadl_plus.order.interleave import shares
+from yogadl_plus.order.mixing import MixOrder
+from yogadl_plus.order.placement import Placement
+from yogadl_plus.order.settings import OrderSettings
+from yogadl_plus.recordsource import Leaf, RecordSource
 from yogadl_plus.schema import Field, Schema
-from yogadl_plus.splitmix import GOLDEN, splitmix64_array
-from yogadl_plus.stream_state import build_fingerprint
 
-if TYPE_CHECKING:
-    from yogadl_plus.stream import Stream
-
-__all__ = ["Leaf", "Mixture", "mix"]
+__all__ = ["Mixture", "mix"]
 
 Source = Union[DataRef, "Mixture"]
-# The per-source permutations a Mixture keeps made (a block of slots reads a few source epochs).
-_PERMUTATIONS_KEPT = 64
-# Sources up to this many records are shuffled by small_orders, many epochs at once.
-_SMALL_SOURCE = 1024
 
 
 def mix(
@@ -55,27 +50,7 @@ def mix(
     return Mixture(sources, weights, epoch_size=epoch_size)
 
 
-class Leaf:
-    """A DataRef a mixture reads from, and the names that lead to it (``("web",)``, or
-    ``("text", "books")`` inside a mixture of mixtures). ``used``: its share of an epoch is
-    not zero (a source of weight 0 is never read, and its fields need not match)."""
-
-    __slots__ = ("path", "ref", "used")
-
-    def __init__(self, path: tuple[str, ...], ref: DataRef, used: bool = True) -> None:
-        self.path = path
-        self.ref = ref
-        self.used = used
-
-    @property
-    def name(self) -> str:
-        return "/".join(self.path)
-
-    def __repr__(self) -> str:
-        return f"Leaf({self.name!r}, {self.ref!r})"
-
-
-class Mixture:
+class Mixture(RecordSource):
     """Several sources read as one at set proportions (see ``ydl.mix``).
 
     ``len(mix)`` is the items per epoch; ``mix[i]`` and ``mix.get_batch(indices)`` read the
@@ -106,9 +81,9 @@ class Mixture:
                     "or leave it out"
                 )
         self.counts = shares(self.weights, self.epoch_size)
-        self._interleave = Interleave(self.counts)
-        self.leaves: tuple[Leaf, ...] = tuple(_leaves(self.names, self.sources, self.counts))
-        self._permutations: dict[tuple[int, int, int], Permutation] = {}
+        self._leaves = tuple(_leaves(self.names, self.sources, self.counts))
+        parts = [s.mix_order if isinstance(s, Mixture) else len(s) for s in self.sources]
+        self.mix_order: MixOrder = MixOrder(self.names, parts, self.counts)
 
     # --- what a user sees ---
 
@@ -122,7 +97,7 @@ class Mixture:
     def __getitem__(self, index: int) -> dict[str, Any]:
         """Position ``index`` of the unshuffled epoch 0, as its source's record."""
         i = check_index(index, self.epoch_size, "Mixture", "position")
-        ((leaf, _, records),) = self.locate(0, np.array([i]), False, 0).parts
+        ((leaf, _, records),) = self.place(0, np.array([i]), False, 0).parts
         return self.leaves[leaf].ref[int(records[0])]
 
     def get_batch(
@@ -135,30 +110,29 @@ class Mixture:
         # some indices and not for others.
         names = [f.name for f in self.batch_fields(fields)]
         parts = []
-        for leaf, where, records in self.locate(0, idx, False, 0).parts:
-            ref = self.leaves[leaf].ref
-            parts.append((self.leaves[leaf].name, where, ref.get_batch(records, names)))
+        placement = self.place(0, idx, False, 0)
+        for part in placement.parts:
+            leaf = self.leaves[part[0]]
+            where = placement.offsets(part)
+            parts.append((leaf.name, where, leaf.ref.get_batch(part[2], names)))
         if not parts:
             return self.leaves[0].ref.get_batch(idx, names)
         return merge_columns(parts, len(idx))
-
-    def stream(self, **kwargs: Any) -> Stream:
-        """A Stream over this mixture; it takes every argument ``DataRef.stream`` takes."""
-        from yogadl_plus.stream import Stream
-
-        return Stream(self, **kwargs)
 
     def close(self) -> None:
         """Release this process's LMDB handles of every source (they reopen on the next read)."""
         for leaf in self.leaves:
             leaf.ref.close()
 
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state["_permutations"] = {}
-        return state
+    # --- as a RecordSource (what a Stream reads) ---
 
-    # --- for the Stream and adapters ---
+    # (Placing a mixture's slots costs more per call than the order itself.)
+    place_block = 4 * RecordSource.place_block
+
+    @property
+    def leaves(self) -> tuple[Leaf, ...]:
+        """The DataRefs read, depth first (a mixture of mixtures lists its inner ones')."""
+        return self._leaves
 
     def batch_fields(self, fields: Sequence[str] | str | None) -> tuple[Field, ...]:
         """The fields a batch of this mixture holds: those selected, which every source must
@@ -205,118 +179,60 @@ class Mixture:
         share of an epoch) and a digest of their builds and shares; any change to a source's
         build, a weight or the epoch size changes the digest."""
         described = ", ".join(
-            f"{name}={_source_name(source)}*{count}"
+            f"{name}={source.identity()[0]}*{count}"
             for name, source, count in zip(self.names, self.sources, self.counts)
         )
         digest = hashlib.sha256()
         for name, source, count in zip(self.names, self.sources, self.counts):
-            inner = (
-                source.identity()[1]
-                if isinstance(source, Mixture)
-                else build_fingerprint(source.manifest)
-            )
-            digest.update(f"{name}\x00{inner}\x00{count};".encode())
+            digest.update(f"{name}\x00{source.identity()[1]}\x00{count};".encode())
         return f"mix({described})", digest.hexdigest()[:32]
 
-    def locate(self, epoch: int, slots: np.ndarray, shuffle: bool, seed: int) -> Located:
-        """Where the ``slots`` of epoch ``epoch`` read: per leaf (its number in ``leaves``),
-        which of ``slots`` and that leaf's record for each. With ``shuffle``, each source walks
-        its epochs in the order of a permutation keyed by ``seed`` and the source's name."""
-        found: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {}
-        epochs = np.full(len(slots), epoch, dtype=np.int64)
-        self._locate(
-            epochs, np.asarray(slots, np.int64), shuffle, seed, 0, np.arange(len(slots)), found
-        )
-        parts = []
-        for leaf, pieces in sorted(found.items()):
-            where = np.concatenate([w for w, _ in pieces])
-            records = np.concatenate([r for _, r in pieces])
-            if len(pieces) > 1:  # (from several epochs of a nested mixture)
-                ascending = np.argsort(where, kind="stable")
-                where, records = where[ascending], records[ascending]
-            parts.append((leaf, where, records))
-        return Located(len(slots), parts)
+    def place(self, epoch: int, positions: np.ndarray, shuffle: bool, seed: int) -> Placement:
+        """Where slots ``positions`` of epoch ``epoch`` read: per leaf (its number in
+        ``leaves``), which slots and that leaf's record for each (``MixOrder.place``)."""
+        return self.mix_order.place(epoch, positions, shuffle, seed)
 
-    def _locate(
-        self,
-        epochs: np.ndarray,
-        slots: np.ndarray,
-        shuffle: bool,
-        seed: int,
-        first_leaf: int,
-        where: np.ndarray,
-        found: dict[int, list[tuple[np.ndarray, np.ndarray]]],
-    ) -> None:
-        source, rank = self._interleave.locate(slots)
-        leaf = first_leaf
-        for j, src in enumerate(self.sources):
-            chosen = source == j
-            count = len(src.leaves) if isinstance(src, Mixture) else 1
-            if chosen.any():
-                # The source's own sequence: its items of mixture epoch e come after those of
-                # the epochs before, through its own epochs in turn.
-                sequence = epochs[chosen] * self.counts[j] + rank[chosen]
-                size = len(src)
-                src_epochs, positions = np.divmod(sequence, size)
-                if isinstance(src, Mixture):
-                    # An inner mixture is walked in its own slot order, not a permutation of
-                    # it: a part of its epoch is then a prefix, in which each of its sources
-                    # gets a run of its own sequence (the balance property holds at every
-                    # level). The items are shuffled all the same: by the outer order, and by
-                    # the inner sources' own shuffled epochs.
-                    inner_seed = source_seed(seed, self.names[j])
-                    src._locate(
-                        src_epochs, positions, shuffle, inner_seed, leaf, where[chosen], found
-                    )
-                else:
-                    if shuffle:
-                        positions = self._shuffled(j, src_epochs, positions, seed)
-                    found.setdefault(leaf, []).append((where[chosen], positions))
-            leaf += count
+    @property
+    def chunk_records(self) -> np.ndarray:
+        """One run of slots per epoch: a mixture has no chunks of its own."""
+        return np.array([self.epoch_size], dtype=np.int64)
 
-    def _shuffled(self, j: int, epochs: np.ndarray, positions: np.ndarray, seed: int) -> np.ndarray:
-        """``positions`` of source ``j``'s ``epochs`` through that source's permutations."""
-        key = source_seed(seed, self.names[j])
-        size = len(self.sources[j])
-        if size <= _SMALL_SOURCE:
-            # A small source up-sampled goes through an epoch every few slots: its epochs'
-            # orders are made together (one table per epoch would cost a Python call each).
-            unique, inverse = np.unique(epochs, return_inverse=True)
-            return small_orders(size, key, unique)[inverse, positions]
-        first = int(epochs[0])
-        if (epochs == first).all():  # (most blocks of slots read one epoch of each source)
-            return self._permutation(j, key, first).indices(positions)
-        out = np.empty_like(positions)
-        for epoch in np.unique(epochs).tolist():
-            at = epochs == epoch
-            out[at] = self._permutation(j, key, epoch).indices(positions[at])
-        return out
+    @property
+    def record_bytes(self) -> float:
+        return max(leaf.ref.record_bytes for leaf in self.leaves)
 
-    def _permutation(self, j: int, key: int, epoch: int) -> Permutation:
-        """Source ``j``'s order of its epoch ``epoch`` under ``key``, made once while in use."""
-        permutation = self._permutations.get((j, key, epoch))
-        if permutation is None:
-            if len(self._permutations) >= _PERMUTATIONS_KEPT:
-                self._permutations.clear()
-            permutation = Permutation(len(self.sources[j]), key, epoch)
-            self._permutations[(j, key, epoch)] = permutation
-        return permutation
+    @property
+    def chunk_bytes(self) -> float:
+        return min(leaf.ref.chunk_bytes for leaf in self.leaves)
 
+    def stream_fields(
+        self, fields: Sequence[str] | str | None, batching: bool
+    ) -> tuple[Field, ...]:
+        """The fields a stream's items share: batches need the selected ones alike in every
+        source (SchemaError otherwise); records may differ between sources, and then only the
+        fields alike in all are listed (what adapters build their structure from)."""
+        if batching or fields is not None:
+            return self.batch_fields(fields)
+        return self.shared_fields()
 
-def small_orders(size: int, key: int, epochs: np.ndarray) -> np.ndarray:
-    """For each of ``epochs``, a keyed uniformly random order of ``range(size)`` (a row):
-    positions sorted by their splitmix64 draws, keyed by ``key`` and the epoch. Equal draws,
-    about one pair in 2**64 / size**2, keep the positions' order."""
-    epoch_keys = splitmix64_array(np.uint64(key) ^ splitmix64_array(epochs.astype(np.uint64)))
-    states = epoch_keys[:, None] + np.arange(size, dtype=np.uint64) * np.uint64(GOLDEN)
-    return np.argsort(splitmix64_array(states), axis=1, kind="stable")
-
-
-def source_seed(seed: int, name: str) -> int:
-    """The key of a source's own shuffles: from the stream's seed and the source's name, the
-    same in every process (blake2b, never Python's salted hash)."""
-    digest = hashlib.blake2b(f"{seed}\x00{name}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") >> 1
+    def check_stream(self, order: OrderSettings, windows: bool) -> None:
+        """What a stream over a mixture cannot do, said before it starts."""
+        if windows:
+            raise ValueError(
+                "ngram= windows run within one dataset: make the n-gram streams of the sources "
+                "themselves, not of a mixture"
+            )
+        if order.shard_by == "chunks":
+            raise ValueError(
+                "shard_by='chunks' keeps each shard's reads within whole chunks, which a "
+                "mixture's slots do not map to: use shard_by='records' (the default) with a "
+                "mixture"
+            )
+        if order.shuffle_window is not None:
+            raise ValueError(
+                "shuffle_window= shuffles within windows of one dataset's chunks; a mixture's "
+                "epoch is shuffled whole (leave shuffle_window=None)"
+            )
 
 
 def _checked_sources(sources: Mapping[str, Source]) -> tuple[tuple[str, ...], tuple[Source, ...]]:
@@ -380,16 +296,11 @@ def _exact(value: numbers.Real) -> Fraction:
 
 
 def _leaves(names: Sequence[str], sources: Sequence[Source], counts: Sequence[int]) -> list[Leaf]:
-    out: list[Leaf] = []
-    for name, source, count in zip(names, sources, counts):
-        if isinstance(source, Mixture):
-            out.extend(
-                Leaf((name, *leaf.path), leaf.ref, leaf.used and count > 0)
-                for leaf in source.leaves
-            )
-        else:
-            out.append(Leaf((name,), source, count > 0))
-    return out
+    return [
+        Leaf((name, *leaf.path), leaf.ref, leaf.used and count > 0)
+        for name, source, count in zip(names, sources, counts)
+        for leaf in source.leaves
+    ]
 
 
 def _selected(leaf: Leaf, fields: Sequence[str] | str | None) -> tuple[Field, ...]:
@@ -397,12 +308,6 @@ def _selected(leaf: Leaf, fields: Sequence[str] | str | None) -> tuple[Field, ..
         return leaf.ref.select(fields)
     except (KeyError, SchemaError) as exc:
         raise SchemaError(f"source {leaf.name!r}: {exc}") from None
-
-
-def _source_name(source: Source) -> str:
-    if isinstance(source, Mixture):
-        return source.identity()[0]
-    return f"{source.dataset_id}:{source.version}"
 
 
 def _describe(field: Field) -> str:

@@ -22,6 +22,7 @@ from yogadl_plus.checks import check_bool
 from yogadl_plus.errors import NGramError, SchemaError
 
 if TYPE_CHECKING:
+    from yogadl_plus.cache.fixed import Allocate
     from yogadl_plus.dataref import DataRef
     from yogadl_plus.schema import Field, Schema
 
@@ -177,6 +178,21 @@ class NGram:
             f"timestamp_overlap={self.timestamp_overlap})"
         )
 
+    def identity(self) -> dict[str, Any]:
+        """This NGram as plain data (JSON as it is): what a stream's saved state records of
+        it, so that a state is loaded only by a stream with the same windows."""
+        delta = self.delta_threshold
+        if isinstance(delta, np.timedelta64):
+            threshold: Any = f"{int(delta.astype(np.int64))} {np.datetime_data(delta.dtype)[0]}"
+        else:
+            threshold = delta
+        return {
+            "fields": {str(offset): list(names) for offset, names in self.fields.items()},
+            "delta_threshold": threshold,
+            "timestamp_field": self.timestamp_field,
+            "timestamp_overlap": self.timestamp_overlap,
+        }
+
     def __getstate__(self) -> dict[str, Any]:
         return {
             "fields": self.fields,
@@ -274,13 +290,17 @@ class NGram:
         return list(self.iter_assembled(batch, len(anchors)))
 
     def read_batch(
-        self, dataref: DataRef, anchors: np.ndarray | Sequence[int]
+        self,
+        dataref: DataRef,
+        anchors: np.ndarray | Sequence[int],
+        allocate: Allocate | None = None,
     ) -> dict[int, dict[str, Any]]:
         """The windows at ``anchors`` as one batch ``{offset: {field: stacked}}``: arrays for
-        fixed-shape numeric fields, lists for the rest (as DataRef.get_batch)."""
+        fixed-shape numeric fields, lists for the rest (as DataRef.get_batch; ``allocate``:
+        where big arrays are made, as there)."""
         records = self._checked_records(dataref, anchors)
         return {
-            offset: dataref.read_columns(records[:, column], fields)
+            offset: dataref.read_columns(records[:, column], fields, allocate)
             for column, (offset, fields) in enumerate(self.resolve(dataref.schema).items())
         }
 
@@ -334,48 +354,49 @@ class NGram:
         if span == 1:
             bad_gaps = np.empty(0, dtype=np.int64)
         else:
-            bad_gaps = self._bad_gaps(self._timestamp_blocks(dataref))
+            blocks = self._timestamp_blocks(dataref)
+            bad_gaps = _bad_gaps(blocks, self.delta_threshold, self.timestamp_field)
         starts = _window_starts(bad_gaps, n, span, 1 if self.timestamp_overlap else span)
         starts -= self.min_offset
         return starts
 
-    def _bad_gaps(self, blocks: Iterator[np.ndarray]) -> np.ndarray:
-        """Indices g of the gaps between records g and g+1 that exceed the threshold; raises
-        NGramError at the first decrease (every gap lies in a window when span <= n)."""
-        delta = self.delta_threshold
-        found: list[np.ndarray] = []
-        previous: np.ndarray | None = None  # the last timestamp of the block before
-        base = 0  # the record index of ts[0]
-        for block in blocks:
-            ts = block if previous is None else np.concatenate([previous, block])
-            if ts.dtype.kind == "i":
-                ts = ts.astype(np.int64, copy=False)  # no overflow in small int gaps
-            elif ts.dtype.kind == "u":
-                ts = ts.astype(np.uint64, copy=False)
-            elif ts.dtype.kind == "f":
-                ts = ts.astype(np.float64, copy=False)
-            later, earlier = ts[1:], ts[:-1]
-            decreasing = np.flatnonzero(later < earlier)
-            if decreasing.size:
-                k = int(decreasing[0])
-                name = self.timestamp_field
-                raise NGramError(
-                    f"timestamps are not sorted: record {base + k} has {ts[k]}, record "
-                    f"{base + k + 1} has {ts[k + 1]}; an n-gram window needs its records in "
-                    f"timestamp order (cache the dataset sorted by {name!r})"
-                )
-            try:
-                # "not <=" so that NaN and NaT gaps count as too large.
-                bad = ~((later - earlier) <= delta)
-            except TypeError as exc:
-                raise SchemaError(
-                    f"cannot compare gaps of {self.timestamp_field!r} ({ts.dtype}) with "
-                    f"delta_threshold {delta!r}: {exc}"
-                ) from None
-            found.append(np.flatnonzero(bad) + base)
-            previous = ts[-1:]
-            base += len(ts) - 1
-        return np.concatenate(found) if found else np.empty(0, dtype=np.int64)
+
+def _bad_gaps(blocks: Iterator[np.ndarray], delta: Any, timestamp_field: str) -> np.ndarray:
+    """Indices g of the gaps between records g and g+1 that exceed the threshold; raises
+    NGramError at the first decrease (every gap lies in a window when span <= n)."""
+    found: list[np.ndarray] = []
+    previous: np.ndarray | None = None  # the last timestamp of the block before
+    base = 0  # the record index of ts[0]
+    for block in blocks:
+        ts = block if previous is None else np.concatenate([previous, block])
+        if ts.dtype.kind == "i":
+            ts = ts.astype(np.int64, copy=False)  # no overflow in small int gaps
+        elif ts.dtype.kind == "u":
+            ts = ts.astype(np.uint64, copy=False)
+        elif ts.dtype.kind == "f":
+            ts = ts.astype(np.float64, copy=False)
+        later, earlier = ts[1:], ts[:-1]
+        decreasing = np.flatnonzero(later < earlier)
+        if decreasing.size:
+            k = int(decreasing[0])
+            name = timestamp_field
+            raise NGramError(
+                f"timestamps are not sorted: record {base + k} has {ts[k]}, record "
+                f"{base + k + 1} has {ts[k + 1]}; an n-gram window needs its records in "
+                f"timestamp order (cache the dataset sorted by {name!r})"
+            )
+        try:
+            # "not <=" so that NaN and NaT gaps count as too large.
+            bad = ~((later - earlier) <= delta)
+        except TypeError as exc:
+            raise SchemaError(
+                f"cannot compare gaps of {timestamp_field!r} ({ts.dtype}) with "
+                f"delta_threshold {delta!r}: {exc}"
+            ) from None
+        found.append(np.flatnonzero(bad) + base)
+        previous = ts[-1:]
+        base += len(ts) - 1
+    return np.concatenate(found) if found else np.empty(0, dtype=np.int64)
 
 
 def _window_starts(bad_gaps: np.ndarray, n: int, span: int, step: int) -> np.ndarray:

@@ -4,7 +4,7 @@ A DataRef and a Mixture already are Grain random-access sources as they are (``l
 ``ref[i]``, picklable into Grain's worker processes); this module adds what Grain cannot get
 from them alone:
 
-- ``source(ref_or_mix, fields=None)``: a ``RecordSource`` that reads only the ``fields`` asked
+- ``source(ref_or_mix, fields=None)``: a ``GrainSource`` that reads only the ``fields`` asked
   for, reads many records in one vectorized step where Grain asks for a batch of them
   (``_getitems``), and whose ``repr`` names the build it reads, so a Grain checkpoint taken
   over one build of a version is refused over another.
@@ -25,26 +25,26 @@ from typing import Any
 import grain
 import numpy as np
 
-from yogadl_plus.boundary import records
 from yogadl_plus.checks import check_bool, check_index, check_int
+from yogadl_plus.columns import records
 from yogadl_plus.dataref import DataRef
 from yogadl_plus.mixture import Mixture
-from yogadl_plus.order import OrderSettings
+from yogadl_plus.order import OrderSettings, shard_order
+from yogadl_plus.recordsource import RecordSource
 from yogadl_plus.schema import Field
-from yogadl_plus.stream_state import build_fingerprint
 
-__all__ = ["RecordSource", "StreamSampler", "sampler", "source"]
+__all__ = ["GrainSource", "StreamSampler", "sampler", "source"]
 
 
-def source(data: DataRef | Mixture, fields: Sequence[str] | str | None = None) -> RecordSource:
+def source(data: RecordSource, fields: Sequence[str] | str | None = None) -> GrainSource:
     """A Grain random-access source over ``data`` (a DataRef: record ``i``; a Mixture:
     position ``i`` of its unshuffled epoch 0) that decodes only ``fields`` (None: all; for a
     Mixture, those every source has alike). For ``grain.MapDataset.source(...)`` and
     ``grain.DataLoader(data_source=...)``."""
-    return RecordSource(data, fields)
+    return GrainSource(data, fields)
 
 
-class RecordSource:
+class GrainSource:
     """A DataRef or Mixture as a Grain ``RandomAccessDataSource`` (see ``source``).
 
     ``src[i]`` is a dict of the selected fields; ``src._getitems(indices)`` (Grain's batched
@@ -52,40 +52,29 @@ class RecordSource:
     opens its own handles there.
     """
 
-    def __init__(self, data: DataRef | Mixture, fields: Sequence[str] | str | None = None) -> None:
-        if isinstance(data, Mixture):
-            # Every item of a batch needs the same fields: the ones each source has alike.
-            chosen = data.batch_fields(fields)
-            names = [f.name for f in chosen]
-            self._leaf_fields = [
-                leaf.ref.select(names) if leaf.used else () for leaf in data.leaves
-            ]
-            dataset, build = data.identity()
-        elif isinstance(data, DataRef):
-            chosen = data.select(fields)
-            dataset = f"{data.dataset_id}:{data.version}"
-            build = build_fingerprint(data.manifest)
-        else:
+    def __init__(self, data: RecordSource, fields: Sequence[str] | str | None = None) -> None:
+        if not isinstance(data, RecordSource):
             raise TypeError(
                 f"ydl.grain.source reads a DataRef or a Mixture, got {type(data).__name__}"
             )
+        # Every item of a batch needs the same fields: for a mixture, those each source has alike.
+        chosen = data.stream_fields(fields, batching=True)
+        names = [f.name for f in chosen]
+        self._leaf_fields = [leaf.ref.select(names) if leaf.used else () for leaf in data.leaves]
+        dataset, build = data.identity()
         self.data = data
         self.fields: tuple[Field, ...] = tuple(chosen)
-        self._names = [f.name for f in self.fields]
+        self._names = names
         self._described = f"{dataset}@{build[:16]}"
 
     def __len__(self) -> int:
         return len(self.data)
 
     def __getitem__(self, index: int) -> dict[str, Any]:
-        data = self.data
-        if isinstance(data, Mixture):
-            i = check_index(index, len(data), "RecordSource", "position")
-            ((leaf, _, found),) = data.locate(0, np.array([i]), False, 0).parts
-            return data.leaves[leaf].ref.read_record(int(found[0]), self._leaf_fields[leaf])
-        return data.read_record(
-            check_index(index, len(data), "RecordSource", "record index"), self.fields
-        )
+        """Record ``index`` of a DataRef; position ``index`` of a mixture's unshuffled epoch 0."""
+        i = check_index(index, len(self.data), "GrainSource", "index")
+        ((leaf, _, found),) = self.data.place(0, np.array([i]), False, 0).parts
+        return self.data.leaves[leaf].ref.read_record(int(found[0]), self._leaf_fields[leaf])
 
     def _getitems(self, indices: Sequence[int]) -> list[dict[str, Any]]:
         """The items at ``indices``, read and decoded in one step (Grain's
@@ -95,7 +84,7 @@ class RecordSource:
     def __repr__(self) -> str:
         # Grain checks a DataLoader checkpoint against repr(data_source): naming the build
         # makes a checkpoint over another build of the version (an overwrite) a clear refusal.
-        return f"ydl.grain.RecordSource({self._described}, fields={self._names})"
+        return f"ydl.grain.source({self._described}, fields={self._names})"
 
 
 class StreamSampler:
@@ -135,11 +124,11 @@ class StreamSampler:
                 "against repr(sampler), so a seed drawn at random would make it unloadable"
             )
         settings = OrderSettings(
-            shuffle=shuffle, seed=shuffle_seed,
+            shuffle=shuffle, shuffle_seed=shuffle_seed,
             skip_shuffle_at_epoch_end=skip_shuffle_at_epoch_end, shuffle_window=shuffle_window,
         )  # fmt: skip
-        self.order = settings.order(len(dataref), [c.records for c in dataref.manifest.chunks])
-        self.shuffle_seed = settings.seed
+        self.order = shard_order(settings, len(dataref), dataref.chunk_records)
+        self.shuffle_seed = settings.shuffle_seed
         if shard_options is None:
             shard_options = grain.sharding.NoSharding()
         # Grain's name: a DataLoader given no shard_options takes its sampler's.
@@ -153,9 +142,8 @@ class StreamSampler:
             )
         self.num_epochs = None if num_epochs is None else check_int("num_epochs", num_epochs, 1)
         self._length = sys.maxsize if num_epochs is None else num_epochs * self.epoch_length
-        self._described = (
-            f"{dataref.dataset_id}:{dataref.version}@{build_fingerprint(dataref.manifest)[:16]}"
-        )
+        dataset, build = dataref.identity()
+        self._described = f"{dataset}@{build[:16]}"
 
     def __len__(self) -> int:
         return self._length
@@ -174,7 +162,7 @@ class StreamSampler:
         )
 
     def __repr__(self) -> str:
-        order = self.order
+        order = self.order.settings
         window = "" if order.shuffle_window is None else f", shuffle_window={order.shuffle_window}"
         return (
             f"ydl.grain.StreamSampler({self._described}, shuffle={order.shuffle}, "

@@ -11,7 +11,7 @@ import keras
 import numpy as np
 
 from yogadl_plus.adapters.keras_backup import BackupAndRestore
-from yogadl_plus.boundary import collate
+from yogadl_plus.columns import collate
 
 if TYPE_CHECKING:
     from yogadl_plus.stream import Stream
@@ -62,29 +62,31 @@ class StreamSequence(keras.utils.PyDataset):
                 "use_multiprocessing= out, and read ahead with dataref.stream(num_workers=...)"
             )
         super().__init__(**pydataset_kwargs)
-        if stream.batch_size is None:
+        plan = stream.plan()
+        if plan.boundary.batch_size is None:
             raise ValueError(
                 "StreamSequence needs a batching stream: make it with "
                 "dataref.stream(batch_size=...)"
             )
-        if stream.predicate is not None:
+        if plan.boundary.predicate is not None:
             raise ValueError(
                 "a stream with a predicate has an unknown number of batches per epoch (len() is "
                 "an upper bound) and Keras needs the exact number; use "
                 "ydl.tensorflow.make_tf_dataset(stream) instead"
             )
-        if stream.ngram is not None and stream.transform is None:
+        if plan.boundary.ngram is not None and plan.boundary.transform is None:
             raise ValueError(
                 "n-gram batches are {offset: {field: ...}}: add a transform that turns a window "
                 "into a dict of field -> value, or use ydl.tensorflow.make_tf_dataset"
             )
-        if stream.transform is None:
-            names = [f.name for f in stream.fields]
+        if plan.boundary.transform is None:
+            names = [f.name for f in plan.fields]
             wanted = ([x] if isinstance(x, str) else list(x or [])) + ([y] if y else [])
             unknown = [n for n in wanted if n not in names]
             if unknown:
                 raise ValueError(f"no field(s) {unknown} in the stream; it has {names}")
         self.stream = stream
+        self.plan = plan
         self.x = x
         self.y = y
         self._lock = threading.Lock()
@@ -111,11 +113,11 @@ class StreamSequence(keras.utils.PyDataset):
         with self._lock:
             if self._batches is not None:
                 return self._length
-            return self.stream.items_from(*self.stream.next_epoch_position)
+            return self.plan.items_from(*self.stream.next_epoch_position)
 
     def on_epoch_begin(self) -> None:
         with self._lock:
-            self._length = self.stream.items_from(*self.stream.next_epoch_position)
+            self._length = self.plan.items_from(*self.stream.next_epoch_position)
             self._batches = iter(self.stream)  # the stream's next epoch
 
     def on_epoch_end(self) -> None:
@@ -136,15 +138,15 @@ class StreamSequence(keras.utils.PyDataset):
                     ) from None
                 return self._item(batch)
             epoch, start = self.stream.next_epoch_position
-            count = self.stream.items_from(epoch, start)
+            count = self.plan.items_from(epoch, start)
         i = int(index) + count if int(index) < 0 else int(index)
         if not 0 <= i < count:
             raise IndexError(f"batch index {index} is out of range [0, {count})")
-        size = self.stream.batch_size
+        size = self.plan.boundary.batch_size
         assert size is not None
         first = start + i * size
-        stop = min(first + size, self.stream.epoch_length(epoch))
-        block = self.stream.read_unit(epoch, first, stop)
+        stop = min(first + size, self.plan.epoch_length(epoch))
+        block = self.plan.read(epoch, first, stop)
         batch = block.columns if block.columns is not None else collate(block.items or [])
         return self._item(batch)
 

@@ -70,7 +70,7 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
                 f"backup_dir must be a local or mounted folder (a backup is switched in by "
                 f"renames), got {backup_dir!r}"
             )
-        if stream.batch_size is None:
+        if stream.plan().boundary.batch_size is None:
             raise ValueError(
                 "BackupAndRestore counts Keras steps as the stream's items: make the stream "
                 "batch (dataref.stream(batch_size=...)) instead of batching records in tf.data"
@@ -190,8 +190,13 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
     def _check(self, metadata: dict[str, Any]) -> None:
         position = metadata[KEY]
         saved = position["stream"]
-        # Backups written before streams had a StreamState name the order by its repr.
-        now = _identity(self.stream) if "fingerprint" in saved else _legacy_identity(self.stream)
+        if "fingerprint" not in saved:
+            raise ValueError(
+                f"the backup in {self._folder} was made by yogadl_plus before 0.1.0, whose "
+                "backups do not say which build they read: move backup_dir aside to start over "
+                "(or resume from its 'offset' with dataref.stream(start_offset=...))"
+            )
+        now = _identity(self.stream)
         differ = {k: (saved.get(k), v) for k, v in now.items() if saved.get(k) != v}
         if differ:
             what = "; ".join(f"{k}: backed up {a!r}, now {b!r}" for k, (a, b) in differ.items())
@@ -212,21 +217,14 @@ def _identity(stream: Stream) -> dict[str, Any]:
     """What must be the same for an offset to mean the same records (the stream's state but
     its offset), and for Keras's step counts to mean the same batches."""
     identity = stream.state().identity()
-    # The order as one line of settings, so a message names the one that differs ("seed=4").
+    # The order as one line of settings, so a message names the one that differs
+    # ("shuffle_seed=4").
     identity["order"] = ", ".join(f"{k}={v!r}" for k, v in identity["order"].items())
-    return {**identity, "batch_size": stream.batch_size, "drop_last": stream.drop_last}
-
-
-def _legacy_identity(stream: Stream) -> dict[str, Any]:
-    """The identity that backups of yogadl_plus before 0.1.0's StreamState hold, so that such a
-    backup still restores after an upgrade."""
-    # (Mixtures came after: a backup that old never names one, and this one differs from it.)
+    plan = stream.plan()
     return {
-        "dataset": stream.state().dataset,
-        "records": len(stream.dataref),
-        "order": repr(stream.order),
-        "batch_size": stream.batch_size,
-        "drop_last": stream.drop_last,
+        **identity,
+        "batch_size": plan.boundary.batch_size,
+        "drop_last": plan.boundary.drop_last,
     }
 
 

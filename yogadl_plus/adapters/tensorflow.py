@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import tensorflow as tf
 
-from yogadl_plus.boundary import collate
+from yogadl_plus.columns import collate
 
 if TYPE_CHECKING:
     from yogadl_plus.schema import Field
-    from yogadl_plus.stream import Stream
+    from yogadl_plus.stream import Stream, StreamPlan
 
 __all__ = ["make_tf_dataset"]
 
@@ -89,16 +89,25 @@ def make_tf_dataset(
             f"read_ahead must be True or False, got {read_ahead!r}: records are read ahead in "
             "the stream's own blocks (the block size is no longer chosen here)"
         )
-    if stream.batch_size is None and read_ahead:
+    if stream.plan().boundary.batch_size is None and read_ahead:
         return _record_blocks_dataset(stream, output_signature, nested)
-    batched = stream.batch_size is not None
-    if output_signature is None and stream.transform is None:
-        template = _template_of(stream, nested)
-        fields = _fields_of(stream)
+    return _items_dataset(stream, output_signature, nested, read_ahead)
+
+
+def _items_dataset(
+    stream: Stream, output_signature: Any, nested: bool, read_ahead: bool
+) -> tf.data.Dataset:
+    """The stream's items one per Python call (batches: a few stacked per call with
+    ``read_ahead``, unbatched in tf.data)."""
+    plan = stream.plan()
+    batched = plan.boundary.batch_size is not None
+    if output_signature is None and plan.boundary.transform is None:
+        template = _template_of(plan, nested)
+        fields = _fields_of(plan)
         _check_fields(fields)
         signature = _fill(template, {name: _spec(f, batched) for name, f in fields.items()})
         converters = {name: _converter(f, batched) for name, f in fields.items()}
-        to_tf = _schema_converter(template, converters, stream.ngram is not None)
+        to_tf = _schema_converter(template, converters, plan.boundary.ngram is not None)
     else:
         if output_signature is None:
             output_signature = _spec_of(_sample(stream), batched)
@@ -193,9 +202,10 @@ def _record_blocks_dataset(stream: Stream, output_signature: Any, nested: bool) 
     # The record signature as record mode has it; a block carries a variable-shape value as its
     # flat values (ragged rows) and its shape, so that every record, empty ones included, comes
     # back with its own shape.
-    if output_signature is None and stream.transform is None:
-        template = _template_of(stream, nested)
-        fields = _fields_of(stream)
+    plan = stream.plan()
+    if output_signature is None and plan.boundary.transform is None:
+        template = _template_of(plan, nested)
+        fields = _fields_of(plan)
         _check_fields(fields)
         specs = {name: _spec(f, False) for name, f in fields.items()}
         signature = _fill(template, specs)
@@ -203,14 +213,14 @@ def _record_blocks_dataset(stream: Stream, output_signature: Any, nested: bool) 
             name: _flat_converter(f) if None in f.shape else _converter(f, True)
             for name, f in fields.items()
         }
-        to_tf = _schema_converter(template, converters, stream.ngram is not None)
+        to_tf = _schema_converter(template, converters, plan.boundary.ngram is not None)
 
         def block_to_tf(block: Any) -> Any:
             if block.columns is not None:
                 columns = block.columns
-            elif stream.ngram is None:
+            elif plan.boundary.ngram is None:
                 # A mixture's records hold their own source's fields: the signature has those
-                # all its sources share (stream.fields).
+                # all its sources share (plan.fields).
                 columns = collate([{name: item[name] for name in fields} for item in block.items])
             else:
                 columns = collate(block.items)
@@ -302,19 +312,19 @@ def _to_batch_signature(value: Any, spec: Any) -> Any:
 # --- the structure ---
 
 
-def _fields_of(stream: Stream) -> dict[str, Field]:
+def _fields_of(plan: StreamPlan) -> dict[str, Field]:
     """The fields items hold, by output name ("<offset>/<field>" for n-grams)."""
-    if stream.ngram is None:
-        return {f.name: f for f in stream.fields}
-    groups = stream.ngram.resolve(stream.dataref.schema)
+    if plan.boundary.ngram is None:
+        return {f.name: f for f in plan.fields}
+    groups = plan.boundary.ngram.resolve(plan.source.schema)
     return {f"{offset}/{f.name}": f for offset, fields in groups.items() for f in fields}
 
 
-def _template_of(stream: Stream, nested: bool) -> Template:
-    collapse = all(ref.manifest.source_kind in _TUPLE_SOURCES for ref in stream.datarefs)
-    if stream.ngram is None:
-        return _template([f.name for f in stream.fields], nested, collapse)
-    groups = stream.ngram.resolve(stream.dataref.schema)
+def _template_of(plan: StreamPlan, nested: bool) -> Template:
+    collapse = all(kind in _TUPLE_SOURCES for kind in plan.source.source_kinds)
+    if plan.boundary.ngram is None:
+        return _template([f.name for f in plan.fields], nested, collapse)
+    groups = plan.boundary.ngram.resolve(plan.source.schema)
     return {
         offset: _template([f.name for f in fields], nested, collapse, prefix=f"{offset}/")
         for offset, fields in groups.items()
@@ -468,11 +478,12 @@ def ragged(
 def _sample(stream: Stream) -> Any:
     """The transform's output for the first record(s) of the stream that pass its predicate."""
     now = stream.next_epoch_position
+    plan = stream.plan()
     # The next epoch too: what is left of this one may be nothing (a resume at its very end).
     for epoch, first in (now, (now[0] + 1, 0)):
-        stop = min(stream.epoch_length(epoch), first + _SAMPLE_POSITIONS)
+        stop = min(plan.epoch_length(epoch), first + _SAMPLE_POSITIONS)
         for start in range(first, stop, 64):
-            block = stream.read_unit(epoch, start, min(start + 64, stop))
+            block = plan.read(epoch, start, min(start + 64, stop))
             if block.items:
                 return block.items[0]
     raise ValueError(

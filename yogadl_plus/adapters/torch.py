@@ -10,7 +10,7 @@
 
 Its workers hand items over a group at a time (each DataLoader message costs a fixed ~0.2 ms,
 more than a batch of small records takes to read), and put the arrays of large groups in a
-shared-memory ring of their own (see shared_buffers) instead of pickling them through the
+shared-memory ring of their own (stream/workers/ring.py) instead of pickling them through the
 DataLoader's one result pipe.
 """
 
@@ -27,26 +27,20 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler, get_worker_info
 
-from yogadl_plus.boundary import Block, collate, records
 from yogadl_plus.checks import check_int
+from yogadl_plus.columns import collate, records
 from yogadl_plus.mixture import Mixture
-from yogadl_plus.order import OrderSettings
-from yogadl_plus.shared_buffers import Packed, SharedRing
-from yogadl_plus.stream_state import StreamState
-from yogadl_plus.stream_stats import add_work
-from yogadl_plus.workers import (
-    ParentWatch,
-    decode_into,
-    error_payload,
-    keep_freed_memory,
-    raised_from,
-    skip_inherited_objects,
-)
+from yogadl_plus.order import OrderSettings, shard_order
+from yogadl_plus.stream import StreamState
+from yogadl_plus.stream.block import Block
+from yogadl_plus.stream.stats import add_work
+from yogadl_plus.stream.workers.child import ParentWatch, keep_freed_memory, skip_inherited_objects
+from yogadl_plus.stream.workers.remote import error_payload, raised_from
+from yogadl_plus.stream.workers.ring import Packed, SharedRing
 
 if TYPE_CHECKING:
     from yogadl_plus.dataref import DataRef
-    from yogadl_plus.stream import Stream
-    from yogadl_plus.stream_stats import StreamStats
+    from yogadl_plus.stream import Stream, StreamPlan, StreamStats
 
 __all__ = ["RecordDataset", "ResumableDataLoader", "StreamSampler", "make_dataloader"]
 
@@ -106,14 +100,15 @@ class StreamSampler(Sampler[int]):
         shuffle_window: int | None = None,
     ) -> None:
         settings = OrderSettings(
-            shuffle=shuffle, seed=shuffle_seed, shard_rank=shard_rank, num_shards=num_shards,
-            drop_shard_remainder=drop_shard_remainder, start_offset=start_offset,
-            skip_shuffle_at_epoch_end=skip_shuffle_at_epoch_end, shuffle_window=shuffle_window,
+            shuffle=shuffle, shuffle_seed=shuffle_seed, shard_rank=shard_rank,
+            num_shards=num_shards, drop_shard_remainder=drop_shard_remainder,
+            start_offset=start_offset, skip_shuffle_at_epoch_end=skip_shuffle_at_epoch_end,
+            shuffle_window=shuffle_window,
         ).seeded()  # fmt: skip
         _refuse_mixture("StreamSampler", dataref)
-        self.order = settings.order(len(dataref), [c.records for c in dataref.manifest.chunks])
-        self.shuffle_seed = settings.seed
-        self._start = self.order.locate(settings.start_offset)
+        self.order = shard_order(settings, len(dataref), dataref.chunk_records)
+        self.shuffle_seed = settings.shuffle_seed
+        self._start = self.order.positions.position_of(settings.start_offset)
         self._epoch = self._start[0]
 
     def set_epoch(self, epoch: int) -> None:
@@ -126,7 +121,7 @@ class StreamSampler(Sampler[int]):
         epoch = self._epoch
         self._epoch = epoch + 1
         position = self._start[1] if epoch == self._start[0] else 0
-        length = self.order.epoch_shard_length(epoch)
+        length = self.order.epoch_length(epoch)
         for start in range(position, length, 4096):
             yield from self.order.indices(epoch, start, min(start + 4096, length)).tolist()
 
@@ -153,8 +148,8 @@ class _StreamItems(Dataset):
     """Key ``(epoch, start, count)``: the stream's ``count`` items from position ``start`` on,
     each through ``collate`` (the user's collate_fn) when there is one."""
 
-    def __init__(self, stream: Stream, unit: int, collate: Callable[[Any], Any] | None) -> None:
-        self.stream = stream
+    def __init__(self, plan: StreamPlan, unit: int, collate: Callable[[Any], Any] | None) -> None:
+        self.plan = plan
         self.unit = unit
         self.collate = collate
         # One per worker, made by the loader before it starts them (see SharedRing).
@@ -165,7 +160,7 @@ class _StreamItems(Dataset):
         worker = get_worker_info()
         ring = self._ring(worker)
         items: list[Any] = []
-        # What reading took (stream_stats), for the stream's stats() in the main process.
+        # What reading took (stream/stats.py), for the stream's stats() in the main process.
         read = Block(np.zeros(0, np.int64))
         try:
             self._read(*key, items, read)
@@ -184,28 +179,27 @@ class _StreamItems(Dataset):
             return None
         ring = self.rings[worker.id]
         if ring is not None and ring is not self._decoding_into and self.collate is None:
-            for ref in self.stream.datarefs:
-                decode_into(ring, ref)
+            self.plan.decode_into(ring.empty)
             self._decoding_into = ring
         return ring
 
     def __len__(self) -> int:
-        return self.stream.positions_per_epoch
+        return self.plan.positions_per_epoch
 
     def _read(self, epoch: int, start: int, count: int, out: list[Any], read: Block) -> None:
         """Read the key's items into ``out``, adding the work of the blocks to ``read``."""
-        stream = self.stream
+        plan = self.plan
 
         def unit(first: int, stop: int) -> Block:
-            block = stream.read_unit(epoch, first, stop)
+            block = plan.read(epoch, first, stop)
             read.ends = np.concatenate([read.ends, block.ends])
             add_work(read.work, block.work)
             read.nbytes += block.nbytes
             return block
 
-        length = stream.epoch_length(epoch)
+        length = plan.epoch_length(epoch)
         stop = min(start + count * self.unit, length)
-        if stream.batch_size is None:
+        if plan.boundary.batch_size is None:
             try:
                 items = unit(start, stop).items
             except Exception:
@@ -220,7 +214,7 @@ class _StreamItems(Dataset):
             out.append(self._finished(unit(first, min(first + self.unit, stop))))
 
     def _finished(self, block: Block) -> Any:
-        if self.stream.batch_size is None:
+        if self.plan.boundary.batch_size is None:
             item = block.items[0]  # type: ignore[index]
         elif block.columns is not None:
             item = block.columns
@@ -234,7 +228,7 @@ class _Cursor:
     """Where a loader's next item starts; shared with its sampler (not the loader itself:
     a loader <-> sampler cycle would leave the workers' shutdown to the cycle collector)."""
 
-    stream: Stream
+    plan: StreamPlan
     unit: int
     epoch: int
     position: int
@@ -250,15 +244,19 @@ class _PositionSampler(Sampler[tuple[int, int, int]]):
 
     def __iter__(self) -> Iterator[tuple[int, int, int]]:
         cursor = self.cursor
-        stream, unit, epoch, position = cursor.stream, cursor.unit, cursor.epoch, cursor.position
-        length = stream.epoch_length(epoch)
-        last = length - unit + 1 if stream.batch_size is not None and stream.drop_last else length
+        plan, unit, epoch, position = cursor.plan, cursor.unit, cursor.epoch, cursor.position
+        length = plan.epoch_length(epoch)
+        last = (
+            length - unit + 1
+            if plan.boundary.batch_size is not None and plan.boundary.drop_last
+            else length
+        )
         starts = range(position, max(last, position), unit)
         for j in range(0, len(starts), self.group):
             yield epoch, starts[j], len(starts[j : j + self.group])
 
     def __len__(self) -> int:
-        return -(-len(self.cursor.stream) // self.group)
+        return -(-self.cursor.plan.items_per_epoch // self.group)
 
 
 class ResumableDataLoader(DataLoader):
@@ -272,14 +270,15 @@ class ResumableDataLoader(DataLoader):
                     "sharding come from the stream"
                 )
         self.stream = stream
-        self._unit = 1 if stream.batch_size is None else stream.batch_size
-        if stream.batch_size is None and stream.predicate is not None:
+        self.plan = plan = stream.plan()
+        self._unit = 1 if plan.boundary.batch_size is None else plan.boundary.batch_size
+        if plan.boundary.batch_size is None and plan.boundary.predicate is not None:
             raise ValueError(
                 "make_dataloader: a stream with a predicate must batch (batch_size=...): a "
                 "record-by-record loader has no item to hand out for a rejected record"
             )
         epoch, position = stream.next_epoch_position
-        self._cursor = _Cursor(stream, self._unit, epoch, position)
+        self._cursor = _Cursor(plan, self._unit, epoch, position)
         self._worker_init = _WorkerInit(kwargs.pop("worker_init_fn", None))
         self._resume, self._after = True, epoch
         # Without a collate_fn of the user's, items are made tensors here, not in the workers:
@@ -287,9 +286,9 @@ class ResumableDataLoader(DataLoader):
         # each; arrays cross in the workers' rings (or pickled, when small).
         user_collate = kwargs.pop("collate_fn", None)
         self._convert: Callable[[Any], Any] | None = _to_tensors if user_collate is None else None
-        self._items = _StreamItems(stream, self._unit, user_collate)
+        self._items = _StreamItems(plan, self._unit, user_collate)
         self._rings: list[SharedRing | None] | None = None
-        group = _group_size(stream, self._unit) if kwargs.get("num_workers") else 1
+        group = _group_size(plan, self._unit) if kwargs.get("num_workers") else 1
         super().__init__(
             self._items,
             batch_size=None,
@@ -318,7 +317,8 @@ class ResumableDataLoader(DataLoader):
         if not self._resume:
             cursor.epoch, cursor.position = self._after, 0
         self._resume, self._after = False, cursor.epoch + 1
-        length = self.stream.epoch_length(cursor.epoch)
+        plan = self.plan
+        length = plan.epoch_length(cursor.epoch)
         convert = self._convert
         if self.num_workers:
             # Workers started by this iteration (if it starts any) end when this process does.
@@ -330,7 +330,7 @@ class ResumableDataLoader(DataLoader):
                 or multiprocessing.get_all_start_methods()[0]
             )
             self._worker_init.watch = ParentWatch.here(method)
-        self.stream.begin_stats()
+        plan.begin_stats()
         rings = self._workers_rings()
         groups = super().__iter__()
         while True:
@@ -344,9 +344,9 @@ class ResumableDataLoader(DataLoader):
                 items = ring.unpack(group.packed)
             else:
                 items = group.items
-            batches = 0 if self.stream.batch_size is None else len(items)
+            batches = 0 if plan.boundary.batch_size is None else len(items)
             waited = perf_counter() - began
-            self.stream.count_read(group.read, batches, waited, bool(self.num_workers))
+            plan.count_read(group.read, batches, waited, bool(self.num_workers))
             for item in items:
                 cursor.position = min(cursor.position + self._unit, length)
                 yield item if convert is None else convert(item)
@@ -375,13 +375,13 @@ class ResumableDataLoader(DataLoader):
         resumes there. ``offset`` is the same place as a stream's ``start_offset``; ``stream``
         is the stream's StreamState there (what the stream was made with, checked on load)."""
         cursor = self._cursor
-        offset = self.stream.offset_of(cursor.epoch, cursor.position)
+        offset = self.plan.offset_of(cursor.epoch, cursor.position)
         return {
             "epoch": cursor.epoch,
             "position": cursor.position,
             "shuffle_seed": self.stream.shuffle_seed,
             "offset": offset,
-            "stream": self.stream.state_at(offset).to_dict(),
+            "stream": self.plan.state_at(offset).to_dict(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -391,8 +391,12 @@ class ResumableDataLoader(DataLoader):
                 f"was saved with {state.get('shuffle_seed')}: make the stream with the same "
                 "seed (and arguments) to resume"
             )
-        if "stream" in state:  # states saved before it was added resume on the seed check
-            StreamState.from_dict(state["stream"]).check_loads_into(self.stream.state())
+        if "stream" not in state:
+            raise ValueError(
+                "this loader state holds no stream state (saved by yogadl_plus before 0.1.0): "
+                f"resume with dataref.stream(start_offset={state.get('offset')!r}, ...)"
+            )
+        StreamState.from_dict(state["stream"]).check_loads_into(self.stream.state())
         self._cursor.epoch = check_int("epoch", state["epoch"], 0)
         self._cursor.position = check_int("position", state["position"], 0)
         self._resume = True
@@ -457,10 +461,10 @@ def _as_is(item: Any) -> Any:
     return item
 
 
-def _group_size(stream: Stream, unit: int) -> int:
+def _group_size(plan: StreamPlan, unit: int) -> int:
     """Items per worker message: all of _GROUP_POSITIONS positions, or fewer when their
     records (as stored) come to more than _GROUP_BYTES; at least one."""
-    per_record = max(1, int(stream.record_bytes))
+    per_record = max(1, int(plan.source.record_bytes))
     return max(1, min(_GROUP_POSITIONS // unit, _GROUP_BYTES // (unit * per_record)))
 
 

@@ -38,7 +38,7 @@ def shares(weights: Sequence[Fraction], total: int) -> list[int]:
 
 class Interleave:
     """Slots ``[0, sum(counts))`` dealt to sources so that source ``j`` gets ``counts[j]`` of
-    them, spread evenly: ``locate(slots)`` gives each slot's source and its rank among that
+    them, spread evenly: ``source_and_rank(slots)`` gives each slot's source and its rank among that
     source's slots (0 for its first slot, up to ``counts[j] - 1``).
 
     The sources are split in halves, recursively; at each split the slots go to the two sides
@@ -61,7 +61,9 @@ class Interleave:
     def __repr__(self) -> str:
         return f"Interleave(counts={self.counts})"
 
-    def locate(self, slots: npt.ArrayLike) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    def source_and_rank(
+        self, slots: npt.ArrayLike
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
         """(source, rank within that source) of each slot, as int64 arrays of slots' shape."""
         flat = np.asarray(slots, dtype=np.int64).reshape(-1)
         if flat.size and (flat.min() < 0 or flat.max() >= self.total):

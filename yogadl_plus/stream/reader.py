@@ -1,25 +1,29 @@
-"""The work done at the boundary for one block of a stream's positions.
+"""The work done at the boundary for one unit of a stream's positions, for any source.
 
-Read the records (or n-gram windows) at those positions, drop those the predicate rejects
-(decoding only the predicate's fields for them), decode the selected fields of the rest, run
-the transform. A BlockReader is picklable, so the same work runs inline, in threads or in
-worker processes, and gives the same result.
+A unit is ``(first position, Placement)``: where each of its positions reads (source.place).
+Each leaf (a DataRef) has a ``LeafReader``: read the records (or n-gram windows), drop those the
+predicate rejects (decoding only the predicate's fields for them), decode the selected fields of
+the rest, run the transform. The ``SourceReader`` runs the leaves' readers for a unit and puts
+their items back in position order; leaves stored alike are decoded together, straight into that
+order. Readers are picklable, so the same work runs inline, in threads or in worker processes,
+and gives the same result.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import operator
 import pickle
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from yogadl_plus.columns import columns_nbytes, merge_columns, records, stacking
 from yogadl_plus.errors import SchemaError, TransformError
-from yogadl_plus.stream_stats import (
+from yogadl_plus.stream.block import Block, as_items
+from yogadl_plus.stream.stats import (
     DECODING,
     PREDICATES,
     READING,
@@ -31,60 +35,44 @@ from yogadl_plus.stream_stats import (
 
 if TYPE_CHECKING:
     from yogadl_plus.dataref import DataRef
-    from yogadl_plus.mixture import Mixture
     from yogadl_plus.ngram import NGram
+    from yogadl_plus.order.placement import Placement
     from yogadl_plus.predicates import Predicate
+    from yogadl_plus.recordsource import RecordSource
     from yogadl_plus.schema import Field
+    from yogadl_plus.stream.settings import BoundarySettings
 
-__all__ = [
-    "Block",
-    "BlockReader",
-    "Located",
-    "MixtureReader",
-    "TransformError",
-    "as_items",
-    "collate",
-    "merge_columns",
-    "records",
-    "stacking",
-]
+__all__ = ["Allocate", "LeafReader", "SourceReader", "Unit"]
 
-_NAMED = 8  # records an error message lists for a block
+_NAMED = 8  # records an error message lists for a unit
+# (first position, where the unit's positions read)
+Unit = tuple[int, "Placement"]
+# np.empty's contract: where big decoded arrays are made (a worker process's shared ring).
+Allocate = Callable[[tuple[int, ...], Any], np.ndarray]
 
 
 @dataclass
-class Block:
-    """What one block of positions gives: per item, the position after it (``ends``), and the
-    items themselves, as a list or (for batches without a transform) as columns; with the
-    seconds reading it took (``work``, by kind: stream_stats.WORK) and the bytes it decoded."""
+class LeafReader:
+    """The boundary's work on one DataRef's records (or windows anchored at them): ``name``
+    is the leaf's, for error messages ('' for a stream over the DataRef itself)."""
 
-    ends: np.ndarray
-    items: list[Any] | None = None
-    columns: dict[Any, Any] | None = None
-    work: Work = dataclasses.field(default_factory=new_work)
-    nbytes: int = 0
-
-    def __len__(self) -> int:
-        return len(self.ends)
-
-
-@dataclass
-class BlockReader:
     dataref: DataRef
     fields: tuple[Field, ...]
+    name: str = ""
     predicate: Predicate | None = None
     ngram: NGram | None = None
     anchors: np.ndarray | None = None
     transform: Callable[[Any], Any] | None = None
     as_columns: bool = False
+    allocate: Allocate | None = None
 
     def __post_init__(self) -> None:
         if self.predicate is not None:
             self._predicate_fields = self.dataref.select(sorted(self.predicate.get_fields()))
 
-    def __call__(self, unit: tuple[int, np.ndarray]) -> Block:
-        """``unit`` is (first position, record indices at consecutive positions from it)."""
-        start, indices = unit
+    def __call__(self, start: int, indices: np.ndarray) -> Block:
+        """The block of the records (or windows) at ``indices``, at consecutive positions from
+        ``start``."""
         ends = np.arange(start + 1, start + 1 + len(indices), dtype=np.int64)
         began = perf_counter()
         if self.ngram is not None:
@@ -97,7 +85,7 @@ class BlockReader:
             ends, indices = ends[keep], indices[keep]
         read = perf_counter()
         work[READING] += read - began - work[PREDICATES]
-        columns = self.dataref.layout.decode_columns(values, self.fields)
+        columns = self.dataref.layout.decode_columns(values, self.fields, self.allocate)
         nbytes = columns_nbytes(columns)
         if self.as_columns:
             work[DECODING] += perf_counter() - read
@@ -135,26 +123,34 @@ class BlockReader:
         return keep, [values[j] for j in keep]
 
     def read_ahead(self, indices: np.ndarray) -> None:
-        """The records of these positions' indices will be read soon (``DataRef.read_ahead``);
-        n-gram windows announce their anchor records."""
+        """The records of these indices will be read soon (``DataRef.read_ahead``); n-gram
+        windows announce their anchor records."""
         self.dataref.read_ahead(self.anchors[indices] if self.anchors is not None else indices)
 
+    def record(self, index: int) -> int:
+        """The record (or window anchor) at ``index``."""
+        return int(self.anchors[index]) if self.anchors is not None else int(index)
+
+    def named(self, index: int) -> str:
+        """How messages that list several leaves' records name the one at ``index``."""
+        return f"{self.name}[{self.record(index)}]" if self.name else str(self.record(index))
+
     @property
-    def datarefs(self) -> tuple[DataRef, ...]:
-        """The DataRefs this reader reads (a worker process has them decode into its ring)."""
-        return (self.dataref,)
+    def what(self) -> str:
+        """What this reader's items are, in messages."""
+        return "window anchored at record" if self.ngram is not None else "record"
 
     def _windows(self, ends: np.ndarray, positions: np.ndarray) -> Block:
         assert self.ngram is not None and self.anchors is not None
         anchors = self.anchors[positions]
         if self.as_columns:
-            columns = self.ngram.read_batch(self.dataref, anchors)
+            columns = self.ngram.read_batch(self.dataref, anchors, self.allocate)
             return Block(ends, columns=columns, nbytes=columns_nbytes(columns))
         windows: list[Any] = self.ngram.read_windows(self.dataref, anchors)
         block = Block(ends, items=windows)
         if self.transform is not None:
             began = perf_counter()
-            block.items = self._transformed(windows, anchors)
+            block.items = self._transformed(windows, positions)
             block.work[TRANSFORMS] += perf_counter() - began
         return block
 
@@ -166,88 +162,65 @@ class BlockReader:
             try:
                 out.append(transform(item))
             except Exception as exc:
+                source = f"source {self.name!r}: " if self.name else ""
                 raise TransformError(
-                    f"the transform raised on {self._what} {index}: {type(exc).__name__}: {exc}"
+                    f"{source}the transform raised on {self.what} {self.record(index)}: "
+                    f"{type(exc).__name__}: {exc}"
                 ) from exc
         return out
 
-    # --- naming a block's records in the errors of worker processes (see workers.py) ---
 
-    def describe(self, unit: tuple[int, np.ndarray]) -> str:
-        """The positions of ``unit`` and the records (or window anchors) at them."""
-        start, indices = unit
-        named = ", ".join(
-            str(self._record(unit, start + j)) for j in range(min(len(indices), _NAMED))
-        )
-        more = ", ..." if len(indices) > _NAMED else ""
-        return (
-            f"positions {start} to {start + len(indices) - 1} of this shard's epoch "
-            f"({self._what}s {named}{more})"
-        )
+class SourceReader:
+    """The boundary's work for a unit of a source's positions: each leaf's records pass that
+    leaf's predicate; leaves stored alike are then decoded together, straight into the unit's
+    order (one copy); otherwise each leaf's reader decodes and transforms its own, and the items
+    are put back in order."""
 
-    def unpicklable(
-        self, unit: tuple[int, np.ndarray], result: Block, error: Exception
-    ) -> TransformError:
-        """The error for a block that cannot be sent back from a worker process, naming the
-        first item that cannot be pickled (a transform's result: decoded values always can)."""
-        for item, end in zip(result.items or [], result.ends.tolist()):
-            try:
-                pickle.dumps(item, pickle.HIGHEST_PROTOCOL)
-            except Exception as exc:
-                error = exc
-                where = f"the transform's result for {self._what} {self._record(unit, end - 1)}"
-                break
-        else:
-            where = f"the block of {self.describe(unit)}"
-        return _not_sent_back(where, error)
-
-    @property
-    def _what(self) -> str:
-        return "window anchored at record" if self.ngram is not None else "record"
-
-    def _record(self, unit: tuple[int, np.ndarray], position: int) -> int:
-        """The record (or window anchor) at ``position``, one of ``unit``'s positions."""
-        start, indices = unit
-        index = int(indices[position - start])
-        return int(self.anchors[index]) if self.anchors is not None else index
-
-
-@dataclass
-class MixtureReader:
-    """The boundary's work for a block of a mixture's positions, given where they read
-    (``Located``: per source, which positions and which of its records). Each source's records
-    pass that source's predicate; sources stored alike are then decoded together, straight into
-    the block's order (one copy, as for one DataRef); otherwise each source's reader decodes
-    and transforms its own, and the items are put back in order."""
-
-    mixture: Mixture
-    readers: list[BlockReader]  # one per leaf of the mixture, in its order
-    as_columns: bool
-
-    def __post_init__(self) -> None:
-        # Columns are merged where every source gives the same fields; records read record by
-        # record may hold different fields per source, and come as items.
-        used = [r for r, leaf in zip(self.readers, self.mixture.leaves) if leaf.used]
+    def __init__(
+        self, source: RecordSource, boundary: BoundarySettings, anchors: np.ndarray | None
+    ) -> None:
+        self.boundary = boundary
+        self.readers = _leaf_readers(source, boundary, anchors)
+        used = [r for r, leaf in zip(self.readers, source.leaves) if leaf.used]
+        # Columns are merged where every leaf gives the same fields; records read record by
+        # record may hold different fields per leaf, and come as items.
         shapes = {tuple((f.name, stacking(f)) for f in r.fields) for r in used}
         self._alike = len(shapes) == 1
-        # Sources whose records are laid out the same are decoded as one run of values.
+        # Leaves whose records are laid out the same are decoded as one run of values.
         schemas = {r.dataref.schema for r in used}
-        self._one_layout = self._alike and len(schemas) == 1 and used[0].transform is None
+        self._one_layout = (
+            self._alike and len(schemas) == 1 and boundary.transform is None and anchors is None
+        )
         self._decoder = used[0]
+        self._as_columns = boundary.as_columns
 
-    def __call__(self, unit: tuple[int, Located]) -> Block:
-        start, located = unit
+    def __call__(self, unit: Unit) -> Block:
+        start, placement = unit
+        single = placement.single
+        if single is not None:  # (one leaf serves every position in order: its block is the unit's)
+            return self.readers[single[0]](start, single[2])
         if self._one_layout:
-            return self._decoded_together(start, located)
+            return self._decoded_together(start, placement)
+        return self._merged(start, placement)
+
+    def decode_into(self, allocate: Allocate | None) -> None:
+        """Big decoded arrays are made by ``allocate`` from now on (a worker process's ring,
+        which hands them over without a copy); None: as usual."""
+        for reader in self.readers:
+            reader.allocate = allocate
+
+    def read_ahead(self, placement: Placement) -> None:
+        """Each leaf's records of these positions will be read soon."""
+        for leaf, _, indices in placement.parts:
+            self.readers[leaf].read_ahead(indices)
+
+    def _merged(self, start: int, placement: Placement) -> Block:
         parts = []
-        for leaf, where, records in located.parts:
-            try:
-                block = self.readers[leaf]((0, records))
-            except TransformError as exc:
-                name = self.mixture.leaves[leaf].name
-                raise TransformError(f"source {name!r}: {exc}") from exc.__cause__
+        for leaf, where, indices in placement.parts:
+            block = self.readers[leaf](0, indices)
             # The block's ends count its own positions (1 to len): back to the unit's.
-            parts.append((self.mixture.leaves[leaf].name, where[block.ends - 1], block))
+            offsets = placement.offsets((leaf, where, indices))
+            parts.append((self.readers[leaf].name, offsets[block.ends - 1], block))
         began = perf_counter()
         ends = np.sort(np.concatenate([kept for _, kept, _ in parts]))
         places = [(name, np.searchsorted(ends, kept), block) for name, kept, block in parts]
@@ -256,7 +229,7 @@ class MixtureReader:
         for _, _, block in parts:
             add_work(work, block.work)
         nbytes = sum(block.nbytes for _, _, block in parts)
-        if self.as_columns and self._alike:
+        if self._as_columns and self._alike:
             columns = [(name, at, block.columns or {}) for name, at, block in places]
             merged = Block(ends, columns=merge_columns(columns, len(ends)), work=work)
         else:
@@ -267,21 +240,22 @@ class MixtureReader:
                 for place, item in zip(at.tolist(), block_items):
                     items[place] = item
             merged = Block(ends, items=items, work=work)
-        merged.work[DECODING] += perf_counter() - began  # putting the sources' parts in order
+        merged.work[DECODING] += perf_counter() - began  # putting the leaves' parts in order
         merged.nbytes = nbytes
         return merged
 
-    def _decoded_together(self, start: int, located: Located) -> Block:
+    def _decoded_together(self, start: int, placement: Placement) -> Block:
         began = perf_counter()
         work = new_work()
         kept = []
         values: list[memoryview] = []
-        for leaf, where, indices in located.parts:
-            keep, run = self.readers[leaf].kept_values(indices, work)
-            kept.append(where if keep is None else where[keep])
+        for part in placement.parts:
+            keep, run = self.readers[part[0]].kept_values(part[2], work)
+            offsets = placement.offsets(part)
+            kept.append(offsets if keep is None else offsets[keep])
             values += run
         order = np.concatenate(kept) if kept else np.zeros(0, np.int64)
-        if len(located.parts) > 1:
+        if len(placement.parts) > 1:
             by_position = np.argsort(order, kind="stable")
             order = order[by_position]
             values = (
@@ -293,41 +267,89 @@ class MixtureReader:
         reader = self._decoder
         read = perf_counter()
         work[READING] += read - began - work[PREDICATES]
-        columns = reader.dataref.layout.decode_columns(values, reader.fields)
+        columns = reader.dataref.layout.decode_columns(values, reader.fields, reader.allocate)
         block = Block(ends, columns=columns, work=work, nbytes=columns_nbytes(columns))
-        if not self.as_columns:
+        if not self._as_columns:
             block = as_items(block)
         work[DECODING] += perf_counter() - read
         return block
 
-    def read_ahead(self, located: Located) -> None:
-        """Each source's records of these positions will be read soon."""
-        for leaf, _, records in located.parts:
-            self.readers[leaf].read_ahead(records)
+    # --- naming a unit's records in the errors of worker processes (see workers/) ---
 
-    @property
-    def datarefs(self) -> tuple[DataRef, ...]:
-        return tuple(leaf.ref for leaf in self.mixture.leaves)
-
-    def describe(self, unit: tuple[int, Located]) -> str:
-        """The positions of ``unit`` and the sources' records at them."""
-        start, located = unit
-        named = []
-        for leaf, where, records in located.parts:
-            name = self.mixture.leaves[leaf].name
-            named += [(int(w), f"{name}[{int(r)}]") for w, r in zip(where, records)]
-        listed = ", ".join(text for _, text in sorted(named)[:_NAMED])
-        more = ", ..." if len(located) > _NAMED else ""
+    def describe(self, unit: Unit) -> str:
+        """The positions of ``unit`` and the records (or window anchors) at them."""
+        start, placement = unit
+        named = sorted(
+            (int(offset), self.readers[part[0]].named(int(index)))
+            for part in placement.parts
+            for offset, index in zip(placement.offsets(part), part[2])
+        )
+        listed = ", ".join(text for _, text in named[:_NAMED])
+        more = ", ..." if len(placement) > _NAMED else ""
         return (
-            f"positions {start} to {start + len(located) - 1} of this shard's epoch "
-            f"(records {listed}{more})"
+            f"positions {start} to {start + len(placement) - 1} of this shard's epoch "
+            f"({self.readers[0].what}s {listed}{more})"
         )
 
-    def unpicklable(
-        self, unit: tuple[int, Located], result: Block, error: Exception
-    ) -> TransformError:
-        """The error for a block that cannot be sent back from a worker process."""
+    def unpicklable(self, unit: Unit, result: Block, error: Exception) -> TransformError:
+        """The error for a block that cannot be sent back from a worker process, naming the
+        first item that cannot be pickled (a transform's result: decoded values always can)."""
+        start, placement = unit
+        for item, end in zip(result.items or [], result.ends.tolist()):
+            try:
+                pickle.dumps(item, pickle.HIGHEST_PROTOCOL)
+            except Exception as exc:
+                reader, index = self._at(placement, end - 1 - start)
+                where = f"the transform's result for {reader.what} {reader.named(index)}"
+                return _not_sent_back(where, exc)
         return _not_sent_back(f"the block of {self.describe(unit)}", error)
+
+    def _at(self, placement: Placement, offset: int) -> tuple[LeafReader, int]:
+        """The leaf reader and index of the run's ``offset``."""
+        for part in placement.parts:
+            offsets = placement.offsets(part)
+            found = np.flatnonzero(offsets == offset)
+            if found.size:
+                return self.readers[part[0]], int(part[2][found[0]])
+        raise IndexError(offset)
+
+
+def _leaf_readers(
+    source: RecordSource, boundary: BoundarySettings, anchors: np.ndarray | None
+) -> list[LeafReader]:
+    """A reader per leaf, each with that leaf's fields: those named, or for batches the shared
+    ones; records read record by record keep each leaf's own fields."""
+    shared = [f.name for f in source.stream_fields(boundary.fields, boundary.batching)]
+    readers = []
+    for leaf in source.leaves:
+        if leaf.used:
+            _check_leaf(leaf.ref, leaf.name, boundary)
+        # (A leaf never read, of weight 0, gets a reader only to hold its place.)
+        own = (boundary.fields is None and not boundary.batching) or not leaf.used
+        readers.append(
+            LeafReader(
+                leaf.ref,
+                leaf.ref.select(None if own else shared),
+                name=leaf.name,
+                predicate=boundary.predicate,
+                ngram=boundary.ngram,
+                anchors=anchors,
+                transform=boundary.transform,
+                as_columns=boundary.as_columns,
+            )
+        )
+    return readers
+
+
+def _check_leaf(dataref: DataRef, name: str, boundary: BoundarySettings) -> None:
+    """SchemaError for fields the predicate or n-gram names that the leaf lacks."""
+    try:
+        if boundary.ngram is not None:
+            boundary.ngram.check(dataref.schema)
+        if boundary.predicate is not None:
+            boundary.predicate.check(dataref.schema)
+    except SchemaError as exc:
+        raise SchemaError(f"source {name!r}: {exc}" if name else str(exc)) from None
 
 
 def _not_sent_back(where: str, error: Exception) -> TransformError:
@@ -336,133 +358,3 @@ def _not_sent_back(where: str, error: Exception) -> TransformError:
         f"{error}): return picklable values (numbers, strings, numpy arrays, and lists or "
         "dicts of them), or use worker_type='thread'"
     )
-
-
-@dataclass
-class Located:
-    """Where a run of consecutive positions of a mixture read: per source (leaf number), the
-    positions (offsets in the run, ascending) and that source's record at each."""
-
-    length: int
-    parts: list[tuple[int, np.ndarray, np.ndarray]]
-
-    def __len__(self) -> int:
-        return self.length
-
-    def split(self, step: int) -> list[Located]:
-        """This run cut into runs of ``step`` positions (the last may be shorter)."""
-        starts = list(range(0, self.length, step))
-        cuts = [
-            (leaf, where, records, np.searchsorted(where, [*starts, self.length]).tolist())
-            for leaf, where, records in self.parts
-        ]
-        runs = []
-        for k, start in enumerate(starts):
-            parts = [
-                (leaf, where[at[k] : at[k + 1]] - start, records[at[k] : at[k + 1]])
-                for leaf, where, records, at in cuts
-                if at[k + 1] > at[k]
-            ]
-            runs.append(Located(min(step, self.length - start), parts))
-        return runs
-
-    def __getitem__(self, run: slice) -> Located:
-        """The positions [start, stop) of this run, as a run of their own (as for arrays)."""
-        start, stop, _ = run.indices(self.length)
-        parts = []
-        for leaf, where, records in self.parts:
-            low, high = np.searchsorted(where, (start, stop)).tolist()
-            if high > low:
-                parts.append((leaf, where[low:high] - start, records[low:high]))
-        return Located(stop - start, parts)
-
-
-def stacking(field: Field) -> tuple[Any, ...]:
-    """What decides how a field's values stack in a batch: fields alike in this are batched
-    together from different sources."""
-    return (field.kind, field.dtype_name, field.shape, field.nullable)
-
-
-def columns_nbytes(columns: Mapping[Any, Any]) -> int:
-    """The bytes of a block's decoded values: arrays, lists of arrays (variable shapes), of
-    str (their length) and bytes, and nested columns (n-gram windows)."""
-    total = 0
-    for column in columns.values():
-        if isinstance(column, np.ndarray):
-            total += column.nbytes
-        elif isinstance(column, Mapping):
-            total += columns_nbytes(column)
-        elif isinstance(column, list) and column:
-            if isinstance(column[0], np.ndarray):
-                total += sum(value.nbytes for value in column)
-            elif isinstance(column[0], (str, bytes)):
-                total += sum(map(len, column))
-    return total
-
-
-def as_items(block: Block) -> Block:
-    """A block of records as a list of record dicts (a reader may give them as columns)."""
-    if block.columns is None:
-        return block
-    items = records(block.columns, len(block))
-    return Block(block.ends, items=items, work=block.work, nbytes=block.nbytes)
-
-
-def merge_columns(
-    parts: Sequence[tuple[str, np.ndarray, Mapping[str, Any]]], n: int
-) -> dict[str, Any]:
-    """Columns of ``n`` items from parts (source name, the items' places, their columns):
-    each field's arrays (or lists) put in place. A field that some part lacks, or that comes
-    as arrays of different shapes or types, is a SchemaError naming it and the sources."""
-    first_name, _, first = parts[0]
-    out: dict[str, Any] = {}
-    for field, column in first.items():
-        stacked = isinstance(column, np.ndarray)
-        if stacked:
-            merged: Any = np.empty((n, *column.shape[1:]), dtype=column.dtype)
-        else:
-            merged = [None] * n
-        for name, where, columns in parts:
-            part = columns.get(field)
-            if part is None and field not in columns:
-                raise SchemaError(
-                    f"field {field!r} is in source {first_name!r} but not in source {name!r}"
-                )
-            if stacked:
-                if (
-                    not isinstance(part, np.ndarray)
-                    or part.shape[1:] != column.shape[1:]
-                    or (part.dtype != column.dtype)
-                ):
-                    raise SchemaError(
-                        f"field {field!r} differs between sources {first_name!r} and {name!r}: "
-                        "batches of a mixture need it alike in every source"
-                    )
-                merged[where] = part
-            else:
-                for place, value in zip(where.tolist(), list(part or ())):
-                    merged[place] = value
-        out[field] = merged
-    return out
-
-
-def records(columns: dict[str, Any], n: int) -> list[dict[str, Any]]:
-    """``n`` records as dicts, from columns (arrays or lists) as decode_columns gives them."""
-    names = list(columns)
-    values = [list(c) if isinstance(c, np.ndarray) else c for c in columns.values()]
-    return [dict(zip(names, row)) for row in zip(*values)] if names else [{} for _ in range(n)]
-
-
-def collate(items: list[Any]) -> Any:
-    """Stack items into a batch: dicts field by field (nested dicts too), equal-shape arrays and
-    numbers into arrays, anything else into lists."""
-    first = items[0]
-    if isinstance(first, dict):
-        return {key: collate([item[key] for item in items]) for key in first}
-    numeric = isinstance(first, (np.ndarray, np.generic, int, float)) and not isinstance(
-        first,
-        (str, bytes),  # np.str_ and np.bytes_ are np.generic too
-    )
-    if numeric and len({np.shape(v) for v in items}) == 1:
-        return np.stack([np.asarray(v) for v in items])
-    return list(items)

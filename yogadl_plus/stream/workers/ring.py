@@ -39,6 +39,8 @@ from typing import Any
 
 import numpy as np
 
+from yogadl_plus import lifecycle
+
 __all__ = ["MIN_SHARED", "RING_BYTES", "SLOTS", "Packed", "SharedRing"]
 
 # Address space reserved per worker; memory is used only where results are written.
@@ -55,9 +57,6 @@ _HEADER = 4096
 _PLACES = 1024
 _ALIGN = 64
 _FREE, _BUSY = 0, 1
-
-# Rings this process reads from: at a fork, what they hold stays theirs for good.
-_READERS: weakref.WeakSet[SharedRing] = weakref.WeakSet()
 
 
 @dataclass(frozen=True)
@@ -313,7 +312,8 @@ class SharedRing:
         if slot not in self._pinned:
             self._states[slot] = _FREE
 
-    def _pin_held(self) -> None:
+    def pin_held(self) -> None:
+        """What this process holds now is never written again (a fork is coming)."""
         self._pinned.update(self._live)
 
 
@@ -325,12 +325,8 @@ def _aligned(n: int) -> int:
     return (n + _ALIGN - 1) // _ALIGN * _ALIGN
 
 
-def _pin_before_fork() -> None:
-    # A forked child maps the rings too, and may still read what the parent holds now after
-    # the parent let go of it: those parts must never be written again.
-    for ring in list(_READERS):
-        ring._pin_held()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(before=_pin_before_fork)
+# Rings this process reads from. A forked child maps them too, and may still read what the
+# parent holds now after the parent let go of it: those parts must never be written again.
+_READERS: lifecycle.Registry[SharedRing] = lifecycle.Registry(
+    "shared rings read here", before_fork=SharedRing.pin_held
+)

@@ -1,0 +1,87 @@
+"""Placement: where a run of consecutive positions reads, source by source.
+
+Any ``RecordSource`` answers ``place(epoch, positions, ...)`` with one: a DataRef puts every
+position on its one source (``Placement.whole``), a Mixture deals them out to its sources' records.
+The stream's reader then reads each part from its own DataRef, with no branch on what kind of
+source made it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["Part", "Placement"]
+
+# (leaf number, the part's offsets in the run (ascending; None: every offset, in order), and
+# the record of that leaf at each).
+Part = tuple[int, "np.ndarray | None", np.ndarray]
+
+
+@dataclass
+class Placement:
+    """Where ``length`` consecutive positions read: per part, a leaf of the source (its number
+    in ``source.leaves``), which of the run's offsets it serves and that leaf's record at each."""
+
+    length: int
+    parts: list[Part]
+
+    @classmethod
+    def whole(cls, records: np.ndarray, leaf: int = 0) -> Placement:
+        """Every position of the run on ``leaf``, reading ``records`` in order."""
+        return cls(len(records), [(leaf, None, records)])
+
+    def __len__(self) -> int:
+        return self.length
+
+    @property
+    def single(self) -> Part | None:
+        """The one part, when it serves every offset in order (a DataRef's run, or a mixture's
+        run that reads one source only)."""
+        if len(self.parts) == 1:
+            leaf, where, records = self.parts[0]
+            if where is None or len(where) == self.length:
+                return leaf, None, records
+        return None
+
+    def offsets(self, part: Part) -> np.ndarray:
+        """The run's offsets that ``part`` serves, as an array."""
+        where = part[1]
+        return np.arange(len(part[2]), dtype=np.int64) if where is None else where
+
+    def split(self, step: int) -> list[Placement]:
+        """This run cut into runs of ``step`` positions (the last may be shorter)."""
+        starts = list(range(0, self.length, step))
+        # Each part is cut once for all runs (a searchsorted per run would cost per run).
+        cuts = [
+            (leaf, where, records, [] if where is None else np.searchsorted(where, starts).tolist())
+            for leaf, where, records in self.parts
+        ]
+        runs = []
+        for k, start in enumerate(starts):
+            stop = min(start + step, self.length)
+            parts: list[Part] = []
+            for leaf, where, records, at in cuts:
+                if where is None:
+                    parts.append((leaf, None, records[start:stop]))
+                    continue
+                low = at[k]
+                high = at[k + 1] if k + 1 < len(starts) else len(where)
+                if high > low:
+                    parts.append((leaf, where[low:high] - start, records[low:high]))
+            runs.append(Placement(stop - start, parts))
+        return runs
+
+    def __getitem__(self, run: slice) -> Placement:
+        """The positions [start, stop) of this run, as a run of their own (as for arrays)."""
+        start, stop, _ = run.indices(self.length)
+        parts: list[Part] = []
+        for leaf, where, records in self.parts:
+            if where is None:
+                parts.append((leaf, None, records[start:stop]))
+                continue
+            low, high = np.searchsorted(where, (start, stop)).tolist()
+            if high > low:
+                parts.append((leaf, where[low:high] - start, records[low:high]))
+        return Placement(max(stop - start, 0), parts)

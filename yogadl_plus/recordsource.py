@@ -1,0 +1,178 @@
+"""RecordSource: what a Stream reads, a DataRef or a Mixture of them, through one protocol.
+
+A source has a length (positions of an unshuffled epoch), a schema, an identity (what a saved
+stream state names it by), the DataRefs it reads (``leaves``) and the arithmetic of where a run
+of positions reads (``place``). A Stream, and everything above it, asks only these: it has one
+code path for every kind of source and never asks which kind it has.
+
+``stream(...)`` is here, once, for every source: its keywords are the whole set of stream
+options, each a field of one of the settings dataclasses the stream layer is made of
+(``OrderSettings``, ``BoundarySettings``, ``WorkerSettings``), which check them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import numpy as np
+
+from yogadl_plus.order.settings import OrderSettings
+
+if TYPE_CHECKING:
+    from yogadl_plus.dataref import DataRef
+    from yogadl_plus.order.placement import Placement
+    from yogadl_plus.schema import Field, Schema
+    from yogadl_plus.stream import Stream
+
+__all__ = ["Leaf", "RecordSource"]
+
+S = TypeVar("S")
+
+
+class Leaf:
+    """A DataRef a source reads, and the names that lead to it: ``()`` for a DataRef itself,
+    ``("web",)`` in a mixture, ``("text", "books")`` inside a mixture of mixtures. ``used``:
+    its share of an epoch is not zero (a mixture's source of weight 0 is never read, and its
+    fields need not match)."""
+
+    __slots__ = ("path", "ref", "used")
+
+    def __init__(self, path: tuple[str, ...], ref: DataRef, used: bool = True) -> None:
+        self.path = path
+        self.ref = ref
+        self.used = used
+
+    @property
+    def name(self) -> str:
+        """The path joined by '/' ('' for a DataRef's own leaf)."""
+        return "/".join(self.path)
+
+    def __repr__(self) -> str:
+        return f"Leaf({self.name!r}, {self.ref!r})"
+
+
+class RecordSource(ABC):
+    """What a Stream reads: positions of an epoch, each reading one record of one DataRef."""
+
+    #: Positions worth placing in one call: the order and ``place`` cost per call, so a stream
+    #: computes them for this many positions at once.
+    place_block = 4096
+
+    @property
+    @abstractmethod
+    def schema(self) -> Schema:
+        """The fields every item has alike."""
+
+    @abstractmethod
+    def __len__(self) -> int:
+        """Positions in one epoch, unsharded."""
+
+    @abstractmethod
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        """Position ``index`` of the unshuffled epoch 0, as a dict of decoded fields."""
+
+    @abstractmethod
+    def get_batch(
+        self, indices: Sequence[int] | np.ndarray, fields: Sequence[str] | str | None = None
+    ) -> dict[str, Any]:
+        """The items at positions ``indices`` of the unshuffled epoch 0, as field -> stacked
+        array (a list for variable shapes, strings and bytes)."""
+
+    @property
+    @abstractmethod
+    def leaves(self) -> tuple[Leaf, ...]:
+        """The DataRefs this source reads, in the order ``place`` numbers them."""
+
+    @abstractmethod
+    def identity(self) -> tuple[str, str]:
+        """What a stream's state names this source by: a name for people and a digest of
+        everything that fixes which record a position reads (builds, shares)."""
+
+    @abstractmethod
+    def place(self, epoch: int, positions: np.ndarray, shuffle: bool, seed: int) -> Placement:
+        """Where ``positions`` (of the epoch's order, in a run) read in epoch ``epoch``."""
+
+    @property
+    @abstractmethod
+    def chunk_records(self) -> np.ndarray:
+        """Positions per chunk of storage, in order: what a windowed shuffle or a shard of
+        whole chunks groups (a source without chunks of its own has one)."""
+
+    @property
+    @abstractmethod
+    def record_bytes(self) -> float:
+        """The bytes a record takes in the chunk files, on average (at least 1)."""
+
+    @property
+    @abstractmethod
+    def chunk_bytes(self) -> float:
+        """The bytes of a chunk file, on average (of the smallest-chunked leaf)."""
+
+    @abstractmethod
+    def stream_fields(
+        self, fields: Sequence[str] | str | None, batching: bool
+    ) -> tuple[Field, ...]:
+        """The fields a stream's items hold, for ``fields=`` (SchemaError for one that the
+        items cannot hold alike: in batches every item has them)."""
+
+    @abstractmethod
+    def check_stream(self, order: OrderSettings, windows: bool) -> None:
+        """ValueError for what a stream over this source cannot do (``windows``: n-grams)."""
+
+    @property
+    def source_kinds(self) -> tuple[str, ...]:
+        """What each leaf was cached from ("tensorflow", "torch", "parquet", ...)."""
+        return tuple(leaf.ref.source_kind for leaf in self.leaves)
+
+    def stream(
+        self,
+        *,
+        start_offset: int = 0,
+        global_start: int | None = None,
+        shuffle: bool = False,
+        shuffle_seed: int | None = None,
+        skip_shuffle_at_epoch_end: bool = False,
+        shuffle_window: int | None = None,
+        shard_rank: int = 0,
+        num_shards: int = 1,
+        drop_shard_remainder: bool = False,
+        shard_by: str = "records",
+        fields: Sequence[str] | str | None = None,
+        predicate: Any = None,
+        ngram: Any = None,
+        transform: Callable[[Any], Any] | None = None,
+        batch_size: int | None = None,
+        drop_last: bool = False,
+        num_workers: int = 0,
+        prefetch: int | None = None,
+        worker_type: str = "thread",
+        worker_start_method: str | None = None,
+    ) -> Stream:
+        """A Stream over this source: one shard of its epochs, one after the other.
+
+        Order: ``shuffle``, ``shuffle_seed`` (drawn when None; required with shards),
+        ``skip_shuffle_at_epoch_end``, ``shuffle_window`` (shuffle within windows of that many
+        chunks; docs/windowed-shuffle.md), ``shard_rank``/``num_shards``/``drop_shard_remainder``
+        /``shard_by``, ``start_offset`` (positions of this shard from epoch 0), ``global_start``
+        (elastic resume). Boundary: ``fields``, ``predicate`` (ydl.predicates), ``ngram``
+        (ydl.NGram), ``transform``, ``batch_size``/``drop_last``. Workers: ``num_workers``,
+        ``worker_type`` ("thread" or "process"), ``prefetch`` (units in flight),
+        ``worker_start_method``. See docs/streams.md and docs/boundary.md.
+        """
+        arguments = locals()  # (first: the keywords above, each held by one settings class)
+        from yogadl_plus.stream import BoundarySettings, Stream, WorkerSettings
+
+        return Stream(
+            self,
+            _held_by(OrderSettings, arguments),
+            _held_by(BoundarySettings, arguments),
+            _held_by(WorkerSettings, arguments),
+        )
+
+
+def _held_by(kind: type[S], arguments: dict[str, Any]) -> S:
+    """The settings of ``kind`` made of the ``arguments`` that are its fields."""
+    return kind(**{f.name: arguments[f.name] for f in dataclasses.fields(kind)})  # type: ignore[arg-type]

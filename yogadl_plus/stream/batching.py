@@ -1,0 +1,62 @@
+"""Batches cut from a run of blocks: the first ``n`` items, across block boundaries."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from yogadl_plus.columns import collate
+from yogadl_plus.stream.block import Block
+
+__all__ = ["take"]
+
+
+def take(blocks: list[Block], n: int) -> tuple[Any, int, list[Block]]:
+    """The first ``n`` items of ``blocks`` as one batch, the position after the last of them,
+    and the blocks left over."""
+    taken: list[Block] = []
+    left = n
+    rest = list(blocks)
+    while left:
+        block = rest.pop(0)
+        if len(block) <= left:
+            taken.append(block)
+            left -= len(block)
+        else:
+            taken.append(_slice(block, 0, left))
+            rest.insert(0, _slice(block, left, len(block)))
+            left = 0
+    end = int(taken[-1].ends[-1])
+    if taken[0].columns is not None:
+        columns = [b.columns for b in taken if len(b) and b.columns is not None]
+        return _concat(columns) if len(columns) > 1 else columns[0], end, rest
+    items = [item for b in taken for item in (b.items or [])]
+    return collate(items), end, rest
+
+
+def _slice(block: Block, start: int, stop: int) -> Block:
+    if block.columns is not None:
+        return Block(block.ends[start:stop], columns=_slice_columns(block.columns, start, stop))
+    assert block.items is not None
+    return Block(block.ends[start:stop], items=block.items[start:stop])
+
+
+def _slice_columns(columns: dict[Any, Any], start: int, stop: int) -> dict[Any, Any]:
+    return {
+        k: _slice_columns(v, start, stop) if isinstance(v, dict) else v[start:stop]
+        for k, v in columns.items()
+    }
+
+
+def _concat(parts: list[dict[Any, Any]]) -> dict[Any, Any]:
+    out: dict[Any, Any] = {}
+    for key, first in parts[0].items():
+        values = [p[key] for p in parts]
+        if isinstance(first, dict):
+            out[key] = _concat(values)
+        elif isinstance(first, np.ndarray):
+            out[key] = np.concatenate(values)
+        else:
+            out[key] = [v for part in values for v in part]
+    return out

@@ -1,0 +1,87 @@
+"""The stream's options beyond the order, as frozen dataclasses checked once: what is done at the
+boundary (``BoundarySettings``) and by whom (``WorkerSettings``). The order's own are
+``OrderSettings`` (order/settings.py). Each field is the ``stream(...)`` keyword of that name."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from yogadl_plus.checks import check_bool, check_int
+from yogadl_plus.ngram import NGram
+from yogadl_plus.order.settings import CHUNK_SHARDS_TAKE_NO_GLOBAL_ORDER, OrderSettings
+from yogadl_plus.predicates import Predicate
+from yogadl_plus.stream.workers import WORKER_TYPES
+
+__all__ = ["BoundarySettings", "WorkerSettings"]
+
+
+@dataclass(frozen=True)
+class BoundarySettings:
+    """What is done to the records at the boundary: the ``fields`` decoded, the ``predicate``
+    that keeps some, n-gram windows (``ngram``) instead of records, the ``transform``, and
+    batches of ``batch_size`` (the last dropped when short, with ``drop_last``)."""
+
+    fields: Sequence[str] | str | None = None
+    predicate: Any = None
+    ngram: Any = None
+    transform: Callable[[Any], Any] | None = None
+    batch_size: int | None = None
+    drop_last: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.fields, list):
+            object.__setattr__(self, "fields", tuple(self.fields))  # frozen: no later change
+        if self.batch_size is not None:
+            object.__setattr__(self, "batch_size", check_int("batch_size", self.batch_size, 1))
+        object.__setattr__(self, "drop_last", check_bool("drop_last", self.drop_last))
+        if self.predicate is not None and not isinstance(self.predicate, Predicate):
+            raise ValueError(
+                "predicate must be made with ydl.predicates (in_set, in_lambda, ...), "
+                f"got {self.predicate!r}"
+            )
+        if self.ngram is not None:
+            if not isinstance(self.ngram, NGram):
+                raise ValueError(f"ngram must be a ydl.NGram, got {self.ngram!r}")
+            if self.fields is not None:
+                raise ValueError(
+                    "with ngram=, the NGram names the fields of each offset: drop fields="
+                )
+            if self.predicate is not None:
+                raise ValueError("predicate= and ngram= cannot be combined in one stream")
+
+    @property
+    def batching(self) -> bool:
+        return self.batch_size is not None
+
+    @property
+    def as_columns(self) -> bool:
+        """Whether records are read as columns (one decode per block): without a transform,
+        for batches, and for records (the stream makes them records); n-gram windows that are
+        not batched come as windows."""
+        return self.transform is None and (self.batching or self.ngram is None)
+
+    def check_order(self, order: OrderSettings) -> None:
+        """ValueError for an order these settings cannot be read in."""
+        if self.ngram is not None and order.shard_by == "chunks":
+            raise ValueError(CHUNK_SHARDS_TAKE_NO_GLOBAL_ORDER)
+
+
+@dataclass(frozen=True)
+class WorkerSettings:
+    """Who reads ahead: ``num_workers`` threads or processes (``worker_type``), with
+    ``prefetch`` units in flight (None: twice the workers), processes started by
+    ``worker_start_method`` (None: fork where there is one)."""
+
+    num_workers: int = 0
+    prefetch: int | None = None
+    worker_type: str = "thread"
+    worker_start_method: str | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "num_workers", check_int("num_workers", self.num_workers, 0))
+        if self.prefetch is not None:
+            check_int("prefetch", self.prefetch, 1)
+        if self.worker_type not in WORKER_TYPES:
+            raise ValueError(f"worker_type must be one of {WORKER_TYPES}, got {self.worker_type!r}")

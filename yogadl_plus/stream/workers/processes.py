@@ -1,0 +1,301 @@
+"""Worker processes (``worker_type="process"``): each gets units through a pipe, runs the task
+and sends results back in the order it got them, large ones through its shared ring (ring.py).
+
+A worker ends between units when asked, by itself after ``GRACE_SECONDS`` if a unit does not
+end, and whenever its parent process dies (child.py). Every failure reaches the caller as
+``WorkerDied`` or as the task's own error, naming the unit.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import multiprocessing.connection
+import os
+import pickle
+import queue
+import select
+import signal
+import struct
+import sys
+import threading
+import time
+from typing import Any
+
+from yogadl_plus import lifecycle
+from yogadl_plus.errors import TransformError, WorkerDied
+from yogadl_plus.stream.workers.base import GRACE_SECONDS, Task, Workers
+from yogadl_plus.stream.workers.child import ParentWatch, keep_freed_memory, skip_inherited_objects
+from yogadl_plus.stream.workers.remote import error_payload, raised_from
+from yogadl_plus.stream.workers.ring import SharedRing
+
+__all__ = ["ProcessWorkers", "end_all"]
+
+# Parent to worker: (kind, sequence number, unit).
+_UNIT, _CANCEL, _STOP = range(3)
+# Worker to parent: a header (sequence number, outcome), then the pickled result or error, or
+# the pickled Packed of a result in the worker's ring.
+_HEADER = struct.Struct("<qB")
+_DONE, _FAILED, _SHARED = range(3)
+
+# Worker processes started here, also those of pools dropped without close(): the exit handler
+# ends any still running. Held until they end; a forked child forgets its parent's.
+_PROCESSES: lifecycle.Registry[multiprocessing.process.BaseProcess] = lifecycle.Registry(
+    "worker processes", weak=False
+)
+lifecycle.on_fork(after_in_child=_PROCESSES.clear)
+
+
+def end_all() -> None:
+    """End every worker process this process started that is still running."""
+    for process in _PROCESSES:
+        _end(process)
+
+
+class ProcessWorkers(Workers):
+    """Worker processes running the task, each with a pipe and a ring of its own."""
+
+    def __init__(self, task: Task, num_workers: int, start_method: str) -> None:
+        for process in _PROCESSES:  # (those of pools dropped without close() that ended since)
+            if process.exitcode is not None:
+                _PROCESSES.discard(process)
+        context = multiprocessing.get_context(start_method)
+        watch = ParentWatch.here(start_method)
+        self.task = task
+        self.owner = os.getpid()
+        self._sent = 0  # sequence number of the last unit sent
+        self._turn = 0
+        self._workers: list[tuple[multiprocessing.process.BaseProcess, Any]] = []
+        # One ring per worker process, made before it starts; dropped with these workers (the
+        # arrays handed out from it keep its memory until they are gone).
+        self._rings: list[SharedRing | None] = []
+        try:
+            for k in range(num_workers):
+                here, there = context.Pipe()
+                ring = SharedRing.create()
+                self._rings.append(ring)
+                process = context.Process(  # type: ignore[attr-defined]
+                    target=_process_main,
+                    args=(there, task, watch, ring),
+                    name=f"yogadl_plus-worker-{k}",
+                )
+                try:
+                    process.start()
+                except (pickle.PicklingError, TypeError, AttributeError) as exc:
+                    raise TypeError(
+                        f"worker processes started by {start_method!r} get the stream's work "
+                        f"(transform, predicate) pickled, and it cannot be: {exc}; make it a "
+                        "module-level function, or use worker_start_method='fork' or "
+                        "worker_type='thread'"
+                    ) from exc
+                finally:
+                    there.close()
+                _PROCESSES.add(process)
+                self._workers.append((process, here))
+        except BaseException:
+            self.stop()
+            self.finish(time.monotonic())
+            raise
+
+    def submit(self, unit: Any) -> tuple[int, int]:
+        self._sent += 1
+        k = self._turn
+        self._turn = (k + 1) % len(self._workers)
+        try:
+            self._workers[k][1].send((_UNIT, self._sent, unit))
+        except OSError:
+            pass  # it died: result() says so, after the results it handed back
+        except BaseException:
+            self.stop()  # interrupted (Ctrl-C) halfway through a message: the pipe is unusable
+            raise
+        return k, self._sent
+
+    def result(self, ticket: tuple[int, int], unit: Any) -> Any:
+        k, sequence = ticket
+        try:
+            while True:
+                got, outcome = _HEADER.unpack(self._receive(k, unit))
+                payload = self._receive(k, unit)
+                if got == sequence:
+                    break
+                # Anything older is left from units cancelled when an earlier map was dropped.
+                if outcome == _SHARED:
+                    self._ring(k).discard(pickle.loads(payload))
+        except WorkerDied:
+            raise
+        except BaseException:
+            self.stop()  # interrupted (Ctrl-C) halfway through a message: the pipe is unusable
+            raise
+        if outcome == _FAILED:
+            raise raised_from(payload, lambda: self.task.describe(unit))
+        try:
+            if outcome == _SHARED:
+                return self._ring(k).unpack(pickle.loads(payload))
+            return pickle.loads(payload)
+        except Exception as exc:
+            raise TransformError(
+                f"the result of {self.task.describe(unit)} came back from the worker process "
+                f"but cannot be unpickled here ({type(exc).__name__}: {exc})"
+            ) from exc
+
+    def _ring(self, k: int) -> SharedRing:
+        ring = self._rings[k]
+        assert ring is not None, "a worker without a ring sent a result in one"
+        return ring
+
+    def _receive(self, k: int, unit: Any) -> bytes:
+        process, conn = self._workers[k]
+        # Waiting on the process too: a killed worker's results already sent are still read
+        # first, then its death is told (and Ctrl-C interrupts this wait).
+        if conn in multiprocessing.connection.wait([conn, process.sentinel]):
+            try:
+                return conn.recv_bytes()
+            except (EOFError, OSError):
+                pass
+        process.join(1.0)
+        code = process.exitcode
+        if code is None:
+            how = "its connection broke"
+        elif code < 0:
+            how = f"killed by {_signal_name(-code)}"
+        else:
+            how = f"exit status {code}"
+        raise WorkerDied(
+            f"worker process {process.pid} died ({how}) before handing back "
+            f"{self.task.describe(unit)}: the items handed out so far are intact; resume from "
+            "stream.offset, with fewer workers or a smaller prefetch if memory ran out"
+        )
+
+    def cancel(self, tickets: list[tuple[int, int]]) -> None:
+        if self.closed or not tickets:
+            return
+        for _, conn in self._workers:
+            _send_if_room(conn, (_CANCEL, self._sent, None))
+
+    def stop(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        if os.getpid() != self.owner:
+            return  # a copy in a forked child: these workers are its parent's
+        for _, conn in self._workers:
+            _send_if_room(conn, (_STOP, 0, None))
+
+    def finish(self, deadline: float) -> None:
+        if os.getpid() != self.owner:
+            return
+        for process, _ in self._workers:
+            process.join(max(0.0, deadline - time.monotonic()))
+        for process, conn in self._workers:
+            _end(process)
+            conn.close()
+        # What was handed out of the rings keeps its part of them alive until it is dropped.
+        self._rings = [None] * len(self._rings)
+
+
+def _send_if_room(conn: Any, message: Any) -> None:
+    """Send a small control message unless the worker's pipe is full (a worker stuck without
+    reading): sending would then block; such a worker is ended after the grace period."""
+    try:
+        if hasattr(select, "poll"):
+            poller = select.poll()
+            poller.register(conn.fileno(), select.POLLOUT)
+            if not poller.poll(0):
+                return
+        conn.send(message)
+    except (OSError, ValueError):
+        pass  # it is gone, or its connection closed
+
+
+def _end(process: multiprocessing.process.BaseProcess) -> None:
+    """End a worker process that did not leave when asked (terminate, then kill)."""
+    if process.exitcode is None:
+        process.terminate()
+        process.join(1.0)
+    if process.exitcode is None:
+        process.kill()
+        process.join(5.0)
+    _PROCESSES.discard(process)
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def _process_main(conn: Any, task: Task, watch: ParentWatch, ring: SharedRing | None) -> None:
+    """A worker process: runs units in the order they come, sends back results in that order."""
+    # Ctrl-C is the caller's to handle: it stops the iteration and shuts the pool down. A
+    # worker dying of it instead would break the pool under the caller's feet. SIGTERM is how
+    # the caller ends a stuck worker: a handler inherited from the parent must not keep it.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    watch.start()
+    skip_inherited_objects()
+    keep_freed_memory()
+    if ring is not None:
+        task.decode_into(ring.empty)
+    inbox: queue.SimpleQueue[tuple[int, Any] | None] = queue.SimpleQueue()
+    outbox: queue.SimpleQueue[tuple[int, int, bytes]] = queue.SimpleQueue()
+    cancelled = [0]  # units up to this sequence number are not wanted any more
+    # Units are taken off the pipe as they come, and results sent while the next unit runs, so
+    # neither side's send ever waits for the other's work (which could deadlock both).
+    for target, args in (
+        (_receive_units, (conn, inbox, cancelled)),
+        (_send_results, (conn, outbox)),
+    ):
+        threading.Thread(target=target, args=args, daemon=True).start()
+    while (job := inbox.get()) is not None:
+        sequence, unit = job
+        if sequence <= cancelled[0]:
+            continue
+        outbox.put((sequence, *_outcome(task, unit, ring)))
+        del job, unit
+
+
+def _outcome(task: Task, unit: Any, ring: SharedRing | None) -> tuple[int, bytes]:
+    try:
+        result = task(unit)
+    except BaseException as exc:
+        return _FAILED, error_payload(exc)
+    try:
+        if ring is None:
+            return _DONE, pickle.dumps(result, pickle.HIGHEST_PROTOCOL)
+        packed = ring.pack(result)
+        if packed.shared:
+            return _SHARED, pickle.dumps(packed, pickle.HIGHEST_PROTOCOL)
+        return _DONE, packed.data
+    except Exception as exc:
+        return _FAILED, error_payload(task.unpicklable(unit, result, exc))
+
+
+def _receive_units(
+    conn: Any, inbox: queue.SimpleQueue[tuple[int, Any] | None], cancelled: list[int]
+) -> None:
+    while True:
+        try:
+            kind, sequence, unit = conn.recv()
+        except (EOFError, OSError):
+            kind = _STOP  # the parent closed its end, or is gone
+        if kind == _UNIT:
+            inbox.put((sequence, unit))
+        elif kind == _CANCEL:
+            cancelled[0] = sequence
+        else:
+            # Leave between units; a unit that does not end in the grace period is cut short.
+            cancelled[0] = sys.maxsize
+            inbox.put(None)
+            time.sleep(GRACE_SECONDS)
+            os._exit(0)
+
+
+def _send_results(conn: Any, outbox: queue.SimpleQueue[tuple[int, int, bytes]]) -> None:
+    while True:
+        sequence, outcome, payload = outbox.get()
+        try:
+            conn.send_bytes(_HEADER.pack(sequence, outcome))
+            conn.send_bytes(payload)
+        except OSError:
+            os._exit(0)  # the parent closed its end, or is gone
+        del payload
