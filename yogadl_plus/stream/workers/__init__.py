@@ -8,7 +8,7 @@
 - ``ring``: shared memory that hands a worker's big results over without a copy.
 """
 
-from yogadl_plus.stream.workers.base import GRACE_SECONDS, WORKER_TYPES, Task
-from yogadl_plus.stream.workers.pool import OrderedPool
+from yogadl_plus.stream.workers.base import GRACE_SECONDS, Task
+from yogadl_plus.stream.workers.pool import WORKER_TYPES, OrderedPool
 
 __all__ = ["GRACE_SECONDS", "WORKER_TYPES", "OrderedPool", "Task"]

@@ -1,17 +1,16 @@
 """What every kind of worker provides: the task they run, and the methods a pool drives them by.
 
 Workers run a ``Task`` on units and hand results back in submission order. A new kind of worker
-(threads.py, processes.py) is one module with a ``Workers`` subclass, named in ``WORKER_TYPES``
-and started in pool.py.
+(threads.py, processes.py) is one module with a ``Workers`` subclass, named in pool.py's
+``KINDS``.
 """
 
 from __future__ import annotations
 
 from typing import Any, Protocol
 
-__all__ = ["GRACE_SECONDS", "WORKER_TYPES", "Task", "Workers"]
+__all__ = ["GRACE_SECONDS", "Task", "Workers"]
 
-WORKER_TYPES = ("thread", "process")
 # How long a worker asked to stop may take to finish the unit it is on before it is ended.
 GRACE_SECONDS = 2.0
 
@@ -36,10 +35,17 @@ class Task(Protocol):
 
 
 class Workers:
-    """Threads or processes running a task: units in with submit(), results out in order."""
+    """Workers running a task: units in with submit(), results out in order.
+
+    Made as ``Kind(task, num_workers, start_method)`` (``start_method``: how processes are
+    started, for kinds that start any), started at once.
+    """
 
     closed = False
     owner = 0  # the process that started them: a forked child's copy is not its own
+
+    def __init__(self, task: Task, num_workers: int, start_method: str) -> None:
+        raise NotImplementedError
 
     def submit(self, unit: Any) -> Any:
         """Start work on ``unit``; what comes back is the ticket for its result."""

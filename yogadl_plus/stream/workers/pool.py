@@ -25,10 +25,18 @@ from typing import Any
 from yogadl_plus import lifecycle
 from yogadl_plus.errors import WorkerDied
 from yogadl_plus.stream.workers import processes
-from yogadl_plus.stream.workers.base import GRACE_SECONDS, WORKER_TYPES, Task, Workers
+from yogadl_plus.stream.workers.base import GRACE_SECONDS, Task, Workers
 from yogadl_plus.stream.workers.threads import ThreadWorkers
 
-__all__ = ["OrderedPool"]
+__all__ = ["KINDS", "WORKER_TYPES", "OrderedPool"]
+
+#: The kinds of workers, by ``worker_type``: a new kind is a ``Workers`` subclass in a module of
+#: its own (base.py says what it provides), named here.
+KINDS: dict[str, type[Workers]] = {
+    "thread": ThreadWorkers,
+    "process": processes.ProcessWorkers,
+}
+WORKER_TYPES = tuple(KINDS)
 
 
 class OrderedPool:
@@ -57,11 +65,8 @@ class OrderedPool:
     def _started(self) -> Workers:
         workers = self._workers
         if workers is None or workers.closed or workers.owner != os.getpid():
-            if self.worker_type == "thread":
-                workers = ThreadWorkers(self.task, self.num_workers)
-            else:
-                workers = processes.ProcessWorkers(self.task, self.num_workers, self.start_method)
-            self._workers = workers
+            kind = KINDS[self.worker_type]
+            workers = self._workers = kind(self.task, self.num_workers, self.start_method)
         return workers
 
     def map(self, units: Iterable[Any]) -> Iterator[Any]:

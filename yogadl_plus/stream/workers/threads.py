@@ -18,7 +18,7 @@ __all__ = ["ThreadWorkers"]
 class ThreadWorkers(Workers):
     """Daemon threads of this process running the task."""
 
-    def __init__(self, task: Task, num_workers: int) -> None:
+    def __init__(self, task: Task, num_workers: int, start_method: str) -> None:
         self.owner = os.getpid()
         self._jobs: queue.SimpleQueue[tuple[Any, Future[Any]] | None] = queue.SimpleQueue()
         self._stopping = threading.Event()
