@@ -233,3 +233,23 @@ def test_shard_by_chunks_streams_and_resumes(tmp_path) -> None:
         ref.stream(shard_by="rows")
     with pytest.raises(ValueError, match="global_start"):
         ref.stream(shard_by="chunks", global_start=5)
+
+
+def test_every_stream_keyword_is_a_field_of_exactly_one_settings_class():
+    # stream() routes its keywords to the settings dataclasses by name: a keyword no class
+    # holds would be dropped, one two classes hold would be set twice.
+    import dataclasses
+    import inspect
+
+    from yogadl_plus.order import OrderSettings
+    from yogadl_plus.recordsource import RecordSource
+    from yogadl_plus.stream import BoundarySettings, WorkerSettings
+
+    keywords = set(inspect.signature(RecordSource.stream).parameters) - {"self"}
+    held = [
+        {f.name for f in dataclasses.fields(kind)}
+        for kind in (OrderSettings, BoundarySettings, WorkerSettings)
+    ]
+    assert set().union(*held) == keywords
+    assert sum(map(len, held)) == len(keywords)
+    assert ydl.DataRef.stream is ydl.Mixture.stream is RecordSource.stream
