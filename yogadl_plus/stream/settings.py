@@ -12,7 +12,7 @@ from yogadl_plus.checks import check_bool, check_int
 from yogadl_plus.ngram import NGram
 from yogadl_plus.order.settings import CHUNK_SHARDS_TAKE_NO_GLOBAL_ORDER, OrderSettings
 from yogadl_plus.predicates import Predicate
-from yogadl_plus.stream.workers import WORKER_TYPES
+from yogadl_plus.stream.workers import KINDS
 
 __all__ = ["BoundarySettings", "WorkerSettings"]
 
@@ -83,5 +83,5 @@ class WorkerSettings:
         object.__setattr__(self, "num_workers", check_int("num_workers", self.num_workers, 0))
         if self.prefetch is not None:
             check_int("prefetch", self.prefetch, 1)
-        if self.worker_type not in WORKER_TYPES:
-            raise ValueError(f"worker_type must be one of {WORKER_TYPES}, got {self.worker_type!r}")
+        if self.worker_type not in KINDS:
+            raise ValueError(f"worker_type must be one of {tuple(KINDS)}, got {self.worker_type!r}")

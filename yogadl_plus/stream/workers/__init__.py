@@ -9,6 +9,6 @@
 """
 
 from yogadl_plus.stream.workers.base import GRACE_SECONDS, Task
-from yogadl_plus.stream.workers.pool import WORKER_TYPES, OrderedPool
+from yogadl_plus.stream.workers.pool import KINDS, OrderedPool
 
-__all__ = ["GRACE_SECONDS", "WORKER_TYPES", "OrderedPool", "Task"]
+__all__ = ["GRACE_SECONDS", "KINDS", "OrderedPool", "Task"]

@@ -28,7 +28,7 @@ from yogadl_plus.stream.workers import processes
 from yogadl_plus.stream.workers.base import GRACE_SECONDS, Task, Workers
 from yogadl_plus.stream.workers.threads import ThreadWorkers
 
-__all__ = ["KINDS", "WORKER_TYPES", "OrderedPool"]
+__all__ = ["KINDS", "OrderedPool"]
 
 #: The kinds of workers, by ``worker_type``: a new kind is a ``Workers`` subclass in a module of
 #: its own (base.py says what it provides), named here.
@@ -36,7 +36,6 @@ KINDS: dict[str, type[Workers]] = {
     "thread": ThreadWorkers,
     "process": processes.ProcessWorkers,
 }
-WORKER_TYPES = tuple(KINDS)
 
 
 class OrderedPool:
@@ -50,8 +49,8 @@ class OrderedPool:
         prefetch: int | None = None,
         start_method: str | None = None,
     ) -> None:
-        if worker_type not in WORKER_TYPES:
-            raise ValueError(f"worker_type must be one of {WORKER_TYPES}, got {worker_type!r}")
+        if worker_type not in KINDS:
+            raise ValueError(f"worker_type must be one of {tuple(KINDS)}, got {worker_type!r}")
         self.task = task
         self.num_workers = num_workers
         self.worker_type = worker_type
