@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from yogadl_plus import lifecycle
 from yogadl_plus.checks import check_bool
 from yogadl_plus.errors import NGramError, SchemaError
 
@@ -33,6 +34,14 @@ _ANCHORS: weakref.WeakKeyDictionary[DataRef, dict[tuple[Any, ...], np.ndarray]] 
     weakref.WeakKeyDictionary()
 )
 _ANCHORS_LOCK = threading.Lock()
+
+
+def _new_lock_after_fork() -> None:
+    global _ANCHORS_LOCK
+    _ANCHORS_LOCK = threading.Lock()  # a thread of the parent may have held it
+
+
+lifecycle.on_fork(after_in_child=_new_lock_after_fork)
 
 # Timestamps read per get_batch call while looking for windows (8 bytes each: 512 KiB).
 _TS_BLOCK = 65536
