@@ -171,7 +171,7 @@ def test_the_torch_loader_state_carries_the_stream_state(ref):
                                                  num_shards=2))  # fmt: skip
     with pytest.raises(ValueError, match="num_shards"):
         other.load_state_dict(state)
-    # A state without the stream's (saved before 0.1.0) is refused, saying where to resume.
+    # A state without the stream's (an earlier release's) is refused, saying where to resume.
     older = {k: v for k, v in state.items() if k != "stream"}
     fresh = ydl.torch.make_dataloader(ref.stream(shuffle=True, shuffle_seed=3, batch_size=4))
     with pytest.raises(ValueError, match="start_offset=4"):

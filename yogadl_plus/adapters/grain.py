@@ -25,18 +25,20 @@ from typing import Any
 import grain
 import numpy as np
 
+from yogadl_plus import recordsource
 from yogadl_plus.checks import check_bool, check_index, check_int
 from yogadl_plus.columns import records
 from yogadl_plus.dataref import DataRef
 from yogadl_plus.mixture import Mixture
 from yogadl_plus.order import OrderSettings, shard_order
-from yogadl_plus.recordsource import RecordSource
 from yogadl_plus.schema import Field
 
 __all__ = ["GrainSource", "StreamSampler", "sampler", "source"]
 
 
-def source(data: RecordSource, fields: Sequence[str] | str | None = None) -> GrainSource:
+def source(
+    data: recordsource.RecordSource, fields: Sequence[str] | str | None = None
+) -> GrainSource:
     """A Grain random-access source over ``data`` (a DataRef: record ``i``; a Mixture:
     position ``i`` of its unshuffled epoch 0) that decodes only ``fields`` (None: all; for a
     Mixture, those every source has alike). For ``grain.MapDataset.source(...)`` and
@@ -52,8 +54,10 @@ class GrainSource:
     opens its own handles there.
     """
 
-    def __init__(self, data: RecordSource, fields: Sequence[str] | str | None = None) -> None:
-        if not isinstance(data, RecordSource):
+    def __init__(
+        self, data: recordsource.RecordSource, fields: Sequence[str] | str | None = None
+    ) -> None:
+        if not isinstance(data, recordsource.RecordSource):
             raise TypeError(
                 f"ydl.grain.source reads a DataRef or a Mixture, got {type(data).__name__}"
             )

@@ -192,8 +192,9 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
         saved = position["stream"]
         if "fingerprint" not in saved:
             raise ValueError(
-                f"the backup in {self._folder} was made by yogadl_plus before 0.1.0, whose "
-                "backups do not say which build they read: move backup_dir aside to start over "
+                f"the backup in {self._folder} was made by an earlier release of yogadl_plus, "
+                "whose backups do not say which build they read: move backup_dir aside to start "
+                "over "
                 "(or resume from its 'offset' with dataref.stream(start_offset=...))"
             )
         now = _identity(self.stream)

@@ -393,7 +393,7 @@ class ResumableDataLoader(DataLoader):
             )
         if "stream" not in state:
             raise ValueError(
-                "this loader state holds no stream state (saved by yogadl_plus before 0.1.0): "
+                "this loader state holds no stream state (an earlier release saved it): "
                 f"resume with dataref.stream(start_offset={state.get('offset')!r}, ...)"
             )
         StreamState.from_dict(state["stream"]).check_loads_into(self.stream.state())

@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from yogadl_plus.checks import check_bool, check_int
+from yogadl_plus.checks import check_int
 from yogadl_plus.ngram import NGram
 from yogadl_plus.order.settings import CHUNK_SHARDS_TAKE_NO_GLOBAL_ORDER, OrderSettings
 from yogadl_plus.predicates import Predicate
@@ -35,7 +35,7 @@ class BoundarySettings:
             object.__setattr__(self, "fields", tuple(self.fields))  # frozen: no later change
         if self.batch_size is not None:
             object.__setattr__(self, "batch_size", check_int("batch_size", self.batch_size, 1))
-        object.__setattr__(self, "drop_last", check_bool("drop_last", self.drop_last))
+        object.__setattr__(self, "drop_last", bool(self.drop_last))  # (any truth value, as ever)
         if self.predicate is not None and not isinstance(self.predicate, Predicate):
             raise ValueError(
                 "predicate must be made with ydl.predicates (in_set, in_lambda, ...), "

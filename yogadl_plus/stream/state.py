@@ -67,15 +67,15 @@ class StreamState:
         """The state ``to_dict`` wrote; ValueError naming what is missing or malformed."""
         if not isinstance(data, Mapping):
             raise ValueError(f"a stream state is a dict, got {type(data).__name__}")
+        missing = [name for name in _KEYS if name not in data and name != "format"]
+        if missing:
+            raise ValueError(f"not a stream state: it lacks {missing} (has {sorted(data)})")
         if data.get("format") != FORMAT:
             raise ValueError(
                 f"this stream state has format {data.get('format')!r}, this yogadl_plus reads "
-                f"format {FORMAT} (states saved before yogadl_plus 0.1.0 have none): resume "
-                "from stream.offset with start_offset, or with the version that saved it"
+                f"format {FORMAT} (an earlier release wrote states without one): resume at its "
+                f"offset {data['offset']!r} with start_offset=, or with the release that saved it"
             )
-        missing = [name for name in _KEYS if name not in data]
-        if missing:
-            raise ValueError(f"not a stream state: it lacks {missing} (has {sorted(data)})")
         order = data["order"]
         if not isinstance(order, Mapping) or set(order) != set(_ORDER_FIELDS):
             raise ValueError(
