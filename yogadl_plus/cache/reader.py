@@ -31,6 +31,7 @@ from typing import Any, cast
 import lmdb
 import numpy as np
 
+from yogadl_plus import lifecycle
 from yogadl_plus.cache.demand import ChunkSource, Retired, WorkingSet
 from yogadl_plus.cache.integrity import (
     DAMAGED,
@@ -55,8 +56,6 @@ _RECHECK_SHARE = 20
 
 # Values come back as memoryviews into the map (the transactions are opened with buffers=True).
 Value = memoryview | bytes
-
-_OPEN_SETS: weakref.WeakSet[ChunkSet] = weakref.WeakSet()
 
 
 class _SharedEnvironments:
@@ -139,37 +138,12 @@ def _os_error(exc: lmdb.Error) -> OSError | None:
     return None
 
 
-# File descriptors kept free for everything else the process opens.
-_SPARE_FILES = 1024
-
-
-def _allow_open_files(chunks: int) -> None:
-    """Raise this process's soft limit on open files (up to its hard limit) so that every chunk
-    of a version can be open at once: each open chunk holds a descriptor (and a map), and one
-    more while it is read ahead; a shuffle over 10^4 chunks opens them all. Soft limits of 1024
-    are common; hard ones higher."""
-    try:
-        import resource
-    except ImportError:  # not on POSIX: nothing to raise
-        return
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    want = 2 * chunks + _SPARE_FILES
-    if soft == resource.RLIM_INFINITY or soft >= want:
-        return
-    target = want if hard == resource.RLIM_INFINITY else min(want, hard)
-    if target > soft:
-        with contextlib.suppress(ValueError, OSError):
-            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-
-
-def _forget_handles_after_fork() -> None:
-    # LMDB handles must not be used in a child process: each child opens its own.
-    _ENVIRONMENTS.forget()
-    for chunk_set in list(_OPEN_SETS):
-        chunk_set._drop_handles()
-
-
-os.register_at_fork(after_in_child=_forget_handles_after_fork)
+# LMDB handles must not be used in a child process: each child opens its own. The shared
+# table forgets its environments first, then every set its own handles.
+lifecycle.on_fork(after_in_child=_ENVIRONMENTS.forget)
+_OPEN_SETS: lifecycle.Registry[ChunkSet] = lifecycle.Registry(
+    "chunk sets", after_fork_in_child=lambda chunk_set: chunk_set._drop_handles()
+)
 
 
 class ChunkSet:
@@ -187,7 +161,8 @@ class ChunkSet:
         self.chunks: list[ChunkInfo] = list(manifest.chunks)
         self.starts = np.cumsum([0] + [c.records for c in self.chunks], dtype=np.int64)
         self.num_records = int(self.starts[-1])
-        _allow_open_files(len(self.chunks))
+        # Each open chunk holds a descriptor, and one more while it is read ahead.
+        lifecycle.allow_open_files(2 * len(self.chunks))
         self._schema = schema_digest(manifest.schema) if manifest.format_version >= 2 else ""
         self._envs: list[lmdb.Environment | None] = [None] * len(self.chunks)
         # The state each open chunk's file was checked in, and the open chunks' numbers.

@@ -35,6 +35,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 from filelock import FileLock, Timeout
 
+from yogadl_plus import lifecycle
 from yogadl_plus.cache.integrity import STAMP_SUFFIX, stamp
 from yogadl_plus.cache.manifest import MANIFEST_NAME, ChunkInfo, Manifest
 from yogadl_plus.checks import check_int
@@ -562,7 +563,7 @@ def _new_lock_after_fork() -> None:
     _PINNED_LOCK = threading.Lock()  # a thread of the parent may have held it
 
 
-os.register_at_fork(after_in_child=_new_lock_after_fork)
+lifecycle.on_fork(after_in_child=_new_lock_after_fork)
 
 
 _LEFTOVER, _COPY, _CHUNK = 0, 1, 2  # at equal times of last use, evicted in this order

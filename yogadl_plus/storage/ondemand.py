@@ -17,12 +17,12 @@ import contextlib
 import dataclasses
 import os
 import threading
-import weakref
 from collections import OrderedDict
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any
 
+from yogadl_plus import lifecycle
 from yogadl_plus.cache.integrity import check_chunk, stamp
 from yogadl_plus.cache.manifest import ChunkInfo
 from yogadl_plus.errors import CacheCorrupted, NoRoom, StorageError, YogaError, unwritable
@@ -38,7 +38,10 @@ _PARTS_PER_CHUNK = 4  # ranged reads of one chunk in flight at once
 _UNLIMITED_AHEAD_BYTES = 1 << 30
 _DAMAGED = "the remote object is damaged: nothing was kept; rebuild the version (overwrite=True)"
 
-_FETCHERS: weakref.WeakSet[ChunkFetcher] = weakref.WeakSet()
+# In a forked child, every fetcher forgets the parent's fetch threads and lets go of its pins.
+_FETCHERS: lifecycle.Registry[ChunkFetcher] = lifecycle.Registry(
+    "chunk fetchers", after_fork_in_child=lambda fetcher: fetcher.forget_after_fork()
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -434,14 +437,6 @@ def _present(path: str, info: ChunkInfo) -> bool:
         return os.path.getsize(path) == info.bytes
     except FileNotFoundError:
         return False
-
-
-def _forget_after_fork() -> None:
-    for fetcher in list(_FETCHERS):
-        fetcher.forget_after_fork()
-
-
-os.register_at_fork(after_in_child=_forget_after_fork)
 
 
 def check_fits(chunks: Sequence[ChunkInfo], limit: int | None, where: str) -> None:
