@@ -548,10 +548,10 @@ def test_a_pickled_dataref_keeps_its_copy_pinned(spec: dict, tmp_path: Path) -> 
     ref = machine.fetch("d", "v")
     copy = pickle.loads(pickle.dumps(ref))  # what a spawned worker receives
     del ref
-    assert not machine.local_cache._evict("d", "v")
+    assert not machine.local_cache.space.evict_copy("d", "v")
     assert labels(copy) == list(range(100))
     del copy
-    assert machine.local_cache._evict("d", "v")
+    assert machine.local_cache.space.evict_copy("d", "v")
 
 
 def test_verify_pulls_a_damaged_local_copy_again(spec: dict, tmp_path: Path) -> None:

@@ -26,7 +26,8 @@ from yogadl_plus import lifecycle
 from yogadl_plus.cache.integrity import check_chunk, stamp
 from yogadl_plus.cache.manifest import ChunkInfo
 from yogadl_plus.errors import CacheCorrupted, NoRoom, StorageError, YogaError, unwritable
-from yogadl_plus.storage.localcache import FETCHING, SMALL_FILES, LocalCache
+from yogadl_plus.storage.cachefiles import FETCHING, SMALL_FILES
+from yogadl_plus.storage.localcache import LocalCache
 from yogadl_plus.storage.objects import ObjectStore
 from yogadl_plus.storage.pins import Pin
 
@@ -157,7 +158,7 @@ class ChunkFetcher:
         info = self.chunks[number]
         # Pinned first: from now on nobody evicts it, whatever a fetch ahead of it does with
         # its own pin (a reader in need of room may evict chunks only fetched ahead).
-        pin = self.cache.pin_chunk(self._path(info))
+        pin = self.cache.pins.chunk(self._path(info))
         with self._lock:
             self._no_room = False
             ahead = self._ahead.pop(number, None)
@@ -219,7 +220,7 @@ class ChunkFetcher:
         info = self.chunks[number]
         path = self._path(info)
         if pin is None:
-            pin = self.cache.pin_chunk(path, ahead=ahead)
+            pin = self.cache.pins.chunk(path, ahead=ahead)
         try:
             if not _present(path, info):
                 with self.cache.fetching(path, self.settings.wait_s):
@@ -252,7 +253,7 @@ class ChunkFetcher:
         with contextlib.suppress(FileNotFoundError):
             os.remove(part)  # what a killed fetch left (we hold the chunk's lock)
         try:
-            room = self.cache.room(
+            room = self.cache.space.room(
                 info.bytes + SMALL_FILES, self.version, strict=strict, reserve=self._reserve
             )
             with room, open(part, "wb") as f:
@@ -264,7 +265,7 @@ class ChunkFetcher:
         try:
             self._read_parts(key, where, info, part)
             check_chunk(part, info, where, _DAMAGED)
-            with self.cache.space():
+            with self.cache.space.lock():
                 os.replace(part, path)
                 stamp(path, info.sha256)  # checked as it was fetched
         except BaseException:
@@ -393,7 +394,9 @@ class ChunkFetcher:
     def _drop_opened(self) -> None:
         """Let go of chunks fetched ahead that a reader of another process (a worker this
         one announces for) opened since. Under the lock."""
-        for number in [n for n in self._ahead if self.cache.opened_since_ahead(self._path_of(n))]:
+        for number in [
+            n for n in self._ahead if self.cache.pins.opened_since_ahead(self._path_of(n))
+        ]:
             pin, _ = self._ahead.pop(number)
             self._reserved -= self.chunks[number].bytes
             pin.release()

@@ -35,7 +35,7 @@ from yogadl_plus.errors import CacheCorrupted, DatasetNotFound, StorageError
 from yogadl_plus.storage.base import Storage, check_name
 from yogadl_plus.storage.lease import BuildLease
 from yogadl_plus.storage.local import default_storage, is_leftover
-from yogadl_plus.storage.localcache import LocalCache
+from yogadl_plus.storage.localcache import LocalCache, RemoteManifest
 from yogadl_plus.storage.objects import ObjectStore
 from yogadl_plus.storage.ondemand import ChunkFetcher, DemandSettings, check_fits
 from yogadl_plus.storage.sink import ChunkSink, UploadSink
@@ -190,10 +190,7 @@ class RemoteStorage(Storage):
                 return self._open_on_demand(dataset_id, version, data, manifest)
             try:
                 folder, pins = self.local_cache.sync(
-                    dataset_id,
-                    version,
-                    data,
-                    manifest,
+                    RemoteManifest(dataset_id, version, data, manifest),
                     wanted,
                     lambda jobs: self._download_all(base, jobs),
                 )
@@ -216,7 +213,8 @@ class RemoteStorage(Storage):
         """The version read on demand through the local cache (nothing pulled now)."""
         base = self._key(dataset_id, version)
         check_fits(manifest.chunks, self.local_cache.limit, f"{self.url}/{base}")
-        folder, pins = self.local_cache.open_on_demand(dataset_id, version, data, manifest)
+        remote = RemoteManifest(dataset_id, version, data, manifest)
+        folder, pins = self.local_cache.open_on_demand(remote)
         retries = self.objects.retries
         settings = DemandSettings.for_cache(
             self.local_cache.limit,
@@ -374,7 +372,7 @@ class RemoteStorage(Storage):
         if not lease.lost:
             self._collect_garbage(dataset_id, version)
         if len(here) == len(built.chunks):
-            self.local_cache.adopt(dataset_id, version, body, manifest, folder)
+            self.local_cache.adopt(RemoteManifest(dataset_id, version, body, manifest), folder)
 
     def upload_chunks(self, folder: str, chunks: Sequence[ChunkInfo], prefix: str) -> None:
         """Upload the chunk files of ``folder`` under ``prefix`` in parallel."""
