@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from yogadl_plus.build.records import build_version
@@ -36,6 +37,7 @@ def cache_dataset(
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     workers: int | None = None,
     engine: str = "local",
+    on_transfer: Callable[[int], object] | None = None,
 ) -> DataRef:
     """Cache ``source`` as (dataset_id, version) in ``storage`` and return its DataRef.
 
@@ -47,7 +49,8 @@ def cache_dataset(
     cut into parts (Parquet row groups, index ranges of a map-style dataset, blocks of a
     ``ray.data.Dataset``), each task writes its part's chunks, and the result equals a serial
     build record for record. A Spark DataFrame is always built by Spark's executors, one task
-    per partition, in partition order.
+    per partition, in partition order. ``on_transfer(bytes)`` is called after each chunk a
+    bucket storage uploads or downloads (for a progress bar), from its transfer threads.
     """
     check_name("dataset_id", dataset_id)
     check_name("version", version)
@@ -98,7 +101,9 @@ def cache_dataset(
             chunk_bytes=chunk_bytes,
         )
 
-    dataref = store.get_or_build(dataset_id, version, build, overwrite=overwrite)
+    dataref = store.get_or_build(
+        dataset_id, version, build, overwrite=overwrite, on_transfer=on_transfer
+    )
     cached = dataref.manifest.source_fingerprint
     if not overwrite and cached is not None:
         current = src.fingerprint()

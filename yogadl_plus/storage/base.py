@@ -16,9 +16,11 @@ if TYPE_CHECKING:
     from yogadl_plus.dataref import DataRef
     from yogadl_plus.storage.sink import ChunkSink
 
-__all__ = ["SourceBuilder", "Storage", "check_name", "set_source_builder"]
+__all__ = ["OnTransfer", "SourceBuilder", "Storage", "check_name", "set_source_builder"]
 
 F = TypeVar("F", bound=Callable[..., Any])
+# Called with a chunk's size in bytes after each chunk a storage uploads or downloads.
+OnTransfer = Callable[[int], object] | None
 
 
 class SourceBuilder(Protocol):
@@ -51,8 +53,9 @@ class Storage(ABC):
     def _manifest_exists(self, dataset_id: str, version: str) -> bool: ...
 
     @abstractmethod
-    def _open(self, dataset_id: str, version: str) -> DataRef:
-        """The DataRef of a published version; DatasetNotFound if there is none."""
+    def _open(self, dataset_id: str, version: str, on_transfer: OnTransfer = None) -> DataRef:
+        """The DataRef of a published version; DatasetNotFound if there is none.
+        ``on_transfer(bytes)``: called after each chunk downloaded to open it (if any)."""
 
     @abstractmethod
     def _builder_lock(
@@ -64,10 +67,11 @@ class Storage(ABC):
 
     @abstractmethod
     def _staging(
-        self, dataset_id: str, version: str, replace: bool, lock: Any
+        self, dataset_id: str, version: str, replace: bool, lock: Any, on_transfer: OnTransfer
     ) -> contextlib.AbstractContextManager[str]:
         """A private local folder to build into; published whole when the block ends cleanly.
-        ``lock``: what ``_builder_lock`` yielded, held around the whole block."""
+        ``lock``: what ``_builder_lock`` yielded, held around the whole block.
+        ``on_transfer(bytes)``: called after each chunk uploaded to publish it (if any)."""
 
     @abstractmethod
     def _versions(self) -> Iterator[tuple[str, str]]: ...
@@ -139,19 +143,22 @@ class Storage(ABC):
         build: Callable[[str], Manifest],
         *,
         overwrite: bool = False,
+        on_transfer: OnTransfer = None,
     ) -> DataRef:
         """The version, built by ``build(folder)`` first if it is missing (or ``overwrite``).
 
         Only one caller builds; the others wait for the lock and then read what it published.
+        ``on_transfer(bytes)``: called after each chunk a remote storage uploads or downloads
+        meanwhile (for a progress bar), from the transfer threads.
         """
         check_name("dataset_id", dataset_id)
         check_name("version", version)
         if not overwrite and self._manifest_exists(dataset_id, version):
-            return self._open(dataset_id, version)
+            return self._open(dataset_id, version, on_transfer)
         with self._builder_lock(dataset_id, version) as lock:
             exists = self._manifest_exists(dataset_id, version)
             if exists and not overwrite:
-                return self._open(dataset_id, version)
-            with self._staging(dataset_id, version, replace=exists, lock=lock) as folder:
+                return self._open(dataset_id, version, on_transfer)
+            with self._staging(dataset_id, version, exists, lock, on_transfer) as folder:
                 build(folder)
-        return self._open(dataset_id, version)
+        return self._open(dataset_id, version, on_transfer)

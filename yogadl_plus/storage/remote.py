@@ -22,14 +22,14 @@ import os
 import shutil
 import threading
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 from yogadl_plus.cache.manifest import MANIFEST_NAME, Manifest
 from yogadl_plus.checks import check_int
 from yogadl_plus.dataref import DataRef, DataRefOnDemand
 from yogadl_plus.errors import CacheCorrupted, DatasetNotFound, StorageError
-from yogadl_plus.storage.base import Storage, check_name
+from yogadl_plus.storage.base import OnTransfer, Storage, check_name
 from yogadl_plus.storage.chunkdownload import download_chunks
 from yogadl_plus.storage.lease import BuildLease
 from yogadl_plus.storage.local import default_storage, is_leftover
@@ -74,9 +74,6 @@ class RemoteStorage(Storage):
         # The builds being staged here, by staging folder (chunk_sink looks them up).
         self._staged: dict[str, BucketBuild] = {}
         self._staged_lock = threading.Lock()
-        #: Called with a chunk's size in bytes after each chunk upload or download (progress
-        #: bars); from the transfer threads.
-        self.on_transfer: Callable[[int], object] | None = None
 
     def _check_bucket(self) -> None:
         """Fail early, naming the URL, if the bucket is missing or closed to us (some stores
@@ -128,6 +125,7 @@ class RemoteStorage(Storage):
         *,
         shards: tuple[int, int] | None = None,
         on_demand: bool | None = None,
+        on_transfer: OnTransfer = None,
     ) -> DataRef:
         """The version, pulled into the local cache first unless the local copy is current,
         or read on demand through the cache when it does not fit.
@@ -139,12 +137,14 @@ class RemoteStorage(Storage):
         pulls first (over the limit, with a CacheLimitWarning). Reading on demand, chunks
         are fetched when a read needs them or ahead of a stream's reads, kept in the local
         cache and evicted least recently used, never while in use (docs/storage/remote.md).
+        ``on_transfer(bytes)``: called after each chunk downloaded, now or, reading on demand,
+        later (for a progress bar), from the transfer threads.
         """
         check_name("dataset_id", dataset_id)
         check_name("version", version)
         if on_demand not in (None, True, False):
             raise ValueError(f"on_demand must be None, True or False, got {on_demand!r}")
-        return self._pull(dataset_id, version, shards, on_demand)
+        return self._pull(dataset_id, version, shards, on_demand, on_transfer)
 
     def verify(self, dataset_id: str, version: str) -> None:
         """Check the local copy against the manifest; a damaged one is pulled again (every
@@ -167,8 +167,8 @@ class RemoteStorage(Storage):
             return False
         return True
 
-    def _open(self, dataset_id: str, version: str) -> DataRef:
-        return self._pull(dataset_id, version, None, None)
+    def _open(self, dataset_id: str, version: str, on_transfer: OnTransfer = None) -> DataRef:
+        return self._pull(dataset_id, version, None, None, on_transfer)
 
     def _pull(
         self,
@@ -176,6 +176,7 @@ class RemoteStorage(Storage):
         version: str,
         shards: tuple[int, int] | None,
         on_demand: bool | None,
+        on_transfer: OnTransfer,
     ) -> DataRef:
         base = self._key(dataset_id, version)
         for attempt in range(_PULL_ATTEMPTS):
@@ -187,13 +188,14 @@ class RemoteStorage(Storage):
                 and limit is not None
                 and sum(manifest.chunks[n].bytes for n in wanted) > limit
             ):
-                return self._open_on_demand(dataset_id, version, data, manifest)
+                remote = RemoteManifest(dataset_id, version, data, manifest)
+                return self._open_on_demand(remote, on_transfer)
             try:
                 folder, pins = self.local_cache.sync(
                     RemoteManifest(dataset_id, version, data, manifest),
                     wanted,
                     lambda jobs: download_chunks(
-                        self.objects, base, jobs, self.max_transfers, self.on_transfer
+                        self.objects, base, jobs, self.max_transfers, on_transfer
                     ),
                 )
             except (StorageError, CacheCorrupted):
@@ -209,13 +211,11 @@ class RemoteStorage(Storage):
             return DataRef(folder, manifest, hold=pins)
         raise AssertionError("unreachable")
 
-    def _open_on_demand(
-        self, dataset_id: str, version: str, data: bytes, manifest: Manifest
-    ) -> DataRef:
+    def _open_on_demand(self, remote: RemoteManifest, on_transfer: OnTransfer) -> DataRef:
         """The version read on demand through the local cache (nothing pulled now)."""
+        dataset_id, version, manifest = remote.dataset_id, remote.version, remote.manifest
         base = self._key(dataset_id, version)
         check_fits(manifest.chunks, self.local_cache.limit, f"{self.url}/{base}")
-        remote = RemoteManifest(dataset_id, version, data, manifest)
         folder, pins = self.local_cache.open_on_demand(remote)
         retries = self.objects.retries
         settings = DemandSettings.for_cache(
@@ -232,7 +232,7 @@ class RemoteStorage(Storage):
             manifest.chunks,
             settings,
             (dataset_id, version),
-            on_fetch=self.on_transfer,
+            on_fetch=on_transfer,
         )
         return DataRefOnDemand(folder, manifest, pins, fetcher)
 
@@ -253,7 +253,12 @@ class RemoteStorage(Storage):
 
     @contextlib.contextmanager
     def _staging(
-        self, dataset_id: str, version: str, replace: bool, lock: BuildLease
+        self,
+        dataset_id: str,
+        version: str,
+        replace: bool,
+        lock: BuildLease,
+        on_transfer: OnTransfer,
     ) -> Iterator[str]:
         """Build into a local folder; then upload it as a new build and publish its manifest."""
         cache_parent = os.path.join(self.local_cache.root, dataset_id)
@@ -270,7 +275,7 @@ class RemoteStorage(Storage):
             self._staged[folder] = build
         try:
             yield folder
-            self.publisher.publish(folder, build, replace, lock, self.on_transfer)
+            self.publisher.publish(folder, build, replace, lock, on_transfer)
         finally:
             with self._staged_lock:
                 del self._staged[folder]
