@@ -6,8 +6,8 @@ import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from yogadl_plus.build.records import build_version
 from yogadl_plus.cache.manifest import Manifest
+from yogadl_plus.cache.version_writer import write_version
 from yogadl_plus.cache.writer import DEFAULT_CHUNK_BYTES
 from yogadl_plus.checks import check_int
 from yogadl_plus.errors import SourceChangedWarning
@@ -91,7 +91,7 @@ def cache_dataset(
                 workers=workers,
                 engine=engine,
             )
-        return build_version(
+        return write_version(
             folder,
             src,
             dataset_id,

@@ -18,8 +18,8 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from yogadl_plus.build.records import write_records
 from yogadl_plus.cache.manifest import ChunkInfo
+from yogadl_plus.cache.version_writer import write_records
 from yogadl_plus.errors import TransientStorageError
 from yogadl_plus.schema import Schema
 from yogadl_plus.sources.base import Source

@@ -29,8 +29,8 @@ from yogadl_plus.build.parts import (
     settled_chunks,
     write_part,
 )
-from yogadl_plus.build.records import INFER_RECORDS, caching_bar, finish_version
 from yogadl_plus.cache.manifest import Manifest
+from yogadl_plus.cache.version_writer import INFER_RECORDS, caching_bar, finish_version
 from yogadl_plus.errors import CacheCorrupted, WorkerDied, YogaError, missing_extra
 from yogadl_plus.schema import Schema, infer_schema
 from yogadl_plus.sources.base import Source

@@ -29,8 +29,8 @@ from yogadl_plus.build.parts import (
     settled_chunks,
     write_part,
 )
-from yogadl_plus.build.records import finish_version
 from yogadl_plus.cache.manifest import Manifest
+from yogadl_plus.cache.version_writer import finish_version
 from yogadl_plus.errors import CacheCorrupted, SchemaError, WorkerDied, YogaError
 from yogadl_plus.schema import Schema
 from yogadl_plus.sources.spark import SparkDataFrameSource, SparkPartition

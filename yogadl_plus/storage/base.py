@@ -7,41 +7,21 @@ import contextlib
 import functools
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from yogadl_plus.cache.manifest import Manifest
+from yogadl_plus.cache.version_writer import write_version
 from yogadl_plus.checks import check_name
 
 if TYPE_CHECKING:
     from yogadl_plus.dataref import DataRef
     from yogadl_plus.storage.sink import ChunkSink
 
-__all__ = ["OnTransfer", "SourceBuilder", "Storage", "check_name", "set_source_builder"]
+__all__ = ["OnTransfer", "Storage", "check_name"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 # Called with a chunk's size in bytes after each chunk a storage uploads or downloads.
 OnTransfer = Callable[[int], object] | None
-
-
-class SourceBuilder(Protocol):
-    """How ``Storage.cacheable`` turns the source a decorated function made into a version."""
-
-    def __call__(self, folder: str, source: Any, dataset_id: str, version: str) -> Manifest:
-        """Write every record of ``source`` into the staging ``folder`` and return the manifest
-        written there (the storage then publishes the folder)."""
-        ...
-
-
-# The build layer sits above storage (it imports storage to publish what it writes), so storage
-# must not import it: the build hands its builder down instead, when it is imported.
-_source_builder: SourceBuilder | None = None
-
-
-def set_source_builder(builder: SourceBuilder) -> None:
-    """Make ``builder`` the one every ``Storage.cacheable`` builds with. yogadl_plus.build calls
-    this when it is imported (``import yogadl_plus`` imports it)."""
-    global _source_builder
-    _source_builder = builder
 
 
 class Storage(ABC):
@@ -108,16 +88,10 @@ class Storage(ABC):
         def decorate(make_source: F) -> Callable[..., DataRef]:
             @functools.wraps(make_source)
             def cached(*args: Any, **kwargs: Any) -> DataRef:
-                build = _source_builder
-                if build is None:
-                    raise RuntimeError(
-                        "Storage.cacheable has no builder: yogadl_plus.build provides it when "
-                        "imported (import yogadl_plus does), or set_source_builder() does"
-                    )
                 return self.get_or_build(
                     dataset_id,
                     version,
-                    lambda directory: build(
+                    lambda directory: write_version(
                         directory, make_source(*args, **kwargs), dataset_id, version
                     ),
                 )
