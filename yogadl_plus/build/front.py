@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -12,7 +13,7 @@ from yogadl_plus.cache.writer import DEFAULT_CHUNK_BYTES
 from yogadl_plus.checks import check_int
 from yogadl_plus.errors import SourceChangedWarning
 from yogadl_plus.schema import Schema
-from yogadl_plus.sources import as_source
+from yogadl_plus.sources import Source, as_source
 from yogadl_plus.sources.spark import SparkDataFrameSource
 from yogadl_plus.storage import check_name, default_storage
 
@@ -54,65 +55,102 @@ def cache_dataset(
     """
     check_name("dataset_id", dataset_id)
     check_name("version", version)
-    if engine not in ENGINES:
-        raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
-    if workers is not None:
-        workers = check_int("workers", workers, 1)
+    workers = _checked_runner(engine, workers)
     store = storage if storage is not None else default_storage()
     src = as_source(source)
-    parallel = engine == "ray" or (workers or 1) > 1
     if isinstance(src, SparkDataFrameSource) and (engine != "local" or workers is not None):
         raise ValueError(
             "a Spark DataFrame is built by Spark, one task per partition: leave out workers= "
             "and engine= (repartition the DataFrame to change how many tasks write it)"
         )
+    build = functools.partial(
+        _build,
+        src=src,
+        dataset_id=dataset_id,
+        version=version,
+        storage=store,
+        schema=schema,
+        progress=progress,
+        chunk_bytes=chunk_bytes,
+        workers=workers,
+        engine=engine,
+    )
+    dataref = store.get_or_build(
+        dataset_id, version, build, overwrite=overwrite, on_transfer=on_transfer
+    )
+    if not overwrite:
+        _warn_if_changed(dataref, src)
+    return dataref
 
-    def build(folder: str) -> Manifest:
-        # The parallel runners are imported when a build takes them: the process pool's
-        # machinery would add some 8 ms to every `import yogadl_plus`.
-        if isinstance(src, SparkDataFrameSource):
-            from yogadl_plus.build.spark import build_on_spark
 
-            return build_on_spark(
-                folder, src, dataset_id, version, store, schema=schema, chunk_bytes=chunk_bytes
-            )
-        if parallel:
-            from yogadl_plus.build.pool import build_in_parallel
+def _checked_runner(engine: str, workers: int | None) -> int | None:
+    """``workers``, checked with ``engine``."""
+    if engine not in ENGINES:
+        raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
+    return None if workers is None else check_int("workers", workers, 1)
 
-            return build_in_parallel(
-                folder,
-                src,
-                dataset_id,
-                version,
-                store,
-                schema=schema,
-                progress=progress,
-                chunk_bytes=chunk_bytes,
-                workers=workers,
-                engine=engine,
-            )
-        return write_version(
+
+def _build(
+    folder: str,
+    *,
+    src: Source,
+    dataset_id: str,
+    version: str,
+    storage: Storage,
+    schema: Schema | None,
+    progress: bool,
+    chunk_bytes: int,
+    workers: int | None,
+    engine: str,
+) -> Manifest:
+    """Write ``src`` into the staging ``folder``: by Spark's tasks (a DataFrame), by parallel
+    tasks (``workers`` > 1 or Ray), or serially; the manifest written there."""
+    # The parallel runners are imported when a build takes them: the process pool's
+    # machinery would add some 8 ms to every `import yogadl_plus`.
+    if isinstance(src, SparkDataFrameSource):
+        from yogadl_plus.build.spark import build_on_spark
+
+        return build_on_spark(
+            folder, src, dataset_id, version, storage, schema=schema, chunk_bytes=chunk_bytes
+        )
+    if engine == "ray" or (workers or 1) > 1:
+        from yogadl_plus.build.pool import build_in_parallel
+
+        return build_in_parallel(
             folder,
             src,
             dataset_id,
             version,
+            storage,
             schema=schema,
             progress=progress,
             chunk_bytes=chunk_bytes,
+            workers=workers,
+            engine=engine,
         )
-
-    dataref = store.get_or_build(
-        dataset_id, version, build, overwrite=overwrite, on_transfer=on_transfer
+    return write_version(
+        folder,
+        src,
+        dataset_id,
+        version,
+        schema=schema,
+        progress=progress,
+        chunk_bytes=chunk_bytes,
     )
+
+
+def _warn_if_changed(dataref: DataRef, src: Source) -> None:
+    """A SourceChangedWarning when ``src`` is no longer what ``dataref`` was cached from (as
+    far as the fingerprints of both tell)."""
     cached = dataref.manifest.source_fingerprint
-    if not overwrite and cached is not None:
-        current = src.fingerprint()
-        if current is not None and current != cached:
-            warnings.warn(
-                f"the source of {dataset_id!r} version {version!r} has changed since it was "
-                f"cached (cached fingerprint {cached}, now {current}); the cached data is "
-                "returned as is: use a new version or overwrite=True to rebuild",
-                SourceChangedWarning,
-                stacklevel=2,
-            )
-    return dataref
+    if cached is None:
+        return
+    current = src.fingerprint()
+    if current is not None and current != cached:
+        warnings.warn(
+            f"the source of {dataref.dataset_id!r} version {dataref.version!r} has changed "
+            f"since it was cached (cached fingerprint {cached}, now {current}); the cached "
+            "data is returned as is: use a new version or overwrite=True to rebuild",
+            SourceChangedWarning,
+            stacklevel=3,
+        )
