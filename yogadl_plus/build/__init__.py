@@ -2,7 +2,9 @@
 
 The modules, each importing only those before it in this list:
 
-- ``parts``: the part protocol of parallel builds (PartTask, PartResult, write_part, retries);
+- ``plan``: BuildPlan, what cache_dataset builds and how, handed to the runner;
+- ``parts``: the part protocol of parallel builds (PartTask, PartResult, write_part, retries,
+  and build_parts, the driver's side);
 - ``pool``: parts on a process pool or as Ray tasks; ``spark``: parts as Spark tasks;
 - ``front``: ``cache_dataset``, which picks one of them or the serial build.
 

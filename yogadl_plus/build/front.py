@@ -7,6 +7,7 @@ import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from yogadl_plus.build.plan import BuildPlan
 from yogadl_plus.cache.manifest import Manifest
 from yogadl_plus.cache.version_writer import write_version
 from yogadl_plus.cache.writer import DEFAULT_CHUNK_BYTES
@@ -63,18 +64,10 @@ def cache_dataset(
             "a Spark DataFrame is built by Spark, one task per partition: leave out workers= "
             "and engine= (repartition the DataFrame to change how many tasks write it)"
         )
-    build = functools.partial(
-        _build,
-        src=src,
-        dataset_id=dataset_id,
-        version=version,
-        storage=store,
-        schema=schema,
-        progress=progress,
-        chunk_bytes=chunk_bytes,
-        workers=workers,
-        engine=engine,
+    plan = BuildPlan(
+        src, dataset_id, version, store, schema, progress, chunk_bytes, workers, engine
     )
+    build = functools.partial(_build, plan=plan)
     dataref = store.get_or_build(
         dataset_id, version, build, overwrite=overwrite, on_transfer=on_transfer
     )
@@ -90,52 +83,27 @@ def _checked_runner(engine: str, workers: int | None) -> int | None:
     return None if workers is None else check_int("workers", workers, 1)
 
 
-def _build(
-    folder: str,
-    *,
-    src: Source,
-    dataset_id: str,
-    version: str,
-    storage: Storage,
-    schema: Schema | None,
-    progress: bool,
-    chunk_bytes: int,
-    workers: int | None,
-    engine: str,
-) -> Manifest:
-    """Write ``src`` into the staging ``folder``: by Spark's tasks (a DataFrame), by parallel
-    tasks (``workers`` > 1 or Ray), or serially; the manifest written there."""
+def _build(folder: str, plan: BuildPlan) -> Manifest:
+    """Write ``plan``'s source into the staging ``folder``: by Spark's tasks (a DataFrame), by
+    parallel tasks, or serially; the manifest written there."""
     # The parallel runners are imported when a build takes them: the process pool's
     # machinery would add some 8 ms to every `import yogadl_plus`.
-    if isinstance(src, SparkDataFrameSource):
+    if isinstance(plan.src, SparkDataFrameSource):
         from yogadl_plus.build.spark import build_on_spark
 
-        return build_on_spark(
-            folder, src, dataset_id, version, storage, schema=schema, chunk_bytes=chunk_bytes
-        )
-    if engine == "ray" or (workers or 1) > 1:
+        return build_on_spark(folder, plan)
+    if plan.parallel:
         from yogadl_plus.build.pool import build_in_parallel
 
-        return build_in_parallel(
-            folder,
-            src,
-            dataset_id,
-            version,
-            storage,
-            schema=schema,
-            progress=progress,
-            chunk_bytes=chunk_bytes,
-            workers=workers,
-            engine=engine,
-        )
+        return build_in_parallel(folder, plan)
     return write_version(
         folder,
-        src,
-        dataset_id,
-        version,
-        schema=schema,
-        progress=progress,
-        chunk_bytes=chunk_bytes,
+        plan.src,
+        plan.dataset_id,
+        plan.version,
+        schema=plan.schema,
+        progress=plan.progress,
+        chunk_bytes=plan.chunk_bytes,
     )
 
 
