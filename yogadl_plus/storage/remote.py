@@ -17,12 +17,13 @@ builders; the next builder of the version removes them (see publish.py).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import os
 import shutil
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from yogadl_plus.cache.manifest import MANIFEST_NAME, Manifest
@@ -34,12 +35,19 @@ from yogadl_plus.storage.chunkdownload import download_chunks
 from yogadl_plus.storage.lease import BuildLease
 from yogadl_plus.storage.local import default_storage, is_leftover
 from yogadl_plus.storage.localcache import LocalCache, RemoteManifest
-from yogadl_plus.storage.objects import ObjectStore
+from yogadl_plus.storage.objects import DEFAULT_RETRY_TIMEOUT, ObjectStore, Retries
 from yogadl_plus.storage.ondemand import ChunkFetcher, DemandSettings, check_fits
 from yogadl_plus.storage.publish import BucketBuild, BucketPublisher
 from yogadl_plus.storage.sink import ChunkSink, UploadSink
 
-__all__ = ["RemoteStorage", "check_location"]
+__all__ = [
+    "DEFAULT_LEASE_TTL",
+    "DEFAULT_RETRY_TIMEOUT",
+    "DEFAULT_TRANSFERS",
+    "RemoteSettings",
+    "RemoteStorage",
+    "check_location",
+]
 
 LEASE_NAME = "lease.json"
 DEFAULT_LEASE_TTL = 60.0
@@ -48,28 +56,57 @@ _PULL_ATTEMPTS = 3
 _BUILD = "+build."
 
 
+@dataclasses.dataclass(frozen=True)
+class RemoteSettings:
+    """What a bucket storage is made with besides its bucket and client: where its local
+    copies go (``local_cache``; None: a folder of the default storage's root) and how many
+    bytes they may take (``local_cache_limit``; None: no limit), how long a build lease lives
+    unrenewed (``lease_ttl`` seconds), how many objects move at once (``max_transfers``), and
+    how long each call keeps trying while the store fails transiently (``retry_timeout``
+    seconds, then a StorageError)."""
+
+    local_cache: str | os.PathLike[str] | None = None
+    local_cache_limit: int | None = None
+    lease_ttl: float = DEFAULT_LEASE_TTL
+    max_transfers: int = DEFAULT_TRANSFERS
+    retry_timeout: float = DEFAULT_RETRY_TIMEOUT
+    #: How each call of the store tries again (within ``retry_timeout``).
+    retries: Retries = dataclasses.field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        set_ = object.__setattr__
+        set_(self, "retries", Retries(timeout=self.retry_timeout))
+        if not self.lease_ttl > 0:
+            raise ValueError(f"lease_ttl must be > 0 seconds, got {self.lease_ttl!r}")
+        set_(self, "max_transfers", check_int("max_transfers", self.max_transfers, 1))
+
+
 class RemoteStorage(Storage):
-    """What S3Storage and GCSStorage share: everything but the client calls (an ObjectStore)."""
+    """What S3Storage and GCSStorage share: everything but the client calls (an ObjectStore).
+
+    ``connect(bucket, prefix, retries)``: the store of the checked bucket and prefix (its
+    client made, where the subclass makes one)."""
 
     def __init__(
         self,
-        objects: ObjectStore,
-        local_cache: str | os.PathLike[str] | None,
-        local_cache_limit: int | None,
-        lease_ttl: float,
-        max_transfers: int,
+        bucket: str,
+        prefix: str,
+        connect: Callable[[str, str, Retries], ObjectStore],
+        settings: RemoteSettings,
     ) -> None:
-        if not lease_ttl > 0:
-            raise ValueError(f"lease_ttl must be > 0 seconds, got {lease_ttl!r}")
-        max_transfers = check_int("max_transfers", max_transfers, 1)
+        self.bucket, self.prefix = check_location(bucket, prefix)
+        objects = connect(self.bucket, self.prefix, settings.retries)
         self.objects = objects
         self.url = objects.url
+        local_cache = settings.local_cache
         if local_cache is None:
             local_cache = os.path.join(default_storage().root, "+remote", _url_folder(self.url))
-        self.local_cache = LocalCache(os.fspath(local_cache), local_cache_limit)
-        self.lease_ttl = float(lease_ttl)
-        self.max_transfers = max_transfers
-        self.publisher = BucketPublisher(objects, self.local_cache, max_transfers, self.lease_ttl)
+        self.local_cache = LocalCache(os.fspath(local_cache), settings.local_cache_limit)
+        self.lease_ttl = float(settings.lease_ttl)
+        self.max_transfers = settings.max_transfers
+        self.publisher = BucketPublisher(
+            objects, self.local_cache, self.max_transfers, self.lease_ttl
+        )
         self._bucket_checked = False
         # The builds being staged here, by staging folder (chunk_sink looks them up).
         self._staged: dict[str, BucketBuild] = {}
