@@ -388,7 +388,7 @@ def _scalar_from_python(
             f"got {_describe_value(value)}, over the largest {np.dtype(scalar_type)} ({largest:g})"
         )
     try:
-        number = scalar_type(value)  # type: ignore[call-arg]
+        number = scalar_type(value)
         same = number.item() == value or value != value  # NaN stays NaN
     except (OverflowError, ValueError, TypeError, RuntimeWarning) as exc:
         raise _not_convertible(value, np.dtype(scalar_type), exc) from None
