@@ -117,7 +117,7 @@ def test_a_collected_datarefs_release_never_waits_for_the_open_lock(tmp_path):
     (holding the environments' lock): the finalizer must not wait for that lock."""
     import threading
 
-    from yogadl_plus.cache import reader
+    from yogadl_plus.cache import environments
 
     storage = ydl.LocalStorage(tmp_path)
     ydl.cache_dataset([{"i": i} for i in range(5)], "d", "v", storage, progress=False)
@@ -126,20 +126,20 @@ def test_a_collected_datarefs_release_never_waits_for_the_open_lock(tmp_path):
     finished = threading.Event()
 
     def collect_inside_open():
-        with reader._ENVIRONMENTS.lock:  # as in acquire(), when the collector strikes
-            dropped._chunks._finalizer()
+        with environments.ENVIRONMENTS.lock:  # as in acquire(), when the collector strikes
+            dropped._chunks._opened._finalizer()
         finished.set()
 
     worker = threading.Thread(target=collect_inside_open, daemon=True)
     worker.start()
     assert finished.wait(10), "the finalizer waited for a lock its own thread holds"
-    assert reader._ENVIRONMENTS.collected, "released later, not while the lock is held"
+    assert environments.ENVIRONMENTS.collected, "released later, not while the lock is held"
     # The queued release is applied at the next open: the file is opened and read again.
     again = storage.fetch("d", "v")
     assert again.get_batch([4])["i"].tolist() == [4]
-    assert not reader._ENVIRONMENTS.collected
+    assert not environments.ENVIRONMENTS.collected
     del again  # a DataRef dropped while the lock is free releases at once
-    assert not reader._ENVIRONMENTS.collected
+    assert not environments.ENVIRONMENTS.collected
 
 
 def test_verify_reports_each_chunk_that_matches_and_names_a_damaged_one(tmp_path):

@@ -291,7 +291,7 @@ def test_a_backup_written_before_stream_states_is_refused(ref, tmp_path):
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
     model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     callback.set_model(model)
-    with pytest.raises(ValueError, match="earlier release.*start_offset"):
+    with pytest.raises(ValueError, match=r"earlier release.*start_offset"):
         callback.on_train_begin()
     assert resumed.offset == 0  # nothing was restored
 

@@ -90,9 +90,9 @@ def gcs_storage(gcs: FakeGCS, bucket: str, cache: Path, **options: Any) -> ydl.G
 
 
 class Outage:
-    """Takes ``server`` down once ``after`` chunks were transferred (the storage's
-    on_transfer), ``how``: "stop" (refused) or "pause" (hang); brings it back after
-    ``seconds`` (never, if None). The transfer thread that triggers it waits until the server
+    """Takes ``server`` down once ``after`` chunks were transferred (its ``on_transfer`` is
+    passed to the transfers), ``how``: "stop" (refused) or "pause" (hang); brings it back
+    after ``seconds`` (never, if None). The transfer thread that triggers it waits until the server
     is down, so the transfers after it meet the outage."""
 
     def __init__(
@@ -149,12 +149,12 @@ def test_s3_build_rides_out_a_15s_outage_mid_upload(weed: SeaweedFS, tmp_path: P
     # lease_ttl=30: the lease is renewed every 10 s, so a renewal falls into the outage too.
     builder = s3_storage(weed, bucket, tmp_path / "builder", lease_ttl=30, max_transfers=2)
     outage = Outage(weed, "stop", OUTAGE_S)
-    builder.on_transfer = outage.on_transfer
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         built = ydl.cache_dataset(
-            records(N), "d", "v", builder, chunk_bytes=CHUNK_BYTES, progress=False
-        )
+            records(N), "d", "v", builder, chunk_bytes=CHUNK_BYTES, progress=False,
+            on_transfer=outage.on_transfer,
+        )  # fmt: skip
     done = time.monotonic()
     outage.join()
     assert len(built.manifest.chunks) >= 6
@@ -174,8 +174,7 @@ def test_s3_pull_rides_out_a_15s_outage_mid_download(weed: SeaweedFS, tmp_path: 
     assert len(built.manifest.chunks) >= 6
     puller = s3_storage(weed, bucket, tmp_path / "puller", max_transfers=2)
     outage = Outage(weed, "stop", OUTAGE_S)
-    puller.on_transfer = outage.on_transfer
-    pulled = puller.fetch("d", "v")
+    pulled = puller.fetch("d", "v", on_transfer=outage.on_transfer)
     done = time.monotonic()
     outage.join()
     assert done > outage.up_at
@@ -194,18 +193,16 @@ def test_s3_pull_rides_out_a_15s_freeze_and_fails_in_bounded_time_when_it_lasts(
     # Frozen for 15 s (requests hang, then get their answers): the pull completes.
     puller = s3_storage(weed, bucket, tmp_path / "puller", max_transfers=2)
     outage = Outage(weed, "pause", OUTAGE_S)
-    puller.on_transfer = outage.on_transfer
-    same_records(puller.fetch("d", "v"))
+    same_records(puller.fetch("d", "v", on_transfer=outage.on_transfer))
     outage.join()
     # Frozen for good: a StorageError naming the URL and how long it tried, in bounded time.
     late = s3_storage(
         weed, bucket, tmp_path / "late", max_transfers=2, retry_timeout=SHORT_BUDGET_S
     )
     never = Outage(weed, "pause", None)
-    late.on_transfer = never.on_transfer
     start = time.monotonic()
     with pytest.raises(ydl.StorageError, match=rf"s3://{bucket}/team/d/v/.*retry_timeout=3 s"):
-        late.fetch("d", "v")
+        late.fetch("d", "v", on_transfer=never.on_transfer)
     assert time.monotonic() - start < 2 * CALL_S + SLACK_S
     never.join()
 
@@ -218,10 +215,12 @@ def test_s3_build_fails_naming_the_url_when_the_outage_lasts(
         weed, bucket, tmp_path / "builder", max_transfers=2, retry_timeout=SHORT_BUDGET_S
     )
     outage = Outage(weed, "stop", None)
-    builder.on_transfer = outage.on_transfer
     start = time.monotonic()
     with pytest.raises(ydl.StorageError) as failed:
-        ydl.cache_dataset(records(N), "d", "v", builder, chunk_bytes=CHUNK_BYTES, progress=False)
+        ydl.cache_dataset(
+            records(N), "d", "v", builder, chunk_bytes=CHUNK_BYTES, progress=False,
+            on_transfer=outage.on_transfer,
+        )  # fmt: skip
     elapsed = time.monotonic() - start
     outage.join()
     message = str(failed.value)
@@ -252,8 +251,7 @@ def test_gcs_pull_rides_out_a_15s_outage_and_fails_in_bounded_time_when_frozen(
     # Stopped for 15 s and started again (same port, same objects on disk): the pull completes.
     puller = gcs_storage(fake_gcs, bucket, tmp_path / "puller", max_transfers=2)
     outage = Outage(fake_gcs, "stop", OUTAGE_S)
-    puller.on_transfer = outage.on_transfer
-    pulled = puller.fetch("d", "v")
+    pulled = puller.fetch("d", "v", on_transfer=outage.on_transfer)
     done = time.monotonic()
     outage.join()
     assert done > outage.up_at
@@ -263,9 +261,8 @@ def test_gcs_pull_rides_out_a_15s_outage_and_fails_in_bounded_time_when_frozen(
         fake_gcs, bucket, tmp_path / "late", max_transfers=2, retry_timeout=SHORT_BUDGET_S
     )
     never = Outage(fake_gcs, "pause", None)
-    late.on_transfer = never.on_transfer
     start = time.monotonic()
     with pytest.raises(ydl.StorageError, match=rf"gs://{bucket}/team/d/v/.*retry_timeout=3 s"):
-        late.fetch("d", "v")
+        late.fetch("d", "v", on_transfer=never.on_transfer)
     assert time.monotonic() - start < 2 * CALL_S + SLACK_S
     never.join()

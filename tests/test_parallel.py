@@ -267,7 +267,7 @@ def test_upload_sink_keeps_only_the_named_chunks(tmp_path, s3_server, s3_bucket)
 def test_a_task_uploads_each_chunk_as_soon_as_it_is_written(tmp_path, s3_server, s3_bucket):
     from remote_helpers import make_storage, spec_for
 
-    from yogadl_plus.build.records import write_records
+    from yogadl_plus.cache.version_writer import write_records
 
     storage = make_storage(spec_for("s3", s3_server, s3_bucket), tmp_path)
     sink = UploadSink(storage.objects, "ds/v1/", "b-1234")

@@ -418,24 +418,17 @@ def test_cacheable_runs_only_on_a_miss(local_storage):
     assert calls == [(8, 3), (2, 4)]
 
 
-def test_cacheable_builds_with_the_builder_the_build_layer_hands_down(local_storage, monkeypatch):
-    from yogadl_plus.build.records import build_version
-    from yogadl_plus.storage import base
-
-    built = []
-
-    def builder(folder, source, dataset_id, version):
-        built.append((dataset_id, version))
-        return build_version(folder, source, dataset_id, version, progress=False)
-
-    monkeypatch.setattr(base, "_source_builder", None)
-    make = local_storage.cacheable("ds", "v1")(lambda: [record(i) for i in range(3)])
-    with pytest.raises(RuntimeError, match="set_source_builder"):
-        make()
-    assert local_storage.list() == []
-    base.set_source_builder(builder)
-    check_all_and_close(make(), 3)
-    assert built == [("ds", "v1")]
+def test_cacheable_writes_what_a_serial_cache_dataset_writes(local_storage, tmp_path):
+    """Storage.cacheable builds with the cache's own serial writer (write_version), whose
+    defaults are cache_dataset's: the two versions hold the same chunks."""
+    make = local_storage.cacheable("ds", "v1")(lambda: [record(i) for i in range(300)])
+    cached = make()
+    other = ydl.LocalStorage(tmp_path / "other")
+    built = ydl.cache_dataset([record(i) for i in range(300)], "ds", "v1", other, progress=False)
+    assert cached.manifest.schema == built.manifest.schema
+    assert [c.records for c in cached.manifest.chunks] == [c.records for c in built.manifest.chunks]
+    assert cached.manifest.source_kind == built.manifest.source_kind == "iterable"
+    check_all_and_close(cached, 300)
 
 
 # --- chunk roll-over ---------------------------------------------------------------------------

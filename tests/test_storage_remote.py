@@ -548,10 +548,10 @@ def test_a_pickled_dataref_keeps_its_copy_pinned(spec: dict, tmp_path: Path) -> 
     ref = machine.fetch("d", "v")
     copy = pickle.loads(pickle.dumps(ref))  # what a spawned worker receives
     del ref
-    assert not machine.local_cache._evict("d", "v")
+    assert not machine.local_cache.space.evict_copy("d", "v")
     assert labels(copy) == list(range(100))
     del copy
-    assert machine.local_cache._evict("d", "v")
+    assert machine.local_cache.space.evict_copy("d", "v")
 
 
 def test_verify_pulls_a_damaged_local_copy_again(spec: dict, tmp_path: Path) -> None:
@@ -571,14 +571,14 @@ def test_verify_pulls_a_damaged_local_copy_again(spec: dict, tmp_path: Path) -> 
 def test_on_transfer_counts_every_chunk_uploaded_and_downloaded(spec: dict, tmp_path: Path) -> None:
     builder = make_storage(spec, tmp_path / "a")
     uploaded: list[int] = []
-    builder.on_transfer = uploaded.append
-    ref = ydl.cache_dataset(records(3000), "ds", "v1", builder, chunk_bytes=64 << 10)
+    ref = ydl.cache_dataset(
+        records(3000), "ds", "v1", builder, chunk_bytes=64 << 10, on_transfer=uploaded.append
+    )
     sizes = sorted(c.bytes for c in ref.manifest.chunks)
     assert len(sizes) > 1 and sorted(uploaded) == sizes
     reader = make_storage(spec, tmp_path / "b")
     downloaded: list[int] = []
-    reader.on_transfer = downloaded.append
-    reader.fetch("ds", "v1")
+    reader.fetch("ds", "v1", on_transfer=downloaded.append)
     assert sorted(downloaded) == sizes
 
 

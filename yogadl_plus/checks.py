@@ -44,12 +44,11 @@ def check_int(name: str, value: object, low: int, high: int | None = None) -> in
     allowed = f"[{low}, {high}]" if high is not None else f"[{low}, inf)"
     if isinstance(value, (bool, np.bool_)):
         raise ValueError(f"{name} must be an int in {allowed}, got the bool {value!r}")
-    try:
-        number = operator.index(value)  # type: ignore[arg-type]
-    except TypeError:
+    number = _as_int(value)
+    if number is None:
         raise ValueError(
             f"{name} must be an int in {allowed}, got {value!r} of type {type(value).__name__}"
-        ) from None
+        )
     if number < low or (high is not None and number > high):
         raise ValueError(f"{name} must be in {allowed}, got {number}")
     return number
@@ -65,12 +64,11 @@ def check_index(index: object, n: int, owner: str, noun: str) -> int:
     """``index`` of a sequence of ``n`` (negative counts from the end) as an int in [0, n):
     TypeError for a non-int (naming ``owner``, whose get_batch takes many), IndexError naming
     the ``noun`` and the range."""
-    try:
-        i = operator.index(index)  # type: ignore[arg-type]
-    except TypeError:
+    i = index if type(index) is int else _as_int(index)  # (ints first: ref[i] is hot)
+    if i is None:
         raise TypeError(
             f"{owner} indices are ints, got {type(index).__name__}; use get_batch() for many"
-        ) from None
+        )
     if not -n <= i < n:
         raise IndexError(f"{noun} {i} is out of range [-{n}, {n})")
     return i + n if i < 0 else i
@@ -92,3 +90,11 @@ def check_indices(indices: object, n: int, noun: str) -> np.ndarray:
         if low < 0:
             idx = np.where(idx < 0, idx + n, idx)
     return idx
+
+
+def _as_int(value: object) -> int | None:
+    """The int ``value`` stands for as an index (an int, a numpy integer), else None."""
+    try:
+        return operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        return None

@@ -26,7 +26,6 @@ import yogadl_plus as ydl
 from yogadl_plus.build import ENGINES
 from yogadl_plus.progress import progress_bar
 from yogadl_plus.storage import copy_version, local_root
-from yogadl_plus.storage.remote import RemoteStorage
 from yogadl_plus.stream.stats import TIMED, time_epoch
 
 __all__ = ["EXIT_CODES", "INTERNAL_ERROR", "main"]
@@ -337,9 +336,6 @@ def _copy(args: argparse.Namespace, source: ydl.Storage, target: ydl.Storage) ->
     name = f"{args.dataset_id}:{args.version}"
     # One bar for the bytes moved: downloaded or uploaded by a bucket, checked and placed here.
     with _progress(args, f"{args.command}ing {name}", None, "B") as advance:
-        for storage in (source, target):
-            if isinstance(storage, RemoteStorage):
-                storage.on_transfer = advance
         ref = copy_version(
             source,
             target,
@@ -347,6 +343,7 @@ def _copy(args: argparse.Namespace, source: ydl.Storage, target: ydl.Storage) ->
             args.version,
             overwrite=args.overwrite,
             progress=advance,
+            on_transfer=advance,
         )
     summary = _summary(target, ref)
     _emit(args, summary, _describe(summary))

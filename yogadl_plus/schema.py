@@ -338,6 +338,8 @@ def _not_exact(value: Any, dtype: np.dtype, src: np.ndarray, array: np.ndarray, 
 
 
 def _numeric_converter(field: Field) -> Callable[[Any], Any]:
+    """A function that takes a value of numeric ``field`` to an array of its dtype and shape,
+    holding the values exactly, or raises ValueError saying what came and why it cannot."""
     dtype: np.dtype = field.dtype
     scalar_type = dtype.type
     shape = field.shape
@@ -356,121 +358,139 @@ def _numeric_converter(field: Field) -> Callable[[Any], Any]:
             return got == shape
         return len(got) == ndim and all(e is None or e == g for e, g in zip(shape, got))
 
-    def from_python_scalar(value: int | float) -> np.generic:
-        if largest is not None and largest < abs(value) < math.inf:
-            # Refused before numpy overflows to inf and warns about it.
-            raise ValueError(
-                f"got {_describe_value(value)}, over the largest {dtype} ({largest:g})"
-            )
-        try:
-            number = scalar_type(value)
-            same = number.item() == value or value != value  # NaN stays NaN
-        except (OverflowError, ValueError, TypeError, RuntimeWarning) as exc:
-            raise _not_convertible(value, dtype, exc) from None
-        if not same:
-            raise ValueError(
-                f"got {_describe_value(value)}, which {dtype} cannot hold exactly "
-                f"(it would be stored as {number.item()!r})"
-            )
-        return number
-
-    def cast(src: np.ndarray) -> np.ndarray:
-        if src.dtype.kind == "O":
-            return from_python(src)
-        if src.dtype.kind not in "biufcmM":
-            what = _describe_value(src[()] if src.ndim == 0 else src)
-            if src.dtype.kind in "US":
-                raise ValueError(f"got {what}, not numbers: {_text_hint(dtype)}")
-            raise ValueError(
-                f"got {what}, not numbers: store each of its fields as a field of its own"
-            )
-        if not np.can_cast(src.dtype, dtype, "safe"):
-            raise ValueError(
-                f"got dtype {src.dtype} which does not cast to {dtype} without loss; "
-                f"convert it yourself or declare the field as {src.dtype}"
-            )
-        array = src.astype(dtype)
-        if src.dtype.kind in recheck and _cast_can_change(src.dtype, dtype):
-            changed = _first_changed(array, src)
-            if changed is not None:
-                raise ValueError(
-                    f"{_not_exact(src, dtype, src, array, changed)}; declare the field as "
-                    f"{src.dtype}, or convert the values yourself"
-                )
-        return array
-
-    def from_python(value: Any) -> np.ndarray:
-        try:
-            src = np.asarray(value)
-        except (ValueError, TypeError, OverflowError) as exc:
-            ragged = _ragged(value)
-            if ragged is not None:
-                raise ValueError(f"got a ragged nested list: {ragged}; {_RAGGED_FIX}") from None
-            raise ValueError(f"got {_describe_value(value)}, not convertible: {exc}") from None
-        if src.dtype.kind not in "biufcmM":
-            if _holds_none(value):
-                raise ValueError(
-                    f"got {_describe_value(value)} with a null (None) inside; fill it, or "
-                    "leave the record out"
-                )
-            odd = _first_non_number(value)
-            if odd is not None:
-                raise ValueError(
-                    f"got {_describe_value(value)} holding {odd}, not a number: "
-                    + _text_hint(dtype)
-                )
-        try:
-            with np.errstate(over="ignore", invalid="ignore"):
-                array = np.asarray(value, dtype=dtype)
-        except (OverflowError, ValueError, TypeError, RuntimeWarning) as exc:
-            raise _not_convertible(value, dtype, exc) from None
-        if src.dtype.kind in "fc" and src.size and np.abs(src).max() >= 2**53:
-            # numpy made floats of the list, maybe of ints beyond 2**53 among floats (which
-            # it rounds): compare with the list's own values.
-            src = np.asarray(value, dtype=object)
-        if src.dtype != dtype:
-            changed = _first_changed(array, src)
-            if changed is not None:
-                raise ValueError(_not_exact(value, dtype, src, array, changed))
-        return array
-
     def convert(value: Any) -> Any:
         kind = type(value)
         if kind is np.ndarray:
-            array = value if value.dtype == dtype else cast(value)
+            array = value if value.dtype == dtype else _cast_array(value, dtype, recheck)
         elif (kind is int and python_ints) or (kind is float and python_floats):
-            return from_python_scalar(value)
+            return _scalar_from_python(value, scalar_type, largest)
         elif isinstance(value, (np.ndarray, np.generic)):
-            if isinstance(value, np.ma.MaskedArray) and np.ma.is_masked(value):
-                raise ValueError(
-                    f"got a masked array with {np.ma.count_masked(value)} masked value(s); "
-                    "fill them (value.filled(...)) or leave the record out"
-                )
-            array = np.asarray(value)
-            if array.dtype != dtype:
-                array = cast(array)
+            array = _array_from_numpy(value, dtype, recheck)
         elif isinstance(value, (bool, int, float, complex, list, tuple)):
-            array = from_python(value)
-        elif isinstance(value, (str, np.str_)):
-            raise ValueError(f"got {_describe_value(value)}, not a number: {_text_hint(dtype)}")
-        elif isinstance(value, _BYTES_LIKE):
-            raise ValueError(
-                f"got {type(value).__name__} of {memoryview(value).nbytes} bytes, not numbers: "
-                f"np.frombuffer(value, {dtype.name!r}) reads bytes that hold an array, or "
-                "declare the field as bytes"
-            )
-        elif isinstance(value, Mapping):
-            raise ValueError(
-                f"got a dict (keys {sorted(map(str, value))[:8]}); a field holds one array, "
-                "not a nested record: make each key a field of its own"
-            )
+            array = _array_from_python(value, dtype)
         else:
-            raise ValueError(f"got {_describe_value(value)}")
+            raise _not_numbers(value, dtype)
         if not shape_ok(array.shape):
             raise ValueError(f"got shape {array.shape}")
         return array
 
     return convert
+
+
+def _scalar_from_python(
+    value: int | float, scalar_type: type[np.generic], largest: float | None
+) -> np.generic:
+    """A Python int or float as one numpy scalar of ``scalar_type`` (whose largest finite
+    value is ``largest``, for floats narrower than float64), holding it exactly."""
+    if largest is not None and largest < abs(value) < math.inf:
+        # Refused before numpy overflows to inf and warns about it.
+        raise ValueError(
+            f"got {_describe_value(value)}, over the largest {np.dtype(scalar_type)} ({largest:g})"
+        )
+    try:
+        number = scalar_type(value)
+        same = number.item() == value or value != value  # NaN stays NaN
+    except (OverflowError, ValueError, TypeError, RuntimeWarning) as exc:
+        raise _not_convertible(value, np.dtype(scalar_type), exc) from None
+    if not same:
+        raise ValueError(
+            f"got {_describe_value(value)}, which {np.dtype(scalar_type)} cannot hold exactly "
+            f"(it would be stored as {number.item()!r})"
+        )
+    return number
+
+
+def _array_from_numpy(value: np.ndarray | np.generic, dtype: np.dtype, recheck: str) -> np.ndarray:
+    """A numpy scalar or array subclass (a masked array without masked values) as an array of
+    ``dtype``, cast as ``_cast_array`` does."""
+    if isinstance(value, np.ma.MaskedArray) and np.ma.is_masked(value):
+        raise ValueError(
+            f"got a masked array with {np.ma.count_masked(value)} masked value(s); "
+            "fill them (value.filled(...)) or leave the record out"
+        )
+    array = np.asarray(value)
+    return array if array.dtype == dtype else _cast_array(array, dtype, recheck)
+
+
+def _cast_array(src: np.ndarray, dtype: np.dtype, recheck: str) -> np.ndarray:
+    """``src`` as an array of ``dtype``: only by numpy's 'safe' casts, and, from the kinds in
+    ``recheck`` (whose safe casts can still change values), only if every value came through."""
+    if src.dtype.kind == "O":
+        return _array_from_python(src, dtype)
+    if src.dtype.kind not in "biufcmM":
+        what = _describe_value(src[()] if src.ndim == 0 else src)
+        if src.dtype.kind in "US":
+            raise ValueError(f"got {what}, not numbers: {_text_hint(dtype)}")
+        raise ValueError(f"got {what}, not numbers: store each of its fields as a field of its own")
+    if not np.can_cast(src.dtype, dtype, "safe"):
+        raise ValueError(
+            f"got dtype {src.dtype} which does not cast to {dtype} without loss; "
+            f"convert it yourself or declare the field as {src.dtype}"
+        )
+    array = src.astype(dtype)
+    if src.dtype.kind in recheck and _cast_can_change(src.dtype, dtype):
+        changed = _first_changed(array, src)
+        if changed is not None:
+            raise ValueError(
+                f"{_not_exact(src, dtype, src, array, changed)}; declare the field as "
+                f"{src.dtype}, or convert the values yourself"
+            )
+    return array
+
+
+def _array_from_python(value: Any, dtype: np.dtype) -> np.ndarray:
+    """Python numbers, or (nested) lists and tuples of them, as an array of ``dtype`` that
+    holds every value exactly."""
+    try:
+        src = np.asarray(value)
+    except (ValueError, TypeError, OverflowError) as exc:
+        ragged = _ragged(value)
+        if ragged is not None:
+            raise ValueError(f"got a ragged nested list: {ragged}; {_RAGGED_FIX}") from None
+        raise ValueError(f"got {_describe_value(value)}, not convertible: {exc}") from None
+    if src.dtype.kind not in "biufcmM":
+        if _holds_none(value):
+            raise ValueError(
+                f"got {_describe_value(value)} with a null (None) inside; fill it, or "
+                "leave the record out"
+            )
+        odd = _first_non_number(value)
+        if odd is not None:
+            raise ValueError(
+                f"got {_describe_value(value)} holding {odd}, not a number: " + _text_hint(dtype)
+            )
+    try:
+        with np.errstate(over="ignore", invalid="ignore"):
+            array = np.asarray(value, dtype=dtype)
+    except (OverflowError, ValueError, TypeError, RuntimeWarning) as exc:
+        raise _not_convertible(value, dtype, exc) from None
+    if src.dtype.kind in "fc" and src.size and np.abs(src).max() >= 2**53:
+        # numpy made floats of the list, maybe of ints beyond 2**53 among floats (which
+        # it rounds): compare with the list's own values.
+        src = np.asarray(value, dtype=object)
+    if src.dtype != dtype:
+        changed = _first_changed(array, src)
+        if changed is not None:
+            raise ValueError(_not_exact(value, dtype, src, array, changed))
+    return array
+
+
+def _not_numbers(value: Any, dtype: np.dtype) -> ValueError:
+    """The error for a value of a numeric field that holds no numbers at all."""
+    if isinstance(value, (str, np.str_)):
+        return ValueError(f"got {_describe_value(value)}, not a number: {_text_hint(dtype)}")
+    if isinstance(value, _BYTES_LIKE):
+        return ValueError(
+            f"got {type(value).__name__} of {memoryview(value).nbytes} bytes, not numbers: "
+            f"np.frombuffer(value, {dtype.name!r}) reads bytes that hold an array, or "
+            "declare the field as bytes"
+        )
+    if isinstance(value, Mapping):
+        return ValueError(
+            f"got a dict (keys {sorted(map(str, value))[:8]}); a field holds one array, "
+            "not a nested record: make each key a field of its own"
+        )
+    return ValueError(f"got {_describe_value(value)}")
 
 
 def _describe_value(value: Any) -> str:

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import functools
 import warnings
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from yogadl_plus.build.records import build_version
+from yogadl_plus.build.plan import BuildPlan
 from yogadl_plus.cache.manifest import Manifest
+from yogadl_plus.cache.version_writer import write_version
 from yogadl_plus.cache.writer import DEFAULT_CHUNK_BYTES
 from yogadl_plus.checks import check_int
 from yogadl_plus.errors import SourceChangedWarning
 from yogadl_plus.schema import Schema
-from yogadl_plus.sources import as_source
+from yogadl_plus.sources import Source, as_source
 from yogadl_plus.sources.spark import SparkDataFrameSource
 from yogadl_plus.storage import check_name, default_storage
 
@@ -36,6 +39,7 @@ def cache_dataset(
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     workers: int | None = None,
     engine: str = "local",
+    on_transfer: Callable[[int], object] | None = None,
 ) -> DataRef:
     """Cache ``source`` as (dataset_id, version) in ``storage`` and return its DataRef.
 
@@ -47,67 +51,74 @@ def cache_dataset(
     cut into parts (Parquet row groups, index ranges of a map-style dataset, blocks of a
     ``ray.data.Dataset``), each task writes its part's chunks, and the result equals a serial
     build record for record. A Spark DataFrame is always built by Spark's executors, one task
-    per partition, in partition order.
+    per partition, in partition order. ``on_transfer(bytes)`` is called after each chunk a
+    bucket storage uploads or downloads (for a progress bar), from its transfer threads.
     """
     check_name("dataset_id", dataset_id)
     check_name("version", version)
-    if engine not in ENGINES:
-        raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
-    if workers is not None:
-        workers = check_int("workers", workers, 1)
+    workers = _checked_runner(engine, workers)
     store = storage if storage is not None else default_storage()
     src = as_source(source)
-    parallel = engine == "ray" or (workers or 1) > 1
     if isinstance(src, SparkDataFrameSource) and (engine != "local" or workers is not None):
         raise ValueError(
             "a Spark DataFrame is built by Spark, one task per partition: leave out workers= "
             "and engine= (repartition the DataFrame to change how many tasks write it)"
         )
-
-    def build(folder: str) -> Manifest:
-        # The parallel runners are imported when a build takes them: the process pool's
-        # machinery would add some 8 ms to every `import yogadl_plus`.
-        if isinstance(src, SparkDataFrameSource):
-            from yogadl_plus.build.spark import build_on_spark
-
-            return build_on_spark(
-                folder, src, dataset_id, version, store, schema=schema, chunk_bytes=chunk_bytes
-            )
-        if parallel:
-            from yogadl_plus.build.pool import build_in_parallel
-
-            return build_in_parallel(
-                folder,
-                src,
-                dataset_id,
-                version,
-                store,
-                schema=schema,
-                progress=progress,
-                chunk_bytes=chunk_bytes,
-                workers=workers,
-                engine=engine,
-            )
-        return build_version(
-            folder,
-            src,
-            dataset_id,
-            version,
-            schema=schema,
-            progress=progress,
-            chunk_bytes=chunk_bytes,
-        )
-
-    dataref = store.get_or_build(dataset_id, version, build, overwrite=overwrite)
-    cached = dataref.manifest.source_fingerprint
-    if not overwrite and cached is not None:
-        current = src.fingerprint()
-        if current is not None and current != cached:
-            warnings.warn(
-                f"the source of {dataset_id!r} version {version!r} has changed since it was "
-                f"cached (cached fingerprint {cached}, now {current}); the cached data is "
-                "returned as is: use a new version or overwrite=True to rebuild",
-                SourceChangedWarning,
-                stacklevel=2,
-            )
+    plan = BuildPlan(
+        src, dataset_id, version, store, schema, progress, chunk_bytes, workers, engine
+    )
+    build = functools.partial(_build, plan=plan)
+    dataref = store.get_or_build(
+        dataset_id, version, build, overwrite=overwrite, on_transfer=on_transfer
+    )
+    if not overwrite:
+        _warn_if_changed(dataref, src)
     return dataref
+
+
+def _checked_runner(engine: str, workers: int | None) -> int | None:
+    """``workers``, checked with ``engine``."""
+    if engine not in ENGINES:
+        raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
+    return None if workers is None else check_int("workers", workers, 1)
+
+
+def _build(folder: str, plan: BuildPlan) -> Manifest:
+    """Write ``plan``'s source into the staging ``folder``: by Spark's tasks (a DataFrame), by
+    parallel tasks, or serially; the manifest written there."""
+    # The parallel runners are imported when a build takes them: the process pool's
+    # machinery would add some 8 ms to every `import yogadl_plus`.
+    if isinstance(plan.src, SparkDataFrameSource):
+        from yogadl_plus.build.spark import build_on_spark
+
+        return build_on_spark(folder, plan)
+    if plan.parallel:
+        from yogadl_plus.build.pool import build_in_parallel
+
+        return build_in_parallel(folder, plan)
+    return write_version(
+        folder,
+        plan.src,
+        plan.dataset_id,
+        plan.version,
+        schema=plan.schema,
+        progress=plan.progress,
+        chunk_bytes=plan.chunk_bytes,
+    )
+
+
+def _warn_if_changed(dataref: DataRef, src: Source) -> None:
+    """A SourceChangedWarning when ``src`` is no longer what ``dataref`` was cached from (as
+    far as the fingerprints of both tell)."""
+    cached = dataref.manifest.source_fingerprint
+    if cached is None:
+        return
+    current = src.fingerprint()
+    if current is not None and current != cached:
+        warnings.warn(
+            f"the source of {dataref.dataset_id!r} version {dataref.version!r} has changed "
+            f"since it was cached (cached fingerprint {cached}, now {current}); the cached "
+            "data is returned as is: use a new version or overwrite=True to rebuild",
+            SourceChangedWarning,
+            stacklevel=3,
+        )

@@ -11,15 +11,15 @@ at once. Nothing is published unless every part is in place.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import itertools
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from yogadl_plus.build.records import write_records
-from yogadl_plus.cache.manifest import ChunkInfo
+from yogadl_plus.build.plan import BuildPlan
+from yogadl_plus.cache.manifest import ChunkInfo, Manifest
+from yogadl_plus.cache.version_writer import finish_version, write_records
 from yogadl_plus.errors import TransientStorageError
 from yogadl_plus.schema import Schema
 from yogadl_plus.sources.base import Source
@@ -30,8 +30,7 @@ __all__ = [
     "RETRIED",
     "PartResult",
     "PartTask",
-    "aborted_on_failure",
-    "settled_chunks",
+    "build_parts",
     "write_part",
 ]
 
@@ -75,19 +74,25 @@ def write_part(task: PartTask) -> PartResult:
     return PartResult(task.number, chunks, sum(c.records for c in chunks))
 
 
-@contextlib.contextmanager
-def aborted_on_failure(sink: ChunkSink) -> Iterator[None]:
-    """Undo what tasks delivered when the build fails: chunks that tasks uploaded into a bucket
-    go now, not at the next build."""
+def build_parts(
+    folder: str,
+    plan: BuildPlan,
+    schema: Schema,
+    distributed: bool,
+    run: Callable[[ChunkSink], list[PartResult]],
+) -> Manifest:
+    """The driver's side of the protocol, for a build into the staging ``folder``: ``run(sink)``
+    runs the tasks, which deliver their chunks to ``sink`` (``distributed``: from other
+    machines), and returns one result per part, in part order; their chunks are checked in
+    place, other attempts' removed, and the manifest written. If anything fails, what the
+    tasks delivered goes too (chunks they uploaded into a bucket: now, not at the next build).
+    """
+    sink = plan.storage.chunk_sink(folder, distributed=distributed)
     try:
-        yield
+        results = run(sink)
+        chunks = list(itertools.chain.from_iterable(r.chunks for r in results))
+        sink.settle(chunks)
     except BaseException:
         sink.abort()
         raise
-
-
-def settled_chunks(sink: ChunkSink, results: list[PartResult]) -> list[ChunkInfo]:
-    """The chunks of ``results`` (parts in order), checked in place, other attempts' gone."""
-    chunks = list(itertools.chain.from_iterable(r.chunks for r in results))
-    sink.settle(chunks)
-    return chunks
+    return finish_version(folder, plan.src, schema, chunks, plan.dataset_id, plan.version)

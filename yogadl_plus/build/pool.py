@@ -20,47 +20,29 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from typing import TYPE_CHECKING, Any
 
-from yogadl_plus.build.parts import (
-    ATTEMPTS,
-    RETRIED,
-    PartResult,
-    PartTask,
-    aborted_on_failure,
-    settled_chunks,
-    write_part,
-)
-from yogadl_plus.build.records import INFER_RECORDS, caching_bar, finish_version
+from yogadl_plus.build.parts import ATTEMPTS, RETRIED, PartResult, PartTask, build_parts, write_part
+from yogadl_plus.build.plan import BuildPlan
 from yogadl_plus.cache.manifest import Manifest
+from yogadl_plus.cache.version_writer import INFER_RECORDS, caching_bar
 from yogadl_plus.errors import CacheCorrupted, WorkerDied, YogaError, missing_extra
-from yogadl_plus.schema import Schema, infer_schema
-from yogadl_plus.sources.base import Source
+from yogadl_plus.schema import infer_schema
 
 if TYPE_CHECKING:
-    from yogadl_plus.storage.base import Storage
+    from yogadl_plus.storage.sink import ChunkSink
 
 __all__ = ["build_in_parallel"]
 
 _PARTS_PER_SLOT = 4  # more parts than slots: a slow part does not leave the others idle
 
 
-def build_in_parallel(
-    folder: str,
-    src: Source,
-    dataset_id: str,
-    version: str,
-    storage: Storage,
-    *,
-    schema: Schema | None,
-    progress: bool,
-    chunk_bytes: int,
-    workers: int | None,
-    engine: str,
-) -> Manifest:
-    """Build ``src`` into staging ``folder`` with ``workers`` parallel tasks on ``engine``."""
-    if engine == "local" and src.kind == "ray":
+def build_in_parallel(folder: str, plan: BuildPlan) -> Manifest:
+    """Build ``plan`` into staging ``folder`` with ``plan.workers`` parallel tasks on
+    ``plan.engine``."""
+    src = plan.src
+    if plan.engine == "local" and src.kind == "ray":
         raise ValueError("a ray.data.Dataset is built in parallel by Ray: pass engine='ray'")
     runner: _PoolRunner | _RayRunner = (
-        _RayRunner(workers) if engine == "ray" else _PoolRunner(workers)
+        _RayRunner(plan.workers) if plan.engine == "ray" else _PoolRunner(plan.workers)
     )
     parts = src.split(_PARTS_PER_SLOT * runner.slots)
     if parts is None:
@@ -69,17 +51,16 @@ def build_in_parallel(
             "tasks: parallel builds take Parquet data, a map-style (indexable) dataset, a list "
             "of records or a ray.data.Dataset; build it without workers= / engine="
         )
-    if schema is None:
-        schema = src.schema
+    schema = plan.schema if plan.schema is not None else src.schema
     if schema is None:
         # As a serial build does: from the first records of the source, across parts.
         records = itertools.chain.from_iterable(p.records() for p in parts)
         schema = infer_schema(list(itertools.islice(records, INFER_RECORDS)))
-    sink = storage.chunk_sink(folder, distributed=engine == "ray")
-    tasks = [PartTask(i, part, schema, chunk_bytes, sink) for i, part in enumerate(parts)]
-    bar = caching_bar(progress, src.length, dataset_id, version)
-    with bar as advance, aborted_on_failure(sink):
-        results = runner.run(tasks, advance)
+
+    def run(sink: ChunkSink) -> list[PartResult]:
+        tasks = [PartTask(i, part, schema, plan.chunk_bytes, sink) for i, part in enumerate(parts)]
+        with caching_bar(plan.progress, src.length, plan.dataset_id, plan.version) as advance:
+            results = runner.run(tasks, advance)
         for task in tasks:
             expected, wrote = task.source.length, results[task.number].records
             if expected is not None and wrote != expected:
@@ -87,8 +68,9 @@ def build_in_parallel(
                     f"part {task.number} ({task.source!r}) wrote {wrote} records, expected "
                     f"{expected}"
                 )
-        chunks = settled_chunks(sink, [results[t.number] for t in tasks])
-    return finish_version(folder, src, schema, chunks, dataset_id, version)
+        return [results[t.number] for t in tasks]
+
+    return build_parts(folder, plan, schema, plan.engine == "ray", run)
 
 
 class _PoolRunner:

@@ -19,25 +19,15 @@ import traceback
 import uuid
 import warnings
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from yogadl_plus.build.parts import (
-    RETRIED,
-    PartResult,
-    PartTask,
-    aborted_on_failure,
-    settled_chunks,
-    write_part,
-)
-from yogadl_plus.build.records import finish_version
+from yogadl_plus.build.parts import RETRIED, PartResult, PartTask, build_parts, write_part
+from yogadl_plus.build.plan import BuildPlan
 from yogadl_plus.cache.manifest import Manifest
 from yogadl_plus.errors import CacheCorrupted, SchemaError, WorkerDied, YogaError
 from yogadl_plus.schema import Schema
 from yogadl_plus.sources.spark import SparkDataFrameSource, SparkPartition
 from yogadl_plus.storage.sink import ChunkSink
-
-if TYPE_CHECKING:
-    from yogadl_plus.storage.base import Storage
 
 __all__ = ["build_on_spark"]
 
@@ -45,20 +35,14 @@ _RESULT = "part int, result binary"
 _STOP_WAIT = 60.0  # seconds to wait for cancelled tasks to stop before cleaning up anyway
 
 
-def build_on_spark(
-    folder: str,
-    src: SparkDataFrameSource,
-    dataset_id: str,
-    version: str,
-    storage: Storage,
-    *,
-    schema: Schema | None,
-    chunk_bytes: int,
-) -> Manifest:
-    """Build ``src`` into staging ``folder`` with one Spark task per partition."""
+def build_on_spark(folder: str, plan: BuildPlan) -> Manifest:
+    """Build ``plan`` (a Spark DataFrame's) into staging ``folder`` with one Spark task per
+    partition."""
+    src = plan.src
+    if not isinstance(src, SparkDataFrameSource):
+        raise TypeError(f"build_on_spark builds Spark DataFrames, got {src!r}")
     frame = src.dataframe
-    if schema is None:
-        schema = src.schema
+    schema = plan.schema if plan.schema is not None else src.schema
     missing = [name for name in schema.names if name not in frame.columns]
     if missing:
         raise SchemaError(
@@ -66,9 +50,9 @@ def build_on_spark(
         )
     # Columns travel by position: names with dots, or differing only in case, stay as they are.
     positional = frame.toDF(*(f"_{i}" for i in range(len(frame.columns))))
-    task = functools.partial(_write_partition, schema, list(frame.columns), chunk_bytes)
-    sink = storage.chunk_sink(folder, distributed=True)
-    with aborted_on_failure(sink):
+    task = functools.partial(_write_partition, schema, list(frame.columns), plan.chunk_bytes)
+
+    def run(sink: ChunkSink) -> list[PartResult]:
         with warnings.catch_warnings():  # pyspark's own, on newer pandas than it has tried
             warnings.filterwarnings("ignore", "PySpark does not yet fully support", FutureWarning)
             written = positional.mapInArrow(functools.partial(task, sink), _RESULT)
@@ -80,8 +64,9 @@ def build_on_spark(
                 raise outcome
         if [part for part, _ in outcomes] != list(range(len(outcomes))):
             raise CacheCorrupted(f"Spark returned partitions {[p for p, _ in outcomes]}")
-        chunks = settled_chunks(sink, [result for _, result in outcomes])
-    return finish_version(folder, src, schema, chunks, dataset_id, version)
+        return [result for _, result in outcomes]
+
+    return build_parts(folder, plan, schema, True, run)
 
 
 @contextlib.contextmanager

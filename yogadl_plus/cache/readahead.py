@@ -13,7 +13,6 @@ stale or wrong hint costs speed, not data.
 
 from __future__ import annotations
 
-import atexit
 import collections
 import contextlib
 import os
@@ -23,6 +22,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from yogadl_plus import lifecycle
 from yogadl_plus.cache.manifest import ChunkInfo
 from yogadl_plus.cache.pages import PageMap, page_map
 
@@ -44,7 +44,13 @@ _WARM_SAMPLE = 16
 # Spans closer than this are asked for as one range (sequential reads become big ones).
 _MERGE_GAP = 64 << 10
 _CAN_PROBE = hasattr(os, "preadv") and hasattr(os, "RWF_NOWAIT")
-_ALL: weakref.WeakSet[ReadAhead] = weakref.WeakSet()
+# Every live ReadAhead. At exit, while the interpreter is whole, each stops its thread: a daemon
+# thread still inside an extension when Python finalizes is ended from in there (pthread_exit),
+# and where that unwinds through C++ code the process aborts, "terminate called without an
+# active exception" (CI saw it once, as a process that had streamed exited).
+_ALL: lifecycle.Registry[ReadAhead] = lifecycle.Registry(
+    "read-ahead threads", at_exit=lambda ahead: ahead.close()
+)
 
 
 class ReadAhead:
@@ -200,16 +206,6 @@ def _merged(offsets: np.ndarray, lengths: np.ndarray) -> list[tuple[int, int]]:
     return list(zip(begins.tolist(), (reach[last] - begins).tolist()))
 
 
-@atexit.register
-def _end_threads_at_exit() -> None:
-    # While the interpreter is whole: a daemon thread still inside an extension when Python
-    # finalizes is ended from in there (pthread_exit), and where that unwinds through C++
-    # code the process aborts, "terminate called without an active exception" (CI saw it
-    # once, as a process that had streamed exited).
-    for ahead in list(_ALL):
-        ahead.close()
-
-
 # The read-ahead objects a fork in progress paused (their _busy locks, held by the forking thread).
 _PAUSED: list[ReadAhead] = []
 
@@ -234,7 +230,7 @@ def _forget_threads_after_fork() -> None:
         ahead._forget_after_fork()
 
 
-os.register_at_fork(
+lifecycle.on_fork(
     before=_pause_for_fork,
     after_in_parent=_resume_after_fork,
     after_in_child=_forget_threads_after_fork,

@@ -20,6 +20,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
+from yogadl_plus import lifecycle
+
 __all__ = ["PARALLEL_BYTES", "copy_rows"]
 
 #: Batches at least this big are copied by two threads (where the process may use two CPUs).
@@ -83,4 +85,4 @@ def _forget_helper_after_fork() -> None:
     _lock = threading.Lock()
 
 
-os.register_at_fork(after_in_child=_forget_helper_after_fork)
+lifecycle.on_fork(after_in_child=_forget_helper_after_fork)

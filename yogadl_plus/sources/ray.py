@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -12,11 +11,12 @@ from yogadl_plus.errors import YogaError
 from yogadl_plus.schema import Field, Schema
 from yogadl_plus.sources.arrow import BATCH_ROWS, arrow_field, batch_records, column_values
 from yogadl_plus.sources.base import Piece, Source
+from yogadl_plus.sources.engine_table import EngineTableSource
 
 __all__ = ["RayDatasetSource"]
 
 
-class RayDatasetSource(Source):
+class RayDatasetSource(EngineTableSource):
     """The rows of a ``ray.data.Dataset``, in its block order.
 
     Its Arrow schema becomes the cache's, numpy columns (Ray's tensor extension types, fixed
@@ -29,14 +29,12 @@ class RayDatasetSource(Source):
 
     kind = "ray"
 
-    def __init__(self, dataset: Any) -> None:
-        self.dataset = dataset
+    @property
+    def dataset(self) -> Any:
+        """The ``ray.data.Dataset``."""
+        return self.table
 
-    def __repr__(self) -> str:
-        return f"RayDatasetSource({self.dataset!r})"
-
-    @functools.cached_property
-    def schema(self) -> Schema:  # asked by the build, records() and split(): Ray works it out once
+    def engine_schema(self) -> Schema:
         found = self.dataset.schema()
         arrow = getattr(found, "base_schema", found)
         if not hasattr(arrow, "names") or not hasattr(arrow, "field"):
@@ -46,10 +44,11 @@ class RayDatasetSource(Source):
             )
         return Schema([_field(f) for f in arrow])
 
-    def records(self) -> Iterator[Mapping[str, Any]]:
-        schema = self.schema
-        for table in self.dataset.iter_batches(batch_size=BATCH_ROWS, batch_format="pyarrow"):
-            yield from batch_records(table, schema, _values)
+    def arrow_tables(self) -> Iterator[Any]:
+        return self.dataset.iter_batches(batch_size=BATCH_ROWS, batch_format="pyarrow")
+
+    def values(self, column: Any, field: Field) -> Sequence[Any]:
+        return _values(column, field)
 
     def split(self, parts: int) -> list[Source]:
         """One piece per block of the executed dataset (``parts`` is not used: blocks are

@@ -8,7 +8,6 @@ so this module loads on the driver and in executors alike, with or without the e
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
@@ -18,6 +17,7 @@ from yogadl_plus.errors import SchemaError
 from yogadl_plus.schema import Field, Schema
 from yogadl_plus.sources.arrow import batch_records
 from yogadl_plus.sources.base import Source
+from yogadl_plus.sources.engine_table import EngineTableSource
 
 __all__ = ["SparkDataFrameSource", "SparkPartition", "spark_field"]
 
@@ -40,7 +40,7 @@ _KINDS: dict[str, Any] = {
 }
 
 
-class SparkDataFrameSource(Source):
+class SparkDataFrameSource(EngineTableSource):
     """The rows of a ``pyspark.sql.DataFrame``, partition after partition.
 
     A build runs one Spark task per partition, which encodes its rows and writes them as
@@ -53,19 +53,17 @@ class SparkDataFrameSource(Source):
 
     kind = "spark"
 
-    def __init__(self, dataframe: Any) -> None:
-        self.dataframe = dataframe
+    @property
+    def dataframe(self) -> Any:
+        """The ``pyspark.sql.DataFrame``."""
+        return self.table
 
-    def __repr__(self) -> str:
-        return f"SparkDataFrameSource({self.dataframe!r})"
-
-    @functools.cached_property
-    def schema(self) -> Schema:
+    def engine_schema(self) -> Schema:
         return Schema([spark_field(f.name, f.dataType) for f in self.dataframe.schema.fields])
 
-    def records(self) -> Iterator[Mapping[str, Any]]:
+    def arrow_tables(self) -> Iterator[Any]:
         """Read on the driver, the whole DataFrame at once (a build never does this)."""
-        yield from batch_records(self.dataframe.toArrow(), self.schema)
+        yield self.dataframe.toArrow()
 
 
 class SparkPartition(Source):

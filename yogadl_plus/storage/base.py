@@ -7,39 +7,21 @@ import contextlib
 import functools
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from yogadl_plus.cache.manifest import Manifest
+from yogadl_plus.cache.version_writer import write_version
 from yogadl_plus.checks import check_name
 
 if TYPE_CHECKING:
     from yogadl_plus.dataref import DataRef
     from yogadl_plus.storage.sink import ChunkSink
 
-__all__ = ["SourceBuilder", "Storage", "check_name", "set_source_builder"]
+__all__ = ["OnTransfer", "Storage", "check_name"]
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-class SourceBuilder(Protocol):
-    """How ``Storage.cacheable`` turns the source a decorated function made into a version."""
-
-    def __call__(self, folder: str, source: Any, dataset_id: str, version: str) -> Manifest:
-        """Write every record of ``source`` into the staging ``folder`` and return the manifest
-        written there (the storage then publishes the folder)."""
-        ...
-
-
-# The build layer sits above storage (it imports storage to publish what it writes), so storage
-# must not import it: the build hands its builder down instead, when it is imported.
-_source_builder: SourceBuilder | None = None
-
-
-def set_source_builder(builder: SourceBuilder) -> None:
-    """Make ``builder`` the one every ``Storage.cacheable`` builds with. yogadl_plus.build calls
-    this when it is imported (``import yogadl_plus`` imports it)."""
-    global _source_builder
-    _source_builder = builder
+# Called with a chunk's size in bytes after each chunk a storage uploads or downloads.
+OnTransfer = Callable[[int], object] | None
 
 
 class Storage(ABC):
@@ -51,8 +33,9 @@ class Storage(ABC):
     def _manifest_exists(self, dataset_id: str, version: str) -> bool: ...
 
     @abstractmethod
-    def _open(self, dataset_id: str, version: str) -> DataRef:
-        """The DataRef of a published version; DatasetNotFound if there is none."""
+    def _open(self, dataset_id: str, version: str, on_transfer: OnTransfer = None) -> DataRef:
+        """The DataRef of a published version; DatasetNotFound if there is none.
+        ``on_transfer(bytes)``: called after each chunk downloaded to open it (if any)."""
 
     @abstractmethod
     def _builder_lock(
@@ -64,10 +47,11 @@ class Storage(ABC):
 
     @abstractmethod
     def _staging(
-        self, dataset_id: str, version: str, replace: bool, lock: Any
+        self, dataset_id: str, version: str, replace: bool, lock: Any, on_transfer: OnTransfer
     ) -> contextlib.AbstractContextManager[str]:
         """A private local folder to build into; published whole when the block ends cleanly.
-        ``lock``: what ``_builder_lock`` yielded, held around the whole block."""
+        ``lock``: what ``_builder_lock`` yielded, held around the whole block.
+        ``on_transfer(bytes)``: called after each chunk uploaded to publish it (if any)."""
 
     @abstractmethod
     def _versions(self) -> Iterator[tuple[str, str]]: ...
@@ -104,16 +88,10 @@ class Storage(ABC):
         def decorate(make_source: F) -> Callable[..., DataRef]:
             @functools.wraps(make_source)
             def cached(*args: Any, **kwargs: Any) -> DataRef:
-                build = _source_builder
-                if build is None:
-                    raise RuntimeError(
-                        "Storage.cacheable has no builder: yogadl_plus.build provides it when "
-                        "imported (import yogadl_plus does), or set_source_builder() does"
-                    )
                 return self.get_or_build(
                     dataset_id,
                     version,
-                    lambda directory: build(
+                    lambda directory: write_version(
                         directory, make_source(*args, **kwargs), dataset_id, version
                     ),
                 )
@@ -139,19 +117,22 @@ class Storage(ABC):
         build: Callable[[str], Manifest],
         *,
         overwrite: bool = False,
+        on_transfer: OnTransfer = None,
     ) -> DataRef:
         """The version, built by ``build(folder)`` first if it is missing (or ``overwrite``).
 
         Only one caller builds; the others wait for the lock and then read what it published.
+        ``on_transfer(bytes)``: called after each chunk a remote storage uploads or downloads
+        meanwhile (for a progress bar), from the transfer threads.
         """
         check_name("dataset_id", dataset_id)
         check_name("version", version)
         if not overwrite and self._manifest_exists(dataset_id, version):
-            return self._open(dataset_id, version)
+            return self._open(dataset_id, version, on_transfer)
         with self._builder_lock(dataset_id, version) as lock:
             exists = self._manifest_exists(dataset_id, version)
             if exists and not overwrite:
-                return self._open(dataset_id, version)
-            with self._staging(dataset_id, version, replace=exists, lock=lock) as folder:
+                return self._open(dataset_id, version, on_transfer)
+            with self._staging(dataset_id, version, exists, lock, on_transfer) as folder:
                 build(folder)
-        return self._open(dataset_id, version)
+        return self._open(dataset_id, version, on_transfer)

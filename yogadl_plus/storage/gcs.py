@@ -3,23 +3,19 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import warnings
 from typing import Any
 
 from yogadl_plus.errors import StorageError, TransientStorageError, missing_extra
-from yogadl_plus.storage.objects import (
-    DEFAULT_RETRY_TIMEOUT,
-    ObjectStore,
-    Retries,
-    object_gone,
-    retried,
-)
+from yogadl_plus.storage.objects import ObjectStore, Retries, retried
 from yogadl_plus.storage.remote import (
     DEFAULT_LEASE_TTL,
+    DEFAULT_RETRY_TIMEOUT,
     DEFAULT_TRANSFERS,
+    RemoteSettings,
     RemoteStorage,
-    check_location,
 )
 
 __all__ = ["GCSStorage"]
@@ -102,12 +98,8 @@ class _GCSObjects(ObjectStore):
             requests.exceptions.ChunkedEncodingError,
             DataCorruption,
             gax.TransportError,
-            ConnectionError,
-            TimeoutError,
         )
-        if isinstance(exc, cut_off):
-            return TransientStorageError(f"{where}: {what} was cut off: {exc}")
-        return StorageError(f"{where}: {what} failed: {type(exc).__name__}: {exc}")
+        return self._cut_off_or_failed(exc, what, where, cut_off)
 
     def _endpoint(self) -> str:
         return str(getattr(self.client, "api_endpoint", None) or "?")
@@ -176,7 +168,7 @@ class _GCSObjects(ObjectStore):
             except NotFound:
                 with contextlib.suppress(FileNotFoundError):
                     os.remove(path)  # the client leaves an empty file behind
-                raise object_gone(self.url, key) from None
+                raise self.gone(key) from None
 
     @retried
     def read_range(self, key: str, start: int, stop: int) -> bytes:
@@ -192,7 +184,7 @@ class _GCSObjects(ObjectStore):
             except RequestRangeNotSatisfiable:
                 return b""
             except NotFound:
-                raise object_gone(self.url, key) from None
+                raise self.gone(key) from None
         return data
 
     @retried
@@ -244,31 +236,31 @@ class GCSStorage(RemoteStorage):
         retry_timeout: float = DEFAULT_RETRY_TIMEOUT,
         timeout: float | None = None,
     ) -> None:
-        bucket, prefix = check_location(bucket, prefix)
         if timeout is not None:
             warnings.warn(
                 "GCSStorage(timeout=) is now retry_timeout=", DeprecationWarning, stacklevel=2
             )
             retry_timeout = timeout
-        retries = Retries(timeout=retry_timeout)
-        if client is None:
-            try:
-                from google.cloud import storage
-            except ModuleNotFoundError as exc:
-                raise missing_extra(exc, "GCSStorage") from None
-            try:
-                client = storage.Client()
-            except Exception as exc:
-                raise StorageError(
-                    f"gs://{bucket}/{prefix}: cannot make a Google Cloud Storage client ({exc}): "
-                    "set GOOGLE_APPLICATION_CREDENTIALS or pass client="
-                ) from exc
-            make_client = storage.Client
-        else:
-            make_client = None
-        self.bucket = bucket
-        self.prefix = prefix
-        objects = _GCSObjects(client, bucket, prefix, retries)
-        if make_client is not None:
-            objects.remake = (make_client, (bucket, prefix, retries))
-        super().__init__(objects, local_cache, local_cache_limit, lease_ttl, max_transfers)
+        settings = RemoteSettings(
+            local_cache, local_cache_limit, lease_ttl, max_transfers, retry_timeout
+        )
+        super().__init__(bucket, prefix, functools.partial(_connect, client), settings)
+
+
+def _connect(client: Any, bucket: str, prefix: str, retries: Retries) -> _GCSObjects:
+    """The store of gs://bucket/prefix through ``client``, or (None) a client made from
+    google-auth's standard chain, which other processes make again."""
+    if client is not None:
+        return _GCSObjects.made(client, None, bucket, prefix, retries)
+    try:
+        from google.cloud import storage
+    except ModuleNotFoundError as exc:
+        raise missing_extra(exc, "GCSStorage") from None
+    try:
+        made = storage.Client()
+    except Exception as exc:
+        raise StorageError(
+            f"gs://{bucket}/{prefix}: cannot make a Google Cloud Storage client ({exc}): "
+            "set GOOGLE_APPLICATION_CREDENTIALS or pass client="
+        ) from exc
+    return _GCSObjects.made(made, storage.Client, bucket, prefix, retries)

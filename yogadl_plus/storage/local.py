@@ -33,7 +33,7 @@ from yogadl_plus.cache.manifest import MANIFEST_NAME, ChunkInfo, Manifest, read_
 from yogadl_plus.dataref import DataRef
 from yogadl_plus.errors import CacheCorrupted, DatasetNotFound, PinGone, StorageError, unwritable
 from yogadl_plus.files import fsync_dir, write_durably
-from yogadl_plus.storage.base import Storage, check_name
+from yogadl_plus.storage.base import OnTransfer, Storage, check_name
 from yogadl_plus.storage.pins import Pin, Pins, exclusively
 
 __all__ = [
@@ -144,7 +144,8 @@ class LocalStorage(Storage):
             )
         return data, manifest
 
-    def _open(self, dataset_id: str, version: str) -> DataRef:
+    def _open(self, dataset_id: str, version: str, on_transfer: OnTransfer = None) -> DataRef:
+        # (Nothing to transfer: the files are here.)
         folder = self.path(dataset_id, version)
         for _ in range(_OPEN_ATTEMPTS):
             data, manifest = self._read(dataset_id, version)
@@ -208,7 +209,10 @@ class LocalStorage(Storage):
             lock.release()
 
     @contextlib.contextmanager
-    def _staging(self, dataset_id: str, version: str, replace: bool, lock: None) -> Iterator[str]:
+    def _staging(
+        self, dataset_id: str, version: str, replace: bool, lock: None, on_transfer: OnTransfer
+    ) -> Iterator[str]:
+        # (Nothing to upload: the build is published where it is.)
         parent = os.path.join(self.root, dataset_id)
         # We hold the builder lock: any staging or trash folder of this version is a dead builder's.
         for entry in os.listdir(parent):

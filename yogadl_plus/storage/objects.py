@@ -32,11 +32,11 @@ __all__ = [
     "ObjectStore",
     "Retries",
     "TransientStorageError",
-    "object_gone",
     "retried",
 ]
 
 T = TypeVar("T")
+S = TypeVar("S", bound="ObjectStore")
 
 DEFAULT_RETRY_TIMEOUT = 120.0  # seconds: rides out a restart of the store, a network blip
 MIN_TRY_TIMEOUT = 5.0  # a healthy server is never this long silent; a short budget stops here
@@ -113,14 +113,6 @@ def retried(method: Callable[..., T]) -> Callable[..., T]:
     return call
 
 
-def object_gone(url: str, key: str) -> StorageError:
-    """The error for an object that vanished under a download."""
-    return StorageError(
-        f"{url}/{key}: the object is gone (was the version replaced or deleted while it was "
-        "pulled?)"
-    )
-
-
 class ObjectStore(ABC):
     """One bucket and prefix of a remote object store.
 
@@ -136,6 +128,15 @@ class ObjectStore(ABC):
     remake: tuple[Callable[[], Any], tuple[Any, ...]] | None = None
     retries: Retries = Retries()
     interrupt: threading.Event | None = None
+
+    @classmethod
+    def made(cls: type[S], client: Any, make_client: Callable[[], Any] | None, *args: Any) -> S:
+        """``cls(client, *args)``, which travels to other processes by making its client
+        there with ``make_client`` (None: ``client`` is a ready one the user passed)."""
+        store = cls(client, *args)  # type: ignore[call-arg]
+        if make_client is not None:
+            store.remake = (make_client, args)
+        return store
 
     def retrying(self, retries: Retries, interrupt: threading.Event | None = None) -> ObjectStore:
         """This store (the same client) with other retry settings, e.g. a build lease's,
@@ -162,6 +163,24 @@ class ObjectStore(ABC):
     def _failure(self, exc: Exception, what: str, where: str, **context: Any) -> StorageError:
         """The StorageError (TransientStorageError when worth another try) for a client's
         failure during ``what`` on ``where``."""
+
+    @staticmethod
+    def _cut_off_or_failed(
+        exc: Exception, what: str, where: str, cut_off: tuple[type[BaseException], ...]
+    ) -> StorageError:
+        """The last word of ``_failure``: a call whose connection was cut off (the client's
+        ``cut_off`` errors, or Python's own) is worth another try; anything else is a
+        StorageError naming the error."""
+        if isinstance(exc, (*cut_off, ConnectionError, TimeoutError)):
+            return TransientStorageError(f"{where}: {what} was cut off: {exc}")
+        return StorageError(f"{where}: {what} failed: {type(exc).__name__}: {exc}")
+
+    def gone(self, key: str) -> StorageError:
+        """The error for object ``key``, which vanished under a download."""
+        return StorageError(
+            f"{self.url}/{key}: the object is gone (was the version replaced or deleted while "
+            "it was pulled?)"
+        )
 
     def __reduce__(self) -> tuple[Any, ...]:
         if self.remake is None:
@@ -223,6 +242,4 @@ class ObjectStore(ABC):
 def _remade(
     cls: type[ObjectStore], make_client: Callable[[], Any], args: tuple[Any, ...]
 ) -> ObjectStore:
-    store = cls(make_client(), *args)  # type: ignore[call-arg]
-    store.remake = (make_client, args)
-    return store
+    return cls.made(make_client(), make_client, *args)

@@ -13,32 +13,32 @@ evicted least recently used when room is needed (localcache.py).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
 import threading
-import weakref
 from collections import OrderedDict
-from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from yogadl_plus.cache.integrity import check_chunk, stamp
+from yogadl_plus import lifecycle
 from yogadl_plus.cache.manifest import ChunkInfo
-from yogadl_plus.errors import CacheCorrupted, NoRoom, StorageError, YogaError, unwritable
-from yogadl_plus.storage.localcache import FETCHING, SMALL_FILES, LocalCache
+from yogadl_plus.errors import NoRoom, StorageError
+from yogadl_plus.storage.cachefiles import SMALL_FILES
+from yogadl_plus.storage.chunkdownload import PART_BYTES, RangedDownload, VersionCopy
+from yogadl_plus.storage.localcache import LocalCache
 from yogadl_plus.storage.objects import ObjectStore
 from yogadl_plus.storage.pins import Pin
 
 __all__ = ["ChunkFetcher", "DemandSettings"]
 
-PART_BYTES = 8 << 20  # a ranged read of a large chunk
-_PARTS_PER_CHUNK = 4  # ranged reads of one chunk in flight at once
 # What a reader with no cache limit fetches ahead at most.
 _UNLIMITED_AHEAD_BYTES = 1 << 30
-_DAMAGED = "the remote object is damaged: nothing was kept; rebuild the version (overwrite=True)"
 
-_FETCHERS: weakref.WeakSet[ChunkFetcher] = weakref.WeakSet()
+# In a forked child, every fetcher forgets the parent's fetch threads and lets go of its pins.
+_FETCHERS: lifecycle.Registry[ChunkFetcher] = lifecycle.Registry(
+    "chunk fetchers", after_fork_in_child=lambda fetcher: fetcher.forget_after_fork()
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,7 +83,9 @@ class ChunkFetcher:
     """The chunks of one bucket version, fetched into ``folder`` of the local ``cache`` when
     a reader needs them (``acquire``) or will soon (``read_ahead``); a ChunkSource.
 
-    ``base``: the version's key prefix in ``objects``; ``chunks``: the manifest's chunks.
+    ``base``: the version's key prefix in ``objects``; ``chunks``: the manifest's chunks;
+    ``version``: its (dataset_id, version); ``on_fetch(bytes)``: called after each chunk
+    fetched.
     Picklable (the copy in another process fetches through the same local cache, and waits
     rather than fetch a chunk another process is fetching); the object store travels as its
     own pickling allows.
@@ -98,6 +100,7 @@ class ChunkFetcher:
         chunks: Sequence[ChunkInfo],
         settings: DemandSettings,
         version: tuple[str, str],
+        on_fetch: Callable[[int], object] | None = None,
     ) -> None:
         self.objects = objects
         self.cache = cache
@@ -112,7 +115,7 @@ class ChunkFetcher:
         self._reserve = max((c.bytes for c in self.chunks), default=0) + SMALL_FILES
         #: Called with a chunk's size after each chunk fetched (progress, counting); not sent
         #: to other processes.
-        self.on_fetch: Any = None
+        self.on_fetch = on_fetch
         self._start()
 
     def _start(self) -> None:
@@ -120,7 +123,12 @@ class ChunkFetcher:
         self._lock = threading.Lock()
         self._closed = False
         self._ahead_pool: ThreadPoolExecutor | None = None
-        self._parts_pool: ThreadPoolExecutor | None = None
+        self._downloads = RangedDownload(
+            VersionCopy(self.objects, self.base, self.cache, self.folder, self.version),
+            chunks_at_once=self.settings.max_in_flight + 1,
+            reserve=self._reserve,
+            on_fetch=self.on_fetch,
+        )
         # Chunks announced and not started, in the order announced (number -> order).
         self._queue: OrderedDict[int, int] = OrderedDict()
         self._announced = 0
@@ -154,7 +162,7 @@ class ChunkFetcher:
         info = self.chunks[number]
         # Pinned first: from now on nobody evicts it, whatever a fetch ahead of it does with
         # its own pin (a reader in need of room may evict chunks only fetched ahead).
-        pin = self.cache.pin_chunk(self._path(info))
+        pin = self.cache.pins.chunk(self._path(info))
         with self._lock:
             self._no_room = False
             ahead = self._ahead.pop(number, None)
@@ -216,7 +224,7 @@ class ChunkFetcher:
         info = self.chunks[number]
         path = self._path(info)
         if pin is None:
-            pin = self.cache.pin_chunk(path, ahead=ahead)
+            pin = self.cache.pins.chunk(path, ahead=ahead)
         try:
             if not _present(path, info):
                 with self.cache.fetching(path, self.settings.wait_s):
@@ -226,7 +234,7 @@ class ChunkFetcher:
                         raise failed
                     if not _present(path, info):
                         try:
-                            self._download(info, path, strict=ahead)
+                            self._downloads.fetch(info, path, ahead, self.settings.part_bytes)
                         except NoRoom:
                             raise
                         except BaseException as exc:
@@ -238,82 +246,6 @@ class ChunkFetcher:
             pin.release()
             raise
         return pin
-
-    def _download(self, info: ChunkInfo, path: str, strict: bool) -> None:
-        """Fetch one chunk into ``path``: room made for it first, ranged parts in parallel
-        into a file of its full size, the sha256 checked, then renamed into place.
-        ``strict``: NoRoom rather than go over the cache's limit (fetches ahead)."""
-        key = self.base + info.file
-        where = f"{self.objects.url}/{key}"
-        part = path + FETCHING
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(part)  # what a killed fetch left (we hold the chunk's lock)
-        try:
-            room = self.cache.room(
-                info.bytes + SMALL_FILES, self.version, strict=strict, reserve=self._reserve
-            )
-            with room, open(part, "wb") as f:
-                f.truncate(info.bytes)
-        except OSError as exc:
-            if isinstance(exc, YogaError):
-                raise
-            raise unwritable(part, exc) from None
-        try:
-            self._read_parts(key, where, info, part)
-            check_chunk(part, info, where, _DAMAGED)
-            with self.cache.space():
-                os.replace(part, path)
-                stamp(path, info.sha256)  # checked as it was fetched
-        except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(part)
-            raise
-        if self.on_fetch is not None:
-            self.on_fetch(info.bytes)
-
-    def _read_parts(self, key: str, where: str, info: ChunkInfo, part: str) -> None:
-        size, step = info.bytes, self.settings.part_bytes
-        spans = [(start, min(start + step, size)) for start in range(0, size, step)]
-        try:
-            fd = os.open(part, os.O_WRONLY | os.O_CLOEXEC)
-        except OSError as exc:
-            raise unwritable(part, exc) from None
-
-        def one(span: tuple[int, int]) -> None:
-            data = self.objects.read_range(key, *span)
-            if len(data) != span[1] - span[0]:
-                raise CacheCorrupted(
-                    f"chunk {where} ends before byte {span[1]:,}, the manifest says it has "
-                    f"{size:,} bytes; {_DAMAGED}"
-                )
-            try:
-                os.pwrite(fd, data, span[0])
-            except OSError as exc:
-                raise unwritable(part, exc) from None
-
-        try:
-            if len(spans) <= 1:
-                for span in spans:
-                    one(span)
-                return
-            futures = [self._parts().submit(one, span) for span in spans]
-            try:
-                for future in futures:
-                    future.result()
-            except BaseException:
-                for future in futures:
-                    future.cancel()
-                wait(futures)  # none may write into the file after it is closed
-                raise
-        finally:
-            os.close(fd)
-
-    def _parts(self) -> ThreadPoolExecutor:
-        with self._lock:
-            if self._parts_pool is None:
-                workers = max(1, self.settings.max_in_flight + 1) * _PARTS_PER_CHUNK
-                self._parts_pool = ThreadPoolExecutor(workers, "yogadl-plus-part")
-            return self._parts_pool
 
     # --- fetching ahead ---
 
@@ -390,7 +322,9 @@ class ChunkFetcher:
     def _drop_opened(self) -> None:
         """Let go of chunks fetched ahead that a reader of another process (a worker this
         one announces for) opened since. Under the lock."""
-        for number in [n for n in self._ahead if self.cache.opened_since_ahead(self._path_of(n))]:
+        for number in [
+            n for n in self._ahead if self.cache.pins.opened_since_ahead(self._path_of(n))
+        ]:
             pin, _ = self._ahead.pop(number)
             self._reserved -= self.chunks[number].bytes
             pin.release()
@@ -434,14 +368,6 @@ def _present(path: str, info: ChunkInfo) -> bool:
         return os.path.getsize(path) == info.bytes
     except FileNotFoundError:
         return False
-
-
-def _forget_after_fork() -> None:
-    for fetcher in list(_FETCHERS):
-        fetcher.forget_after_fork()
-
-
-os.register_at_fork(after_in_child=_forget_after_fork)
 
 
 def check_fits(chunks: Sequence[ChunkInfo], limit: int | None, where: str) -> None:

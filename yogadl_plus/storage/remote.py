@@ -11,7 +11,7 @@ A version exists once its manifest exists. Every build attempt uploads into its 
 folder and names those files in its manifest, so two builders (one of them cut off from its
 lease, say) never overwrite each other's chunks, and the manifest's conditional write lets
 exactly one of them publish. Chunk folders no manifest names are garbage of dead or beaten
-builders; the next builder of the version removes them.
+builders; the next builder of the version removes them (see publish.py).
 """
 
 from __future__ import annotations
@@ -23,24 +23,31 @@ import os
 import shutil
 import threading
 import uuid
-from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterator
 from typing import Any
 
-from yogadl_plus.cache.integrity import check_chunk
-from yogadl_plus.cache.manifest import MANIFEST_NAME, ChunkInfo, Manifest
+from yogadl_plus.cache.manifest import MANIFEST_NAME, Manifest
 from yogadl_plus.checks import check_int
 from yogadl_plus.dataref import DataRef, DataRefOnDemand
 from yogadl_plus.errors import CacheCorrupted, DatasetNotFound, StorageError
-from yogadl_plus.storage.base import Storage, check_name
+from yogadl_plus.storage.base import OnTransfer, Storage, check_name
+from yogadl_plus.storage.chunkdownload import download_chunks
 from yogadl_plus.storage.lease import BuildLease
 from yogadl_plus.storage.local import default_storage, is_leftover
-from yogadl_plus.storage.localcache import LocalCache
-from yogadl_plus.storage.objects import ObjectStore
+from yogadl_plus.storage.localcache import LocalCache, RemoteManifest
+from yogadl_plus.storage.objects import DEFAULT_RETRY_TIMEOUT, ObjectStore, Retries
 from yogadl_plus.storage.ondemand import ChunkFetcher, DemandSettings, check_fits
+from yogadl_plus.storage.publish import BucketBuild, BucketPublisher
 from yogadl_plus.storage.sink import ChunkSink, UploadSink
 
-__all__ = ["RemoteStorage", "check_location"]
+__all__ = [
+    "DEFAULT_LEASE_TTL",
+    "DEFAULT_RETRY_TIMEOUT",
+    "DEFAULT_TRANSFERS",
+    "RemoteSettings",
+    "RemoteStorage",
+    "check_location",
+]
 
 LEASE_NAME = "lease.json"
 DEFAULT_LEASE_TTL = 60.0
@@ -49,34 +56,61 @@ _PULL_ATTEMPTS = 3
 _BUILD = "+build."
 
 
+@dataclasses.dataclass(frozen=True)
+class RemoteSettings:
+    """What a bucket storage is made with besides its bucket and client: where its local
+    copies go (``local_cache``; None: a folder of the default storage's root) and how many
+    bytes they may take (``local_cache_limit``; None: no limit), how long a build lease lives
+    unrenewed (``lease_ttl`` seconds), how many objects move at once (``max_transfers``), and
+    how long each call keeps trying while the store fails transiently (``retry_timeout``
+    seconds, then a StorageError)."""
+
+    local_cache: str | os.PathLike[str] | None = None
+    local_cache_limit: int | None = None
+    lease_ttl: float = DEFAULT_LEASE_TTL
+    max_transfers: int = DEFAULT_TRANSFERS
+    retry_timeout: float = DEFAULT_RETRY_TIMEOUT
+    #: How each call of the store tries again (within ``retry_timeout``).
+    retries: Retries = dataclasses.field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        set_ = object.__setattr__
+        set_(self, "retries", Retries(timeout=self.retry_timeout))
+        if not self.lease_ttl > 0:
+            raise ValueError(f"lease_ttl must be > 0 seconds, got {self.lease_ttl!r}")
+        set_(self, "max_transfers", check_int("max_transfers", self.max_transfers, 1))
+
+
 class RemoteStorage(Storage):
-    """What S3Storage and GCSStorage share: everything but the client calls (an ObjectStore)."""
+    """What S3Storage and GCSStorage share: everything but the client calls (an ObjectStore).
+
+    ``connect(bucket, prefix, retries)``: the store of the checked bucket and prefix (its
+    client made, where the subclass makes one)."""
 
     def __init__(
         self,
-        objects: ObjectStore,
-        local_cache: str | os.PathLike[str] | None,
-        local_cache_limit: int | None,
-        lease_ttl: float,
-        max_transfers: int,
+        bucket: str,
+        prefix: str,
+        connect: Callable[[str, str, Retries], ObjectStore],
+        settings: RemoteSettings,
     ) -> None:
-        if not lease_ttl > 0:
-            raise ValueError(f"lease_ttl must be > 0 seconds, got {lease_ttl!r}")
-        max_transfers = check_int("max_transfers", max_transfers, 1)
+        self.bucket, self.prefix = check_location(bucket, prefix)
+        objects = connect(self.bucket, self.prefix, settings.retries)
         self.objects = objects
         self.url = objects.url
+        local_cache = settings.local_cache
         if local_cache is None:
             local_cache = os.path.join(default_storage().root, "+remote", _url_folder(self.url))
-        self.local_cache = LocalCache(os.fspath(local_cache), local_cache_limit)
-        self.lease_ttl = float(lease_ttl)
-        self.max_transfers = max_transfers
+        self.local_cache = LocalCache(os.fspath(local_cache), settings.local_cache_limit)
+        self.lease_ttl = float(settings.lease_ttl)
+        self.max_transfers = settings.max_transfers
+        self.publisher = BucketPublisher(
+            objects, self.local_cache, self.max_transfers, self.lease_ttl
+        )
         self._bucket_checked = False
         # The builds being staged here, by staging folder (chunk_sink looks them up).
-        self._staged: dict[str, _Build] = {}
+        self._staged: dict[str, BucketBuild] = {}
         self._staged_lock = threading.Lock()
-        #: Called with a chunk's size in bytes after each chunk upload or download (progress
-        #: bars); from the transfer threads.
-        self.on_transfer: Callable[[int], object] | None = None
 
     def _check_bucket(self) -> None:
         """Fail early, naming the URL, if the bucket is missing or closed to us (some stores
@@ -128,6 +162,7 @@ class RemoteStorage(Storage):
         *,
         shards: tuple[int, int] | None = None,
         on_demand: bool | None = None,
+        on_transfer: OnTransfer = None,
     ) -> DataRef:
         """The version, pulled into the local cache first unless the local copy is current,
         or read on demand through the cache when it does not fit.
@@ -139,12 +174,14 @@ class RemoteStorage(Storage):
         pulls first (over the limit, with a CacheLimitWarning). Reading on demand, chunks
         are fetched when a read needs them or ahead of a stream's reads, kept in the local
         cache and evicted least recently used, never while in use (docs/storage/remote.md).
+        ``on_transfer(bytes)``: called after each chunk downloaded, now or, reading on demand,
+        later (for a progress bar), from the transfer threads.
         """
         check_name("dataset_id", dataset_id)
         check_name("version", version)
         if on_demand not in (None, True, False):
             raise ValueError(f"on_demand must be None, True or False, got {on_demand!r}")
-        return self._pull(dataset_id, version, shards, on_demand)
+        return self._pull(dataset_id, version, shards, on_demand, on_transfer)
 
     def verify(self, dataset_id: str, version: str) -> None:
         """Check the local copy against the manifest; a damaged one is pulled again (every
@@ -167,8 +204,8 @@ class RemoteStorage(Storage):
             return False
         return True
 
-    def _open(self, dataset_id: str, version: str) -> DataRef:
-        return self._pull(dataset_id, version, None, None)
+    def _open(self, dataset_id: str, version: str, on_transfer: OnTransfer = None) -> DataRef:
+        return self._pull(dataset_id, version, None, None, on_transfer)
 
     def _pull(
         self,
@@ -176,6 +213,7 @@ class RemoteStorage(Storage):
         version: str,
         shards: tuple[int, int] | None,
         on_demand: bool | None,
+        on_transfer: OnTransfer,
     ) -> DataRef:
         base = self._key(dataset_id, version)
         for attempt in range(_PULL_ATTEMPTS):
@@ -187,15 +225,15 @@ class RemoteStorage(Storage):
                 and limit is not None
                 and sum(manifest.chunks[n].bytes for n in wanted) > limit
             ):
-                return self._open_on_demand(dataset_id, version, data, manifest)
+                remote = RemoteManifest(dataset_id, version, data, manifest)
+                return self._open_on_demand(remote, on_transfer)
             try:
                 folder, pins = self.local_cache.sync(
-                    dataset_id,
-                    version,
-                    data,
-                    manifest,
+                    RemoteManifest(dataset_id, version, data, manifest),
                     wanted,
-                    lambda jobs: self._download_all(base, jobs),
+                    lambda jobs: download_chunks(
+                        self.objects, base, jobs, self.max_transfers, on_transfer
+                    ),
                 )
             except (StorageError, CacheCorrupted):
                 # Rebuilt (overwrite=True) while we pulled? Then its old chunks are going away:
@@ -210,13 +248,12 @@ class RemoteStorage(Storage):
             return DataRef(folder, manifest, hold=pins)
         raise AssertionError("unreachable")
 
-    def _open_on_demand(
-        self, dataset_id: str, version: str, data: bytes, manifest: Manifest
-    ) -> DataRef:
+    def _open_on_demand(self, remote: RemoteManifest, on_transfer: OnTransfer) -> DataRef:
         """The version read on demand through the local cache (nothing pulled now)."""
+        dataset_id, version, manifest = remote.dataset_id, remote.version, remote.manifest
         base = self._key(dataset_id, version)
         check_fits(manifest.chunks, self.local_cache.limit, f"{self.url}/{base}")
-        folder, pins = self.local_cache.open_on_demand(dataset_id, version, data, manifest)
+        folder, pins = self.local_cache.open_on_demand(remote)
         retries = self.objects.retries
         settings = DemandSettings.for_cache(
             self.local_cache.limit,
@@ -232,43 +269,9 @@ class RemoteStorage(Storage):
             manifest.chunks,
             settings,
             (dataset_id, version),
+            on_fetch=on_transfer,
         )
-        fetcher.on_fetch = self.on_transfer
         return DataRefOnDemand(folder, manifest, pins, fetcher)
-
-    def _download_all(self, base: str, jobs: list[tuple[ChunkInfo, str]]) -> None:
-        def one(job: tuple[ChunkInfo, str]) -> None:
-            info, path = job
-            key = base + info.file
-            self.objects.download(key, path)
-            check_chunk(
-                path,
-                info,
-                f"{self.url}/{key}",
-                "the remote object is damaged: nothing was kept; rebuild the version "
-                "(overwrite=True)",
-            )
-            if self.on_transfer is not None:
-                self.on_transfer(info.bytes)
-
-        self._parallel(one, jobs)
-
-    def _parallel(self, work: Callable[[Any], None], jobs: Sequence[Any]) -> None:
-        """Run ``work`` over ``jobs`` in at most ``max_transfers`` threads; the first error
-        cancels what has not started and is raised."""
-        if len(jobs) <= 1 or self.max_transfers == 1:
-            for job in jobs:
-                work(job)
-            return
-        with ThreadPoolExecutor(min(self.max_transfers, len(jobs))) as pool:
-            futures = [pool.submit(work, job) for job in jobs]
-            try:
-                for future in futures:
-                    future.result()
-            except BaseException:
-                for future in futures:
-                    future.cancel()
-                raise
 
     def _versions(self) -> Iterator[tuple[str, str]]:
         self._check_bucket()
@@ -287,7 +290,12 @@ class RemoteStorage(Storage):
 
     @contextlib.contextmanager
     def _staging(
-        self, dataset_id: str, version: str, replace: bool, lock: BuildLease
+        self,
+        dataset_id: str,
+        version: str,
+        replace: bool,
+        lock: BuildLease,
+        on_transfer: OnTransfer,
     ) -> Iterator[str]:
         """Build into a local folder; then upload it as a new build and publish its manifest."""
         cache_parent = os.path.join(self.local_cache.root, dataset_id)
@@ -299,12 +307,12 @@ class RemoteStorage(Storage):
         folder = os.path.join(cache_parent, f"{_BUILD}{version}.{uuid.uuid4().hex[:12]}")
         os.makedirs(folder)
         # The remote folder of this build, known before it starts (tasks may upload into it).
-        build = _Build(self._key(dataset_id, version), f"b-{uuid.uuid4().hex[:16]}")
+        build = BucketBuild(self._key(dataset_id, version), f"b-{uuid.uuid4().hex[:16]}")
         with self._staged_lock:
             self._staged[folder] = build
         try:
             yield folder
-            self._publish(dataset_id, version, folder, build, replace, lock)
+            self.publisher.publish(folder, build, replace, lock, on_transfer)
         finally:
             with self._staged_lock:
                 del self._staged[folder]
@@ -321,100 +329,6 @@ class RemoteStorage(Storage):
             raise ValueError(f"{folder} is not the staging folder of a build of {self.url}")
         return UploadSink(self.objects, build.base, build.id)
 
-    def _publish(
-        self,
-        dataset_id: str,
-        version: str,
-        folder: str,
-        build: _Build,
-        replace: bool,
-        lease: BuildLease,
-    ) -> None:
-        """Upload the chunks built in ``folder`` (those tasks did not upload already) into
-        ``build``'s remote folder and publish its manifest, unless ``lease`` was lost."""
-        built = Manifest.read(folder)
-        manifest_key = self._key(dataset_id, version, MANIFEST_NAME)
-        old = self.objects.token(manifest_key)
-        if old is not None and not replace:
-            return  # published by a builder that lost its lease to us: theirs stands
-        if lease.lost:
-            raise StorageError(
-                f"{self.url}/{self._key(dataset_id, version, LEASE_NAME)}: this builder lost its "
-                "build lease (it could not renew it for lease_ttl seconds) and another took over: "
-                "nothing was published; fetch the version, or build again"
-            )
-        prefix = build.prefix
-        here = [c for c in built.chunks if "/" not in c.file]  # the rest: uploaded by tasks
-        try:
-            self.upload_chunks(folder, here, prefix)
-        except BaseException:
-            with contextlib.suppress(Exception):  # best effort; the next builder collects it
-                once = self.objects.retrying(self.objects.retries.at_most(0.0))
-                for key in [k for k, _ in once.keys(prefix)]:
-                    once.delete(key)
-            raise
-        manifest = dataclasses.replace(
-            built,
-            chunks=[
-                c if "/" in c.file else dataclasses.replace(c, file=f"{build.id}/{c.file}")
-                for c in built.chunks
-            ],
-        )
-        body = manifest.to_json().encode()
-        if old is None:
-            won = self.objects.create(manifest_key, body)
-        else:
-            won = self.objects.replace(manifest_key, body, old)
-        if won is None and _written_by_us(self.objects, manifest_key, body):
-            won = "ours"  # our write landed, but its reply was lost and the retry was refused
-        if won is None:
-            # Another build published first (only possible after we lost the lease): keep theirs.
-            self._delete_keys([k for k, _ in self.objects.keys(prefix)])
-            return
-        if not lease.lost:
-            self._collect_garbage(dataset_id, version)
-        if len(here) == len(built.chunks):
-            self.local_cache.adopt(dataset_id, version, body, manifest, folder)
-
-    def upload_chunks(self, folder: str, chunks: Sequence[ChunkInfo], prefix: str) -> None:
-        """Upload the chunk files of ``folder`` under ``prefix`` in parallel."""
-
-        def one(info: ChunkInfo) -> None:
-            path = os.path.join(folder, info.file)
-            self.objects.upload(prefix + info.file, path)
-            if self.on_transfer is not None:
-                self.on_transfer(info.bytes)
-
-        self._parallel(one, list(chunks))
-
-    def _collect_garbage(self, dataset_id: str, version: str) -> None:
-        """Remove build folders of this version that the published manifest does not name and
-        that nobody has written to for a whole lease_ttl (server clock): those of dead builders,
-        of builders that lost the race, and of the version this build replaced."""
-        base = self._key(dataset_id, version)
-        listing = list(self.objects.keys(base))
-        published = self.objects.read(base + MANIFEST_NAME)
-        if published is None:
-            return
-        stamps = {k: t for k, t in listing if k == base + MANIFEST_NAME}
-        now = stamps.get(base + MANIFEST_NAME, max((t for _, t in listing), default=0.0))
-        live = {
-            c.file.split("/", 1)[0]
-            for c in Manifest.parse(published[0], base).chunks
-            if "/" in c.file
-        }
-        newest: dict[str, float] = {}
-        for key, modified in listing:
-            rest = key[len(base) :]
-            if "/" in rest:
-                build = rest.split("/", 1)[0]
-                newest[build] = max(newest.get(build, 0.0), modified)
-        stale = {b for b, t in newest.items() if b not in live and now - t > self.lease_ttl}
-        self._delete_keys([k for k, _ in listing if k[len(base) :].split("/", 1)[0] in stale])
-
-    def _delete_keys(self, keys: list[str]) -> None:
-        self._parallel(self.objects.delete, keys)
-
     def _remove(self, dataset_id: str, version: str) -> None:
         manifest_key = self._key(dataset_id, version, MANIFEST_NAME)
         if self.objects.token(manifest_key) is None:
@@ -422,25 +336,8 @@ class RemoteStorage(Storage):
         # The manifest goes first: from then on the version does not exist for anyone.
         self.objects.delete(manifest_key)
         base = self._key(dataset_id, version)
-        self._delete_keys([k for k, _ in self.objects.keys(base) if not k.endswith(LEASE_NAME)])
+        self.publisher.delete([k for k, _ in self.objects.keys(base) if not k.endswith(LEASE_NAME)])
         self.local_cache.remove(dataset_id, version)
-
-
-@dataclasses.dataclass(frozen=True)
-class _Build:
-    """One build attempt of a version: its chunks go under ``<base><id>/`` in the bucket."""
-
-    base: str  # "<dataset_id>/<version>/"
-    id: str  # "b-<16 hex>", a new one per attempt
-
-    @property
-    def prefix(self) -> str:
-        return f"{self.base}{self.id}/"
-
-
-def _written_by_us(objects: ObjectStore, key: str, body: bytes) -> bool:
-    found = objects.read(key)
-    return found is not None and found[0] == body
 
 
 def _shard_chunks(num_chunks: int, shards: tuple[int, int] | None) -> list[int]:

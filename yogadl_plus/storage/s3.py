@@ -8,18 +8,13 @@ from collections.abc import Iterator
 from typing import Any
 
 from yogadl_plus.errors import StorageError, TransientStorageError, missing_extra
-from yogadl_plus.storage.objects import (
-    DEFAULT_RETRY_TIMEOUT,
-    ObjectStore,
-    Retries,
-    object_gone,
-    retried,
-)
+from yogadl_plus.storage.objects import ObjectStore, Retries, retried
 from yogadl_plus.storage.remote import (
     DEFAULT_LEASE_TTL,
+    DEFAULT_RETRY_TIMEOUT,
     DEFAULT_TRANSFERS,
+    RemoteSettings,
     RemoteStorage,
-    check_location,
 )
 
 __all__ = ["S3Storage"]
@@ -101,12 +96,8 @@ class _S3Objects(ObjectStore):
             bx.IncompleteReadError,
             b3x.S3UploadFailedError,
             b3x.RetriesExceededError,
-            ConnectionError,
-            TimeoutError,
         )
-        if isinstance(exc, cut_off):
-            return TransientStorageError(f"{where}: {what} was cut off: {exc}")
-        return StorageError(f"{where}: {what} failed: {type(exc).__name__}: {exc}")
+        return self._cut_off_or_failed(exc, what, where, cut_off)
 
     def _missing_or_lost(self, call: Any, lost: set[str]) -> Any:
         from botocore.exceptions import ClientError
@@ -188,7 +179,7 @@ class _S3Objects(ObjectStore):
             except ClientError as exc:
                 if _code(exc) not in _MISSING:
                     raise
-                raise object_gone(self.url, key) from exc
+                raise self.gone(key) from exc
 
     @retried
     def read_range(self, key: str, start: int, stop: int) -> bytes:
@@ -206,7 +197,7 @@ class _S3Objects(ObjectStore):
                     return b""
                 if _code(exc) not in _MISSING:
                     raise
-                raise object_gone(self.url, key) from exc
+                raise self.gone(key) from exc
             # A body cut off midway raises here, inside _errors: tried again.
             data: bytes = got["Body"].read()
             return data
@@ -265,38 +256,47 @@ class S3Storage(RemoteStorage):
         retry_timeout: float = DEFAULT_RETRY_TIMEOUT,
         **client_kwargs: Any,
     ) -> None:
-        bucket, prefix = check_location(bucket, prefix)
-        retries = Retries(timeout=retry_timeout)
-        if client is None:
-            try:
-                import boto3
-                from botocore.config import Config
-            except ModuleNotFoundError as exc:
-                raise missing_extra(exc, "S3Storage") from None
-            connect_timeout, read_timeout = retries.request_timeouts()
-            config = Config(
-                # One try is one request: trying again, with backoff, for retry_timeout seconds
-                # is ours, so that the whole of a call is bounded by that budget.
-                retries={"mode": "standard", "total_max_attempts": 1},
-                connect_timeout=connect_timeout,
-                read_timeout=read_timeout,
-                max_pool_connections=_THREADS_PER_OBJECT * max_transfers + 8,
-            )
-            theirs = client_kwargs.get("config")
-            client_kwargs["config"] = (
-                config.merge(theirs) if isinstance(theirs, Config) else (theirs or config)
-            )
-            make_client = functools.partial(
-                boto3.client, "s3", endpoint_url=endpoint_url, **client_kwargs
-            )
-            client = make_client()
-        elif endpoint_url is not None or client_kwargs:
+        settings = RemoteSettings(
+            local_cache, local_cache_limit, lease_ttl, max_transfers, retry_timeout
+        )
+        connect = functools.partial(
+            _connect, client, endpoint_url, client_kwargs, settings.max_transfers
+        )
+        super().__init__(bucket, prefix, connect, settings)
+
+
+def _connect(
+    client: Any,
+    endpoint_url: str | None,
+    client_kwargs: dict[str, Any],
+    max_transfers: int,
+    bucket: str,
+    prefix: str,
+    retries: Retries,
+) -> _S3Objects:
+    """The store of s3://bucket/prefix through ``client``, or (None) a boto3 client made from
+    ``endpoint_url`` and ``client_kwargs``, which other processes make again."""
+    if client is not None:
+        if endpoint_url is not None or client_kwargs:
             raise ValueError("pass either client= or endpoint_url=/client keywords, not both")
-        else:
-            make_client = None
-        self.bucket = bucket
-        self.prefix = prefix
-        objects = _S3Objects(client, bucket, prefix, max_transfers, retries)
-        if make_client is not None:
-            objects.remake = (make_client, (bucket, prefix, max_transfers, retries))
-        super().__init__(objects, local_cache, local_cache_limit, lease_ttl, max_transfers)
+        return _S3Objects.made(client, None, bucket, prefix, max_transfers, retries)
+    try:
+        import boto3
+        from botocore.config import Config
+    except ModuleNotFoundError as exc:
+        raise missing_extra(exc, "S3Storage") from None
+    connect_timeout, read_timeout = retries.request_timeouts()
+    config = Config(
+        # One try is one request: trying again, with backoff, for retry_timeout seconds
+        # is ours, so that the whole of a call is bounded by that budget.
+        retries={"mode": "standard", "total_max_attempts": 1},
+        connect_timeout=connect_timeout,
+        read_timeout=read_timeout,
+        max_pool_connections=_THREADS_PER_OBJECT * max_transfers + 8,
+    )
+    theirs = client_kwargs.get("config")
+    client_kwargs["config"] = (
+        config.merge(theirs) if isinstance(theirs, Config) else (theirs or config)
+    )
+    make_client = functools.partial(boto3.client, "s3", endpoint_url=endpoint_url, **client_kwargs)
+    return _S3Objects.made(make_client(), make_client, bucket, prefix, max_transfers, retries)

@@ -16,7 +16,7 @@ from yogadl_plus.cache.integrity import verify_and_stamp
 from yogadl_plus.cache.manifest import Manifest
 from yogadl_plus.dataref import DataRef
 from yogadl_plus.errors import CacheCorrupted
-from yogadl_plus.storage.base import Storage
+from yogadl_plus.storage.base import OnTransfer, Storage
 from yogadl_plus.storage.remote import RemoteStorage
 
 __all__ = ["copy_version"]
@@ -30,6 +30,7 @@ def copy_version(
     *,
     overwrite: bool = False,
     progress: Callable[[int], object] | None = None,
+    on_transfer: OnTransfer = None,
 ) -> DataRef:
     """The target's DataRef of (dataset_id, version), copied from ``source`` if it is missing
     there (or ``overwrite``); if it exists, it is returned as it is and the source is not read.
@@ -39,13 +40,14 @@ def copy_version(
     equals the source's (fingerprint, creation time, library version, chunk ids) but for the
     build folder the chunk files are in, which is the target's own. A remote source is pulled
     into its local cache first (again, if that copy turns out damaged).
-    ``progress(n)`` is called with each chunk's size in bytes once it is placed and checked.
+    ``progress(n)`` is called with each chunk's size in bytes once it is placed and checked,
+    ``on_transfer(n)`` after each chunk a bucket uploads or downloads (from its threads).
     """
 
     def whole() -> DataRef:
         # Copied chunk by chunk from the local copy: pulled whole, even over the cache's limit.
         if isinstance(source, RemoteStorage):
-            return source.fetch(dataset_id, version, on_demand=False)
+            return source.fetch(dataset_id, version, on_demand=False, on_transfer=on_transfer)
         return source.fetch(dataset_id, version)
 
     def build(folder: str) -> Manifest:
@@ -68,7 +70,9 @@ def copy_version(
         finally:
             origin.close()
 
-    return target.get_or_build(dataset_id, version, build, overwrite=overwrite)
+    return target.get_or_build(
+        dataset_id, version, build, overwrite=overwrite, on_transfer=on_transfer
+    )
 
 
 def _place_chunks(

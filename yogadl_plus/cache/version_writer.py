@@ -1,6 +1,10 @@
-"""The write primitives every build is made of: the schema to write with, records encoded into
-chunk files that are checked as they close, the manifest written last, and the progress bar; and
-the serial build, which is those steps in a row."""
+"""Writing a whole version into a folder: the write primitives every build is made of (the
+schema to write with, records encoded into chunk files that are checked as they close, the
+manifest written last, the progress bar), and ``write_version``, which is those steps in a row.
+
+A storage publishes the folder (``Storage.cacheable`` writes with ``write_version``); the
+parallel builds of yogadl_plus.build run the same steps in their tasks.
+"""
 
 from __future__ import annotations
 
@@ -20,18 +24,18 @@ from yogadl_plus.sources import Source, as_source
 
 __all__ = [
     "INFER_RECORDS",
-    "build_version",
     "caching_bar",
     "finish_version",
     "resolve_schema",
     "write_records",
+    "write_version",
 ]
 
 INFER_RECORDS = 64
 _BLOCK_RECORDS = 4096
 
 
-def build_version(
+def write_version(
     folder: str,
     source: Any,
     dataset_id: str,

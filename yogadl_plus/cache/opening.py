@@ -1,0 +1,258 @@
+"""Opening a version's chunk files, each checked before it is opened, and checked again while open.
+
+Nothing is served from a chunk that was not checked first (see docs/guarantees.md). Opening a
+chunk checks its size, its contents (sha256 against the manifest, or a stamp of an earlier
+check of this very file: cache/integrity.py), and its identity (the id, counts and schema digest
+the chunk holds, against the manifest). While chunks are open, ``check_files`` compares each
+file's state with the one it was checked in, and a chunk whose file changed is hashed again
+before another record of it is served, or forgotten with a CacheCorrupted.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import threading
+import weakref
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import lmdb
+
+from yogadl_plus.cache.environments import ENVIRONMENTS, FileKey
+from yogadl_plus.cache.integrity import (
+    DAMAGED,
+    FileState,
+    file_state,
+    same_bytes,
+    trusted,
+    verify_and_stamp,
+)
+from yogadl_plus.cache.keys import IDENTITY_KEY
+from yogadl_plus.cache.manifest import ChunkInfo, Manifest, schema_digest
+from yogadl_plus.cache.writer import chunk_identity
+from yogadl_plus.errors import CacheCorrupted, unreadable
+
+if TYPE_CHECKING:
+    from yogadl_plus.cache.demand import Held
+
+__all__ = ["OpenChunks"]
+
+# What LMDB says when opening a chunk fails for the process's sake, not the file's.
+_OS_REASONS = {
+    os.strerror(code): code
+    for code in (errno.EACCES, errno.EPERM, errno.ENOMEM, errno.EMFILE, errno.ENFILE)
+}
+
+
+class OpenChunks:
+    """The chunk files of one version that this process has open, by chunk number: each one
+    checked before it was opened, with the state of its file at that moment.
+
+    ``lock`` is held while chunks are opened or let go. The environments come from the
+    process's shared table (cache/environments.py); those this object holds are released on
+    ``let_go_of_all()`` or when it is collected.
+    """
+
+    def __init__(self, directory: str, manifest: Manifest) -> None:
+        self.directory = directory
+        self.name = f"{manifest.dataset_id}:{manifest.version}"
+        self.chunks: list[ChunkInfo] = list(manifest.chunks)
+        self._schema = schema_digest(manifest.schema) if manifest.format_version >= 2 else ""
+        self.lock = threading.Lock()
+        #: Each chunk's environment while it is open (None otherwise).
+        self.envs: list[lmdb.Environment | None] = [None] * len(self.chunks)
+        # The state each open chunk's file was checked in, and the open chunks' numbers.
+        self._states: list[FileState | None] = [None] * len(self.chunks)
+        self._open_numbers: list[int] = []
+        # Shared environments this object holds.
+        self._held: list[FileKey] = []
+        self._finalizer = weakref.finalize(self, ENVIRONMENTS.release_later, self._held)
+
+    def where(self, number: int) -> str:
+        """Chunk ``number`` as messages name it: its file, the version, the folder."""
+        return f"{self.chunks[number].file} of {self.name} (in {self.directory})"
+
+    def env(self, number: int) -> lmdb.Environment:
+        """Chunk ``number``'s environment, opened (and so checked) if it is not open."""
+        env = self.envs[number]
+        if env is None:
+            with self.lock:
+                env = self.envs[number]
+                if env is None:
+                    env = self.open(number)[1]
+        return env
+
+    def open(self, number: int) -> tuple[FileKey, lmdb.Environment]:
+        """Check chunk ``number`` (size, contents, identity) and open it: its file's key and
+        environment. Under ``self.lock``."""
+        info = self.chunks[number]
+        path = os.path.join(self.directory, info.file)
+        where = self.where(number)
+        try:
+            state = file_state(path)
+        except FileNotFoundError:
+            raise CacheCorrupted(f"chunk {where} is missing; {DAMAGED}") from None
+        except OSError as exc:
+            raise unreadable(path, exc) from None
+        if state.size != info.bytes:
+            raise CacheCorrupted(
+                f"chunk {where} has {state.size} bytes, the manifest says {info.bytes}; {DAMAGED}"
+            )
+        if not trusted(path, state, info.sha256):
+            state = verify_and_stamp(path, info, where)
+        key, env = self._acquire(path, where)
+        self._held.append(key)
+        try:
+            self._check_structure(number, env)
+            now = file_state(path)
+            if key != (state.device, state.inode) or not same_bytes(now, state):
+                raise CacheCorrupted(f"chunk {where} changed while it was being opened; {DAMAGED}")
+            state = now
+        except BaseException:
+            self._held.remove(key)
+            ENVIRONMENTS.release([key])
+            raise
+        self.envs[number] = env
+        self._states[number] = state
+        self._open_numbers.append(number)
+        return key, env
+
+    def _acquire(self, path: str, where: str) -> tuple[FileKey, lmdb.Environment]:
+        """The shared environment of the file at ``path``; LMDB's refusals said to be the
+        file's damage, or the process's trouble (permissions, memory, descriptors)."""
+        try:
+            return ENVIRONMENTS.acquire(path)
+        except lmdb.Error as exc:
+            for text, code in _OS_REASONS.items():
+                if text in str(exc):  # not the file's fault
+                    raise unreadable(path, OSError(code, text)) from None
+            raise CacheCorrupted(
+                f"chunk {where} is not a readable LMDB file: {exc}; {DAMAGED}"
+            ) from None
+        except OSError as exc:
+            raise unreadable(path, exc) from None
+
+    def _check_structure(self, number: int, env: lmdb.Environment) -> None:
+        """The chunk holds what its manifest entry says: entry counts, and (format 2) its id,
+        counts and schema digest, so a chunk file of another build or version is refused."""
+        info = self.chunks[number]
+        where = self.where(number)
+        identity = 1 if info.id else 0
+        try:
+            entries = env.stat()["entries"]
+            with env.begin(buffers=False) as txn:
+                stored = txn.get(IDENTITY_KEY) if identity else None
+        except lmdb.Error as exc:
+            raise CacheCorrupted(f"chunk {where}: LMDB cannot read it ({exc}); {DAMAGED}") from None
+        if entries != info.records + len(info.columns) + identity:
+            raise CacheCorrupted(
+                f"chunk {where} holds {entries} entries, the manifest says {info.records} "
+                f"records and {len(info.columns)} columns; {DAMAGED}"
+            )
+        if not identity:
+            return
+        want = chunk_identity(info, self._schema)
+        try:
+            found = json.loads(bytes(stored)) if stored is not None else None
+        except ValueError:
+            found = None
+        if found != want:
+            raise CacheCorrupted(
+                f"chunk {where} is not the chunk the manifest names: it says it is {found}, the "
+                f"manifest expects {want} (a chunk file of another build or version, or a "
+                f"manifest edited by hand); {DAMAGED}"
+            )
+
+    def check_files(self) -> None:
+        """Raise CacheCorrupted if an open chunk's file changed since it was checked, unless
+        it still hashes to the manifest's sha256 (then it is trusted in its new state). A
+        chunk that fails is forgotten first."""
+        for number in list(self._open_numbers):
+            state = self._states[number]
+            if state is None:
+                continue
+            path = os.path.join(self.directory, self.chunks[number].file)
+            try:
+                current: FileState | None = file_state(path)
+            except OSError:
+                current = None
+            if current != state:
+                self._changed(number, path, state, current)
+
+    def _changed(self, number: int, path: str, state: FileState, current: FileState | None) -> None:
+        where = self.where(number)
+        if current is not None and current[:3] == state[:3]:
+            # The same file, written to or touched: served only if its bytes are still right.
+            try:
+                self._states[number] = verify_and_stamp(path, self.chunks[number], where)
+                return
+            except CacheCorrupted:
+                self.forget(number)
+                raise
+        self.forget(number)
+        if current is None:
+            what = "was removed"
+        elif current[:2] == state[:2]:
+            what = f"was cut to {current.size} bytes (the manifest says {state.size})"
+        else:
+            what = "was replaced by another file"
+        raise CacheCorrupted(
+            f"chunk {where} {what} while it was open: nothing more is read from it; open the "
+            f"version again to read what is there now (it is checked then). {DAMAGED}"
+        )
+
+    def verify(self, number: int, pin: Callable[[int], Held] | None) -> bool:
+        """Re-hash chunk ``number`` against the manifest (CacheCorrupted names it by its path).
+        ``pin``: what keeps it on disk meanwhile (reading on demand: fetched first if it is not
+        here). False if the chunk is open in another state: then it is forgotten (a good file,
+        but not the one open: it is opened again)."""
+        held = pin(number) if pin is not None else None
+        try:
+            info = self.chunks[number]
+            state = verify_and_stamp(os.path.join(self.directory, info.file), info)
+        finally:
+            if held is not None:
+                held.release()
+        if self._states[number] is not None and self._states[number] != state:
+            self.forget(number)
+            return False
+        return True
+
+    def forget(self, number: int) -> None:
+        """Stop handing out chunk ``number``: the next read opens (and checks) it again."""
+        with self.lock:
+            self.retire(number)
+
+    def retire(self, number: int) -> None:
+        """Chunk ``number`` is no longer handed out (its environment stays held until released
+        by key). Under ``self.lock``."""
+        self.envs[number] = None
+        self._states[number] = None
+        if number in self._open_numbers:
+            self._open_numbers.remove(number)
+
+    def release(self, key: FileKey) -> None:
+        """Let go of a retired chunk's environment (its map goes with the last user in the
+        process), unless ``let_go_of_all`` did already. Under ``self.lock``."""
+        if key in self._held:
+            self._held.remove(key)
+            ENVIRONMENTS.release([key])
+
+    def let_go_of_all(self) -> None:
+        """Release every environment held; the next read opens chunks again. Under
+        ``self.lock``."""
+        ENVIRONMENTS.release(self._held)
+        self._forget_all()
+
+    def forget_after_fork(self) -> None:
+        """In a forked child: the parent's handles are not ours (the shared table forgot them)."""
+        self.lock = threading.Lock()
+        self._held.clear()
+        self._forget_all()
+
+    def _forget_all(self) -> None:
+        self.envs = [None] * len(self.chunks)
+        self._states = [None] * len(self.chunks)
+        self._open_numbers = []

@@ -1,0 +1,158 @@
+"""Downloading the chunk files of a bucket's version, each checked against its manifest entry:
+whole, into a local copy being pulled, or in ranged parts into the bounded local cache, for a
+version read on demand."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+from yogadl_plus.cache.integrity import check_chunk, stamp
+from yogadl_plus.cache.manifest import ChunkInfo
+from yogadl_plus.errors import CacheCorrupted, YogaError, unwritable
+from yogadl_plus.storage.cachefiles import FETCHING, SMALL_FILES
+from yogadl_plus.storage.localcache import LocalCache
+from yogadl_plus.storage.objects import ObjectStore
+from yogadl_plus.storage.parallel import in_threads, run_all
+
+__all__ = ["DAMAGED_OBJECT", "PART_BYTES", "RangedDownload", "VersionCopy", "download_chunks"]
+
+PART_BYTES = 8 << 20  # a ranged read of a large chunk
+_PARTS_PER_CHUNK = 4  # ranged reads of one chunk in flight at once
+# What to do about a chunk whose download does not match the manifest.
+DAMAGED_OBJECT = (
+    "the remote object is damaged: nothing was kept; rebuild the version (overwrite=True)"
+)
+
+OnTransfer = Callable[[int], object] | None
+
+
+def download_chunks(
+    objects: ObjectStore,
+    base: str,
+    jobs: list[tuple[ChunkInfo, str]],
+    threads: int,
+    on_transfer: OnTransfer = None,
+) -> None:
+    """Download each (chunk, local path) job of the version under key prefix ``base``, in at
+    most ``threads`` threads, and check it; ``on_transfer(bytes)`` after each."""
+
+    def one(job: tuple[ChunkInfo, str]) -> None:
+        info, path = job
+        key = base + info.file
+        objects.download(key, path)
+        check_chunk(path, info, f"{objects.url}/{key}", DAMAGED_OBJECT)
+        if on_transfer is not None:
+            on_transfer(info.bytes)
+
+    in_threads(one, jobs, threads)
+
+
+@dataclasses.dataclass(frozen=True)
+class VersionCopy:
+    """A version in a bucket and its copy in a machine's local cache, read on demand: the
+    version's objects are under key prefix ``base`` in ``objects``, its copy is ``folder`` of
+    ``cache``, and ``version`` is its (dataset_id, version)."""
+
+    objects: ObjectStore
+    base: str
+    cache: LocalCache
+    folder: str
+    version: tuple[str, str]
+
+
+class RangedDownload:
+    """Chunks of a version fetched one by one into its ``copy``: room made for each first
+    (the copy is never evicted whole meanwhile), ranged parts read in parallel into a file of
+    its full size, the sha256 checked, then renamed into place. ``chunks_at_once``: how many
+    chunks may be fetched at the same time (their parts share a pool of threads);
+    ``reserve``: the room fetches ahead leave free for a reader's next chunk;
+    ``on_fetch(bytes)``: called after each chunk fetched."""
+
+    def __init__(
+        self,
+        copy: VersionCopy,
+        *,
+        chunks_at_once: int,
+        reserve: int,
+        on_fetch: OnTransfer = None,
+    ) -> None:
+        self.copy = copy
+        self.chunks_at_once = chunks_at_once
+        self.reserve = reserve
+        self.on_fetch = on_fetch
+        self._lock = threading.Lock()
+        self._pool: ThreadPoolExecutor | None = None
+
+    def fetch(self, info: ChunkInfo, path: str, strict: bool, part_bytes: int) -> None:
+        """Fetch chunk ``info`` into ``path`` (the caller holds the chunk's lock) in ranged
+        reads of ``part_bytes``. ``strict``: NoRoom rather than go over the cache's limit
+        (fetches ahead)."""
+        copy = self.copy
+        key = copy.base + info.file
+        where = f"{copy.objects.url}/{key}"
+        part = path + FETCHING
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(part)  # what a killed fetch left (we hold the chunk's lock)
+        try:
+            room = copy.cache.space.room(
+                info.bytes + SMALL_FILES, copy.version, strict=strict, reserve=self.reserve
+            )
+            with room, open(part, "wb") as f:
+                f.truncate(info.bytes)
+        except OSError as exc:
+            if isinstance(exc, YogaError):
+                raise
+            raise unwritable(part, exc) from None
+        try:
+            self._read_parts(key, where, info, part, part_bytes)
+            check_chunk(part, info, where, DAMAGED_OBJECT)
+            with copy.cache.space.lock():
+                os.replace(part, path)
+                stamp(path, info.sha256)  # checked as it was fetched
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(part)
+            raise
+        if self.on_fetch is not None:
+            self.on_fetch(info.bytes)
+
+    def _read_parts(self, key: str, where: str, info: ChunkInfo, part: str, step: int) -> None:
+        size = info.bytes
+        spans = [(start, min(start + step, size)) for start in range(0, size, step)]
+        try:
+            fd = os.open(part, os.O_WRONLY | os.O_CLOEXEC)
+        except OSError as exc:
+            raise unwritable(part, exc) from None
+
+        def one(span: tuple[int, int]) -> None:
+            data = self.copy.objects.read_range(key, *span)
+            if len(data) != span[1] - span[0]:
+                raise CacheCorrupted(
+                    f"chunk {where} ends before byte {span[1]:,}, the manifest says it has "
+                    f"{size:,} bytes; {DAMAGED_OBJECT}"
+                )
+            try:
+                os.pwrite(fd, data, span[0])
+            except OSError as exc:
+                raise unwritable(part, exc) from None
+
+        try:
+            if len(spans) <= 1:
+                for span in spans:
+                    one(span)
+                return
+            run_all(self._parts(), one, spans)  # (it waits: none writes after the close)
+        finally:
+            os.close(fd)
+
+    def _parts(self) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._pool is None:
+                workers = max(1, self.chunks_at_once) * _PARTS_PER_CHUNK
+                self._pool = ThreadPoolExecutor(workers, "yogadl-plus-part")
+            return self._pool
