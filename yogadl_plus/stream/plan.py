@@ -16,12 +16,13 @@ import numpy as np
 from yogadl_plus.checks import check_int
 from yogadl_plus.order.shards import shard_order
 from yogadl_plus.stream.block import Block, as_items
-from yogadl_plus.stream.reader import Allocate, SourceReader
+from yogadl_plus.stream.reader import SourceReader
 from yogadl_plus.stream.state import StreamState, order_identity
 from yogadl_plus.stream.stats import StatsCounter
 from yogadl_plus.stream.units import Units, UnitSizes
 
 if TYPE_CHECKING:
+    from yogadl_plus.cache.fixed import Allocate
     from yogadl_plus.order.settings import OrderSettings
     from yogadl_plus.recordsource import RecordSource
     from yogadl_plus.schema import Field

@@ -34,6 +34,7 @@ from yogadl_plus.stream.stats import (
 )
 
 if TYPE_CHECKING:
+    from yogadl_plus.cache.fixed import Allocate
     from yogadl_plus.dataref import DataRef
     from yogadl_plus.ngram import NGram
     from yogadl_plus.order.placement import Placement
@@ -42,13 +43,11 @@ if TYPE_CHECKING:
     from yogadl_plus.schema import Field
     from yogadl_plus.stream.settings import BoundarySettings
 
-__all__ = ["Allocate", "LeafReader", "SourceReader", "Unit"]
+__all__ = ["LeafReader", "SourceReader", "Unit"]
 
 _NAMED = 8  # records an error message lists for a unit
 # (first position, where the unit's positions read)
 Unit = tuple[int, "Placement"]
-# np.empty's contract: where big decoded arrays are made (a worker process's shared ring).
-Allocate = Callable[[tuple[int, ...], Any], np.ndarray]
 
 
 @dataclass
