@@ -8,8 +8,6 @@ source made it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
 __all__ = ["Part", "Placement"]
@@ -19,31 +17,39 @@ __all__ = ["Part", "Placement"]
 Part = tuple[int, "np.ndarray | None", np.ndarray]
 
 
-@dataclass
 class Placement:
     """Where ``length`` consecutive positions read: per part, a leaf of the source (its number
-    in ``source.leaves``), which of the run's offsets it serves and that leaf's record at each."""
+    in ``source.leaves``), which of the run's offsets it serves and that leaf's record at each.
 
-    length: int
-    parts: list[Part]
+    ``single`` is the one part when it serves every offset in order (a DataRef's run, or a
+    mixture's run that reads one source only): its reads are the run's, in order.
+    """
 
-    @classmethod
-    def whole(cls, records: np.ndarray, leaf: int = 0) -> Placement:
+    # (A stream makes one per unit of work: a plain class with slots costs least to make.)
+    __slots__ = ("length", "parts", "single")
+
+    def __init__(self, length: int, parts: list[Part]) -> None:
+        self.length = length
+        self.parts = parts
+        self.single: Part | None = None
+        if len(parts) == 1:
+            where = parts[0][1]
+            if where is None or len(where) == length:
+                self.single = parts[0]
+
+    @staticmethod
+    def whole(records: np.ndarray, leaf: int = 0) -> Placement:
         """Every position of the run on ``leaf``, reading ``records`` in order."""
-        return cls(len(records), [(leaf, None, records)])
+        placement = Placement.__new__(Placement)  # (what __init__ would find, made directly)
+        part = (leaf, None, records)
+        placement.length, placement.parts, placement.single = len(records), [part], part
+        return placement
 
     def __len__(self) -> int:
         return self.length
 
-    @property
-    def single(self) -> Part | None:
-        """The one part, when it serves every offset in order (a DataRef's run, or a mixture's
-        run that reads one source only)."""
-        if len(self.parts) == 1:
-            leaf, where, records = self.parts[0]
-            if where is None or len(where) == self.length:
-                return leaf, None, records
-        return None
+    def __repr__(self) -> str:
+        return f"Placement(length={self.length}, parts={self.parts!r})"
 
     def offsets(self, part: Part) -> np.ndarray:
         """The run's offsets that ``part`` serves, as an array."""
@@ -52,7 +58,10 @@ class Placement:
 
     def split(self, step: int) -> list[Placement]:
         """This run cut into runs of ``step`` positions (the last may be shorter)."""
-        starts = list(range(0, self.length, step))
+        starts = range(0, self.length, step)
+        if len(self.parts) == 1 and self.parts[0][1] is None:  # (the most common, made fast)
+            leaf, _, records = self.parts[0]
+            return [Placement.whole(records[start : start + step], leaf) for start in starts]
         # Each part is cut once for all runs (a searchsorted per run would cost per run).
         cuts = [
             (leaf, where, records, [] if where is None else np.searchsorted(where, starts).tolist())

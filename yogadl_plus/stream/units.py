@@ -140,8 +140,8 @@ class Units:
             placement = unit[1]
             self.reader.read_ahead(placement)
             queued.append(unit)
-            positions += len(placement)
-            while queued and positions - len(queued[0][1]) >= ahead:
-                positions -= len(queued[0][1])
+            positions += placement.length
+            while queued and positions - queued[0][1].length >= ahead:
+                positions -= queued[0][1].length
                 yield queued.popleft()
         yield from queued
