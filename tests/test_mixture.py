@@ -1169,3 +1169,25 @@ def test_keras_fits_a_mixture_and_its_backup_resumes_at_the_same_item(tmp_path: 
     refused.set_model(model)
     with pytest.raises(ValueError, match="dataset"):
         refused.on_train_begin()
+
+
+def test_small_sources_follow_the_one_keyed_shuffle_whatever_the_blocks():
+    # A small source's epochs are Permutation tables, kept between blocks of slots: placing an
+    # epoch in blocks gives what placing it at once does, and each source epoch's records are
+    # exactly Permutation(size, key, epoch)'s order.
+    from yogadl_plus.order import MixOrder, Permutation
+    from yogadl_plus.order.mixing import source_seed
+
+    order = MixOrder(["big", "small"], [5000, 7], [3000, 700])
+    slots = np.random.default_rng(3).permutation(3700)
+    whole = order.place(2, slots, True, 11)
+    pieces = [order.place(2, slots[s : s + 500], True, 11) for s in range(0, 3700, 500)]
+    for leaf in (0, 1):
+        (part,) = [p for p in whole.parts if p[0] == leaf]
+        joined = np.concatenate([p[2] for piece in pieces for p in piece.parts if p[0] == leaf])
+        assert sorted(joined.tolist()) == sorted(part[2].tolist())
+    (small,) = [p for p in whole.parts if p[0] == 1]
+    sequence = 2 * 700 + order.interleave.source_and_rank(slots[small[1]])[1]
+    key = source_seed(11, "small")
+    for epoch, position, record in zip(sequence // 7, sequence % 7, small[2]):
+        assert Permutation(7, key, int(epoch))[int(position)] == record

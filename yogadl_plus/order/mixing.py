@@ -24,6 +24,9 @@ __all__ = ["MixOrder", "source_seed"]
 
 # The per-source permutations a MixOrder keeps made (a block of slots reads a few source epochs).
 _PERMUTATIONS_KEPT = 64
+# The entries of small sources' tables it keeps (8 bytes each): every epoch of an up-sampled
+# source that a mixture's epoch reads, many times over.
+_TABLE_ENTRIES_KEPT = 1 << 21
 # (leaf number, the slots' offsets in the run, the leaf's records), as found piece by piece.
 Found = dict[int, list[tuple[np.ndarray, np.ndarray]]]
 
@@ -49,12 +52,14 @@ class MixOrder:
         self.interleave = Interleave(self.counts)
         self.num_leaves: int = sum(_leaves_of(part) for part in self.parts)
         self._permutations: dict[tuple[int, int, int], Permutation] = {}
+        self._kept_tables: dict[tuple[int, int, int], np.ndarray] = {}
+        self._kept_entries = 0
 
     def __repr__(self) -> str:
         return f"MixOrder(names={self.names}, counts={self.counts})"
 
     def __getstate__(self) -> dict[str, object]:
-        return {**self.__dict__, "_permutations": {}}
+        return {**self.__dict__, "_permutations": {}, "_kept_tables": {}, "_kept_entries": 0}
 
     def size(self, j: int) -> int:
         """Items of source ``j`` per epoch of its own: its records, or an inner mixture's
@@ -120,10 +125,10 @@ class MixOrder:
         key = source_seed(seed, self.names[j])
         size = self.size(j)
         unique, inverse = np.unique(epochs, return_inverse=True)
-        if len(unique) > 1 and size <= TABLE_MAX:
-            # A small source up-sampled goes through an epoch every few slots: its epochs'
-            # orders are made together (one table per epoch would cost a Python call each).
-            return Permutation.tables(size, key, unique.tolist())[inverse, positions]
+        if size <= TABLE_MAX:
+            # A small source up-sampled goes through an epoch every few slots, and a block of a
+            # shuffled mixture's slots reads every one of them: their tables are kept.
+            return self._tables(j, key, size, unique.tolist())[inverse, positions]
         if len(unique) == 1:  # (most blocks of slots read one epoch of each source)
             return self._permutation(j, key, int(unique[0])).indices(positions)
         out = np.empty_like(positions)
@@ -131,6 +136,19 @@ class MixOrder:
             at = inverse == k
             out[at] = self._permutation(j, key, epoch).indices(positions[at])
         return out
+
+    def _tables(self, j: int, key: int, size: int, epochs: list[int]) -> np.ndarray:
+        """The orders of small source ``j``'s ``epochs`` (rows), those not kept made together."""
+        kept = self._kept_tables
+        missing = [e for e in epochs if (j, key, e) not in kept]
+        if missing:
+            if self._kept_entries + len(missing) * size > _TABLE_ENTRIES_KEPT:
+                kept = self._kept_tables = {}  # replaced, never cleared: a reader keeps its own
+                self._kept_entries = 0
+            for epoch, row in zip(missing, Permutation.tables(size, key, missing)):
+                kept[(j, key, epoch)] = row
+            self._kept_entries += len(missing) * size
+        return np.stack([kept[(j, key, e)] for e in epochs])
 
     def _permutation(self, j: int, key: int, epoch: int) -> Permutation:
         """Source ``j``'s order of its epoch ``epoch`` under ``key``, made once while in use."""
