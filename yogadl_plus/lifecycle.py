@@ -21,6 +21,7 @@ import contextlib
 # Imported for its exit handler, which must be registered before ours (see above).
 import multiprocessing.util  # noqa: F401
 import os
+import traceback
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, Generic, TypeVar
@@ -152,8 +153,13 @@ def _for_each(registry: Registry[T], hook: Callable[[T], None]) -> Hook:
 
 
 def _run(hooks: list[Hook], reverse: bool) -> None:
+    # Each hook runs whatever the others did, as separate atexit handlers would: one that
+    # failed must not leave worker processes running for multiprocessing's handler to wait on.
     for hook in reversed(hooks) if reverse else list(hooks):
-        hook()
+        try:
+            hook()
+        except Exception:
+            traceback.print_exc()
 
 
 os.register_at_fork(
