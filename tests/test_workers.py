@@ -360,6 +360,30 @@ def test_a_worker_that_exits_in_the_transform_names_the_records_it_held(ref):
     stream.close()
 
 
+def big_and_exit_at_13(record):
+    """Unit 0 (records 0-3) is slow; every result is a MiB of bytes, pickled through the pipe;
+    the worker on records 12-15 (unit 3, the second worker's second unit) dies there."""
+    i = int(record["i"])
+    if i == 0:
+        time.sleep(1.0)
+    if i == 13:
+        os._exit(3)
+    return {"i": i, "blob": bytes(300_000)}
+
+
+def test_a_worker_that_dies_with_a_result_unsent_names_the_unit_it_was_on(ref):
+    # The second worker finishes unit 1, but the parent, waiting on the slow unit 0, does not
+    # read its pipe: the result (a MiB) is still being sent when the worker goes on to unit 3
+    # and dies in it. What it died in is unit 3, though the unit awaited from it is unit 1.
+    stream = ref.stream(num_workers=2, worker_type="process", transform=big_and_exit_at_13,
+                        batch_size=4, prefetch=4)  # fmt: skip
+    with pytest.raises(
+        ydl.WorkerDied, match=r"exit status 3\) while on positions 12 to 15 .*records 12, 13, 14"
+    ):
+        list(stream)
+    stream.close()
+
+
 @pytest.mark.parametrize("batch_size", [None, 7])
 @pytest.mark.parametrize("windows", [False, True])
 def test_an_unpicklable_result_is_a_transform_error_naming_the_record(ref, batch_size, windows):

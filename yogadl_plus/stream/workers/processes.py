@@ -65,6 +65,10 @@ class ProcessWorkers(Workers):
         self._sent = 0  # sequence number of the last unit sent
         self._turn = 0
         self._workers: list[tuple[multiprocessing.process.BaseProcess, Any]] = []
+        # Per worker, the sequence number of the unit it last began (written by the worker in
+        # shared memory), and the units sent and not handed back yet: what a dead worker held.
+        self._began: list[Any] = []
+        self._in_flight: dict[int, Any] = {}
         # One ring per worker process, made before it starts; dropped with these workers (the
         # arrays handed out from it keep its memory until they are gone).
         self._rings: list[SharedRing | None] = []
@@ -73,9 +77,11 @@ class ProcessWorkers(Workers):
                 here, there = context.Pipe()
                 ring = SharedRing.create()
                 self._rings.append(ring)
+                began = context.RawValue("q", 0)
+                self._began.append(began)
                 process = context.Process(  # type: ignore[attr-defined]
                     target=_process_main,
-                    args=(there, task, watch, ring),
+                    args=(there, task, watch, ring, began),
                     name=f"yogadl_plus-worker-{k}",
                 )
                 try:
@@ -100,6 +106,7 @@ class ProcessWorkers(Workers):
         self._sent += 1
         k = self._turn
         self._turn = (k + 1) % len(self._workers)
+        self._in_flight[self._sent] = unit
         try:
             self._workers[k][1].send((_UNIT, self._sent, unit))
         except OSError:
@@ -115,6 +122,7 @@ class ProcessWorkers(Workers):
             while True:
                 got, outcome = _HEADER.unpack(self._receive(k, unit))
                 payload = self._receive(k, unit)
+                self._in_flight.pop(got, None)
                 if got == sequence:
                     break
                 # Anything older is left from units cancelled when an earlier map was dropped.
@@ -159,15 +167,24 @@ class ProcessWorkers(Workers):
             how = f"killed by {_signal_name(-code)}"
         else:
             how = f"exit status {code}"
+        # The unit it was on, if it had not handed that one back (a result it finished may be
+        # lost with it, unsent): else the one awaited.
+        held = self._in_flight.get(self._began[k].value)
+        where = (
+            f"while on {self.task.describe(held)}"
+            if held is not None
+            else f"before handing back {self.task.describe(unit)}"
+        )
         raise WorkerDied(
-            f"worker process {process.pid} died ({how}) before handing back "
-            f"{self.task.describe(unit)}: the items handed out so far are intact; resume from "
-            "stream.offset, with fewer workers or a smaller prefetch if memory ran out"
+            f"worker process {process.pid} died ({how}) {where}: the items handed out so far "
+            "are intact; resume from stream.offset, with fewer workers or a smaller prefetch if "
+            "memory ran out"
         )
 
     def cancel(self, tickets: list[tuple[int, int]]) -> None:
         if self.closed or not tickets:
             return
+        self._in_flight.clear()  # (every unit sent so far is cancelled)
         for _, conn in self._workers:
             _send_if_room(conn, (_CANCEL, self._sent, None))
 
@@ -224,7 +241,9 @@ def _signal_name(number: int) -> str:
         return f"signal {number}"
 
 
-def _process_main(conn: Any, task: Task, watch: ParentWatch, ring: SharedRing | None) -> None:
+def _process_main(
+    conn: Any, task: Task, watch: ParentWatch, ring: SharedRing | None, began: Any
+) -> None:
     """A worker process: runs units in the order they come, sends back results in that order."""
     # Ctrl-C is the caller's to handle: it stops the iteration and shuts the pool down. A
     # worker dying of it instead would break the pool under the caller's feet. SIGTERM is how
@@ -250,6 +269,7 @@ def _process_main(conn: Any, task: Task, watch: ParentWatch, ring: SharedRing | 
         sequence, unit = job
         if sequence <= cancelled[0]:
             continue
+        began.value = sequence  # (so that the parent can name it if this process dies in it)
         outbox.put((sequence, *_outcome(task, unit, ring)))
         del job, unit
 
