@@ -220,27 +220,40 @@ def feistel_scalar(value: int, side: int, keys: Sequence[int]) -> int:
 
 def cycle_walk(values: U64, n: np.uint64 | U64, side: np.uint64 | U64, keys: Keys) -> None:
     """Passes ``values`` through the network (``side``, ``keys``) in place, again and again for
-    those still outside ``[0, n)``. ``n``, ``side`` and the keys are one number, or one per value.
-    """
-
-    def each(x: Any, at: Any) -> Any:
-        return x[at] if isinstance(x, np.ndarray) else x
-
+    those still outside ``[0, n)``. ``n``, ``side`` and the keys are each one number (one
+    network for all), or all one per value (a network per value: the windows of a windowed
+    shuffle)."""
     feistel(values, side, keys)
     pending = np.flatnonzero(values >= n)
+    if not pending.size:  # (the usual case: a square overshoots n by little)
+        return
+    per_value = isinstance(side, np.ndarray)
     # A walk through a bijection of [0, side * side) reaches [0, n) within side * side - n + 1
     # steps; more means a bug, which had better raise than hang a data loader.
-    limit = int(np.max(np.asarray(side) * np.asarray(side) - np.asarray(n))) + 1
+    if per_value:
+        limit = int(np.max(np.asarray(side) * np.asarray(side) - np.asarray(n))) + 1
+    else:
+        limit = int(side) * int(side) - int(n) + 1
     for _ in range(limit):
         if pending.size <= _SCALAR_TAIL:
             break
         walked = values[pending]
-        feistel(walked, each(side, pending), tuple(each(key, pending) for key in keys))
-        values[pending] = walked
-        pending = pending[walked >= each(n, pending)]
+        if per_value:
+            feistel(walked, side[pending], tuple(key[pending] for key in keys))  # type: ignore[index]
+            values[pending] = walked
+            pending = pending[walked >= n[pending]]  # type: ignore[index]
+        else:
+            feistel(walked, side, keys)
+            values[pending] = walked
+            pending = pending[walked >= n]
+    if not pending.size:
+        return
+    if not per_value:  # (one network for all: its numbers made ints once)
+        ints = int(n), int(side), [int(key) for key in keys]
     for i in pending.tolist():
-        scalar_keys = [int(each(key, i)) for key in keys]
-        values[i] = _walk_on(int(values[i]), int(each(n, i)), int(each(side, i)), scalar_keys)
+        if per_value:
+            ints = int(n[i]), int(side[i]), [int(key[i]) for key in keys]  # type: ignore[index]
+        values[i] = _walk_on(int(values[i]), *ints)
 
 
 def walk_scalar(position: int, n: int, side: int, keys: Sequence[int]) -> int:
