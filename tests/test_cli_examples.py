@@ -100,6 +100,53 @@ def test_faces_and_storages_name_the_extra_they_need(use, extra, tmp_path):
     assert result.stdout.endswith(f" pip install 'yogadl_plus[{extra}]'\n"), result.stdout
 
 
+@pytest.mark.parametrize(
+    "face, name, library, extra",
+    [
+        ("torch", "make_dataloader", "PyTorch", "torch"),
+        ("tensorflow", "make_tf_dataset", "TensorFlow", "tf"),
+        ("keras", "StreamSequence", "Keras (with TensorFlow)", "tf"),
+        ("grain", "source", "Grain", "grain"),
+    ],
+)
+def test_faces_import_by_name_and_name_the_extra_they_need(face, name, library, extra, tmp_path):
+    # Before: `from yogadl_plus.torch import make_dataloader` was a ModuleNotFoundError for
+    # yogadl_plus.torch itself, although ydl.torch.make_dataloader worked.
+    script = tmp_path / "use.py"
+    script.write_text(
+        "import yogadl_plus as ydl\n"
+        f"try:\n    from yogadl_plus.{face} import {name}\n"
+        "except ydl.MissingExtra as exc:\n    print(exc)\n"
+    )
+    result = run_without_extras(script)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == (
+        f"yogadl_plus.{face} needs {library}: pip install 'yogadl_plus[{extra}]'\n"
+    )
+
+
+def test_every_way_of_importing_a_face_gives_one_module_and_no_framework_before():
+    script = (
+        "import sys\n"
+        "import yogadl_plus as ydl\n"
+        "frameworks = ('torch', 'tensorflow', 'keras', 'grain')\n"
+        "assert not [m for m in frameworks if m in sys.modules], 'imported a framework'\n"
+        "from yogadl_plus.torch import make_dataloader\n"
+        "import yogadl_plus.torch\n"
+        "import yogadl_plus.adapters.torch as adapter\n"
+        "assert yogadl_plus.torch is ydl.torch is adapter\n"
+        "assert make_dataloader is ydl.torch.make_dataloader\n"
+        "assert 'tensorflow' not in sys.modules, 'the torch face imported tensorflow'\n"
+        "from yogadl_plus import grain\n"
+        "assert grain is ydl.grain is sys.modules['yogadl_plus.adapters.grain']\n"
+        "print('ok')\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0 and result.stdout == "ok\n", result.stderr
+
+
 def test_bundled_parquet_is_what_the_generator_makes():
     import pyarrow.parquet as pq
 

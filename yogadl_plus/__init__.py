@@ -40,9 +40,6 @@ from yogadl_plus.storage import (
 )
 from yogadl_plus.stream import Stream, StreamStats
 
-_ADAPTERS = ("tensorflow", "torch", "keras", "grain")
-
-
 if TYPE_CHECKING:
     from yogadl_plus.adapters import grain as grain
     from yogadl_plus.adapters import keras as keras
@@ -52,14 +49,12 @@ if TYPE_CHECKING:
 
 def __getattr__(name: str) -> Any:
     """``ydl.tensorflow``, ``ydl.torch``, ``ydl.keras``, ``ydl.grain``: framework faces, imported
-    (with their framework) only when first used, so ``import yogadl_plus`` imports no framework."""
-    if name in _ADAPTERS:
-        import importlib
+    (with their framework) only when first used, so ``import yogadl_plus`` imports no framework.
+    ``import yogadl_plus.torch`` (and the others) gives the same module."""
+    from yogadl_plus.adapters import FACES, face
 
-        try:
-            module = importlib.import_module(f"yogadl_plus.adapters.{name}")
-        except ModuleNotFoundError as exc:
-            raise missing_extra(exc, f"ydl.{name}") from None
+    if name in FACES:
+        module = face(name, f"ydl.{name}")
         globals()[name] = module
         return module
     raise AttributeError(f"module 'yogadl_plus' has no attribute {name!r}")
@@ -92,6 +87,7 @@ __all__ = [
     "cache_dataset",
     "codecs",
     "default_storage",
+    "missing_extra",
     "mix",
     "open_storage",
     "predicates",

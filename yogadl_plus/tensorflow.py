@@ -1,0 +1,16 @@
+"""``yogadl_plus.tensorflow``, the same module as ``ydl.tensorflow``: adapters/tensorflow.py."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from yogadl_plus.adapters.tensorflow import *  # noqa: F403
+else:
+    import sys
+
+    from yogadl_plus.adapters import face
+
+    # Importing this name gives the face's own module, not a copy of its names: its settings
+    # and the objects made through ``ydl.tensorflow`` are the same ones.
+    sys.modules[__name__] = face("tensorflow", __name__)
