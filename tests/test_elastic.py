@@ -209,3 +209,42 @@ def test_with_ranks_out_of_step_the_minimum_global_offset_skips_nothing(datasets
     for r in range(2):
         rest += ids(ref.stream(num_shards=2, shard_rank=r, global_start=min(offsets), **args))
     assert set(seen) | set(rest) == {i for i in range(120) if i % 3 != 0}, "nothing skipped"
+
+
+@settings(
+    max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    n=st.integers(1, 120),
+    shards=st.integers(1, 6),
+    new_shards=st.integers(1, 6),
+    shuffle=st.booleans(),
+    data=st.data(),
+)
+def test_padded_shards_rescale_without_skipping_a_record(
+    datasets, n, shards, new_shards, shuffle, data
+):
+    # pad_shard_remainder (DDP's evened shards) repeats the order's first records to fill the
+    # last round; a rescale mid-epoch may repeat more of them, but never skips one, and every
+    # new shard has as many positions as the others.
+    ref = datasets(n)
+    common = dict(shuffle=shuffle, shuffle_seed=5, pad_shard_remainder=True)
+    before = [ref.stream(num_shards=shards, shard_rank=r, **common) for r in range(shards)]
+    assert len({len(s) for s in before}) == 1
+    k = data.draw(st.integers(0, len(before[0])))
+    consumed, offsets = [], set()
+    for stream in before:
+        consumed += ids(itertools.islice(iter(stream), k))
+        offsets.add(stream.global_offset)
+    assert len(offsets) == 1
+    (checkpoint,) = offsets
+    after = [
+        ref.stream(num_shards=new_shards, shard_rank=r, global_start=checkpoint, **common)
+        for r in range(new_shards)
+    ]
+    rest = [ids(stream) for stream in after]  # the rest of the epoch (or all of the next)
+    assert len({len(r) for r in rest}) == 1
+    seen = consumed + [i for r in rest for i in r]
+    if checkpoint < n:
+        assert set(seen) == set(range(n)), "a record was skipped"
+        assert len(seen) < n + shards + new_shards, "more than the padding came twice"

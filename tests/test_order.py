@@ -258,13 +258,15 @@ def test_switching_epochs_back_and_forth_gives_each_epochs_order() -> None:
 def order_arguments(draw: st.DrawFn) -> dict[str, Any]:
     num_shards = draw(st.integers(min_value=1, max_value=12))
     shuffle = draw(st.booleans())
+    remainder = draw(st.sampled_from(["keep", "drop", "pad"]))
     return {
         "num_records": draw(st.integers(min_value=0, max_value=3000)),
         "shuffle": shuffle,
         "shuffle_seed": draw(seeds) if shuffle else draw(st.none() | seeds),
         "num_shards": num_shards,
         "shard_rank": draw(st.integers(min_value=0, max_value=num_shards - 1)),
-        "drop_shard_remainder": draw(st.booleans()),
+        "drop_shard_remainder": remainder == "drop",
+        "pad_shard_remainder": remainder == "pad",
     }
 
 
@@ -275,8 +277,10 @@ def test_shards_are_disjoint_and_cover_the_cut_global_order(
 ) -> None:
     n, num_shards = args["num_records"], args["num_shards"]
     full = global_order(n, args["shuffle"], args["shuffle_seed"], epoch)
-    drop = args["drop_shard_remainder"]
+    drop, pad = args["drop_shard_remainder"], args["pad_shard_remainder"]
     cut = full[: n - n % num_shards] if drop else full
+    if pad:  # wrapped around to the order's start, as DistributedSampler pads
+        cut = np.resize(full, -(-n // num_shards) * num_shards)
 
     shards = []
     for rank in range(num_shards):
@@ -294,10 +298,12 @@ def test_shards_are_disjoint_and_cover_the_cut_global_order(
         shards.append(shard)
 
     together = np.concatenate(shards)
-    assert len(np.unique(together)) == len(together)  # pairwise disjoint
+    if not pad:
+        assert len(np.unique(together)) == len(together)  # pairwise disjoint
     np.testing.assert_array_equal(np.sort(together), np.sort(cut))
-    if drop:
-        assert len({len(shard) for shard in shards}) == 1
+    lengths = {len(shard) for shard in shards}
+    assert len(lengths) == 1 if drop or pad else max(lengths) - min(lengths) <= 1
+    assert ShardByRecords(**args).shard_lengths(epoch) == [len(shard) for shard in shards]
 
 
 @settings(deadline=None)
@@ -543,13 +549,14 @@ def test_table_and_network_sizes_meet_at_the_threshold() -> None:
     counts=st.lists(st.integers(1, 40), min_size=1, max_size=12),
     shards=st.integers(1, 5),
     shuffle=st.booleans(),
-    drop=st.booleans(),
+    remainder=st.sampled_from(["keep", "drop", "pad"]),
     epoch=st.integers(0, 3),
     seed=st.integers(0, 2**40),
 )
 def test_chunk_shards_own_whole_chunks_and_cover_the_version(
-    counts: list[int], shards: int, shuffle: bool, drop: bool, epoch: int, seed: int
+    counts: list[int], shards: int, shuffle: bool, remainder: str, epoch: int, seed: int
 ) -> None:
+    drop, pad = remainder == "drop", remainder == "pad"
     if len(counts) < shards:
         with pytest.raises(ValueError, match="at least one chunk per shard"):
             ShardByChunks(counts, num_shards=shards)
@@ -561,12 +568,15 @@ def test_chunk_shards_own_whole_chunks_and_cover_the_version(
     for rank in range(shards):
         order = ShardByChunks(
             counts, shuffle=shuffle, shuffle_seed=seed, shard_rank=rank, num_shards=shards,
-            drop_shard_remainder=drop,
+            drop_shard_remainder=drop, pad_shard_remainder=pad,
         )  # fmt: skip
         got = order.indices(epoch, 0, order.shard_length)
-        assert len(got) == order.shard_length
+        assert len(got) == order.shard_length == order.shard_lengths(epoch)[rank]
         assert set(chunk_of[got]) <= set(range(rank, len(counts), shards))  # its chunks only
-        assert len(set(got.tolist())) == len(got)
+        own = order.num_records
+        assert len(set(got.tolist())) == min(len(got), own)
+        if pad:  # its own order, then that order again from its start
+            np.testing.assert_array_equal(got, np.resize(got[:own], len(got)))
         # any position costs the same, and agrees with the slice
         if len(got):
             k = len(got) // 2
@@ -574,7 +584,9 @@ def test_chunk_shards_own_whole_chunks_and_cover_the_version(
             np.testing.assert_array_equal(order.indices(epoch, k, len(got)), got[k:])
         seen.extend(got.tolist())
         lengths.add(len(got))
-    if drop:
+    if pad:
+        assert len(lengths) == 1 and set(seen) == set(range(int(starts[-1])))
+    elif drop:
         assert len(lengths) == 1  # equal lengths, cut to the shortest shard
         if shuffle:
             # The cut moves with the epoch (it is not always the same tail of the shard).

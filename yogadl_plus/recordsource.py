@@ -139,6 +139,7 @@ class RecordSource(ABC):
         shard_rank: int = 0,
         num_shards: int = 1,
         drop_shard_remainder: bool = False,
+        pad_shard_remainder: bool = False,
         shard_by: str = "records",
         fields: Sequence[str] | str | None = None,
         predicate: Any = None,
@@ -156,11 +157,11 @@ class RecordSource(ABC):
         Order: ``shuffle``, ``shuffle_seed`` (drawn when None; required with shards),
         ``skip_shuffle_at_epoch_end``, ``shuffle_window`` (shuffle within windows of that many
         chunks; docs/windowed-shuffle.md), ``shard_rank``/``num_shards``/``drop_shard_remainder``
-        /``shard_by``, ``start_offset`` (positions of this shard from epoch 0), ``global_start``
-        (elastic resume). Boundary: ``fields``, ``predicate`` (ydl.predicates), ``ngram``
-        (ydl.NGram), ``transform``, ``batch_size``/``drop_last``. Workers: ``num_workers``,
-        ``worker_type`` ("thread" or "process"), ``prefetch`` (units in flight),
-        ``worker_start_method``. See docs/streams.md and docs/boundary.md.
+        /``pad_shard_remainder``/``shard_by``, ``start_offset`` (positions of this shard from
+        epoch 0), ``global_start`` (elastic resume). Boundary: ``fields``, ``predicate``
+        (ydl.predicates), ``ngram`` (ydl.NGram), ``transform``, ``batch_size``/``drop_last``.
+        Workers: ``num_workers``, ``worker_type`` ("thread" or "process"), ``prefetch`` (units
+        in flight), ``worker_start_method``. See docs/streams.md and docs/boundary.md.
         """
         arguments = locals()  # (first: the keywords above, each held by one settings class)
         from yogadl_plus.stream import BoundarySettings, Stream, WorkerSettings

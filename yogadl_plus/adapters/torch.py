@@ -98,15 +98,25 @@ class StreamSampler(Sampler[int]):
         start_offset: int = 0,
         skip_shuffle_at_epoch_end: bool = False,
         shuffle_window: int | None = None,
+        pad_shard_remainder: bool = False,
+        *,
+        allow_uneven_shards: bool = False,
     ) -> None:
         settings = OrderSettings(
             shuffle=shuffle, shuffle_seed=shuffle_seed, shard_rank=shard_rank,
             num_shards=num_shards, drop_shard_remainder=drop_shard_remainder,
+            pad_shard_remainder=pad_shard_remainder,
             start_offset=start_offset, skip_shuffle_at_epoch_end=skip_shuffle_at_epoch_end,
             shuffle_window=shuffle_window,
         ).seeded()  # fmt: skip
         _refuse_mixture("StreamSampler", dataref)
         self.order = shard_order(settings, len(dataref), dataref.chunk_records)
+        _refuse_uneven_shards(
+            "StreamSampler",
+            self.order.shard_lengths,
+            self.order.positions.first_epoch,
+            allow_uneven_shards,
+        )
         self.shuffle_seed = settings.shuffle_seed
         self._start = self.order.positions.position_of(settings.start_offset)
         self._epoch = self._start[0]
@@ -262,7 +272,7 @@ class _PositionSampler(Sampler[tuple[int, int, int]]):
 class ResumableDataLoader(DataLoader):
     """A DataLoader over a stream's items (see make_dataloader)."""
 
-    def __init__(self, stream: Stream, **kwargs: Any) -> None:
+    def __init__(self, stream: Stream, allow_uneven_shards: bool = False, **kwargs: Any) -> None:
         for forbidden in ("sampler", "batch_sampler", "shuffle", "dataset"):
             if forbidden in kwargs:
                 raise ValueError(
@@ -278,6 +288,8 @@ class ResumableDataLoader(DataLoader):
                 "record-by-record loader has no item to hand out for a rejected record"
             )
         epoch, position = stream.next_epoch_position
+        first_epoch = plan.position_of(0)[0]
+        _refuse_uneven_shards("make_dataloader", plan.shard_items, first_epoch, allow_uneven_shards)
         self._cursor = _Cursor(plan, self._unit, epoch, position)
         self._worker_init = _WorkerInit(kwargs.pop("worker_init_fn", None))
         self._resume, self._after = True, epoch
@@ -402,7 +414,13 @@ class ResumableDataLoader(DataLoader):
         self._resume = True
 
 
-def make_dataloader(stream: Stream, num_workers: int = 0, **dataloader_kwargs: Any) -> Any:
+def make_dataloader(
+    stream: Stream,
+    num_workers: int = 0,
+    *,
+    allow_uneven_shards: bool = False,
+    **dataloader_kwargs: Any,
+) -> Any:
     """A DataLoader handing out ``stream``'s items as torch tensors, resumable exactly.
 
     A batching stream gives batches (``batch_size=`` here sets the stream's batch size when it
@@ -410,6 +428,12 @@ def make_dataloader(stream: Stream, num_workers: int = 0, **dataloader_kwargs: A
     ``state_dict()`` after k consumed items, loaded into a loader made the same way, resumes at
     item k+1 with any ``num_workers``, persistent workers or not. With a predicate, each batch
     holds the passing records of one run of ``batch_size`` positions (it is not refilled).
+
+    In a DDP job (``torch.distributed`` initialized, more than one process), a stream whose
+    shards hand out different numbers of items is refused: the ranks with fewer would leave
+    the others waiting in their last collective for ever. Make them equal with the stream's
+    ``drop_shard_remainder=True`` or ``pad_shard_remainder=True`` (DistributedSampler's
+    default), or pass ``allow_uneven_shards=True`` when the loop copes (``Join``).
     """
     batch_size = dataloader_kwargs.pop("batch_size", None)
     if batch_size is not None:
@@ -420,7 +444,12 @@ def make_dataloader(stream: Stream, num_workers: int = 0, **dataloader_kwargs: A
                 f"make_dataloader: batch_size={batch_size} but the stream batches by "
                 f"{stream.batch_size}; leave batch_size out"
             )
-    return ResumableDataLoader(stream, num_workers=num_workers, **dataloader_kwargs)
+    return ResumableDataLoader(
+        stream,
+        allow_uneven_shards=allow_uneven_shards,
+        num_workers=num_workers,
+        **dataloader_kwargs,
+    )
 
 
 class _WorkerInit:
@@ -447,6 +476,35 @@ class _WorkerInit:
         keep_freed_memory()
         if self.user is not None:
             self.user(worker_id)
+
+
+def _refuse_uneven_shards(
+    what: str, counts: Callable[[int], list[int]], first_epoch: int, allow: bool
+) -> None:
+    """ValueError in a DDP job whose shards hand out different numbers of items (``counts``
+    of an epoch: per rank) in its first epoch, which may be begun part-way, or in the next."""
+    if allow or not _distributed():
+        return
+    for epoch in (first_epoch, first_epoch + 1):
+        per_rank = counts(epoch)
+        if len(set(per_rank)) > 1:
+            shown = " / ".join(f"{count:,}" for count in per_rank[:8])
+            shown += " / ..." if len(per_rank) > 8 else ""
+            raise ValueError(
+                f"{what}: the {len(per_rank)} shards of this stream hand out {shown} items in "
+                f"epoch {epoch}; in a DDP job (torch.distributed is initialized) the ranks with "
+                "fewer would leave the others waiting in their last collective for ever. Make "
+                "the shards equal in the stream: drop_shard_remainder=True (leave the last "
+                "positions of each epoch out) or pad_shard_remainder=True (repeat the first "
+                "ones, as DistributedSampler does); or pass allow_uneven_shards=True if your "
+                "loop copes with uneven inputs (torch.distributed.algorithms.Join)"
+            )
+
+
+def _distributed() -> bool:
+    """Whether this process is one of several in an initialized torch.distributed group."""
+    dist = torch.distributed
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
 def _refuse_mixture(what: str, dataref: Any) -> None:

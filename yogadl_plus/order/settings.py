@@ -32,6 +32,11 @@ class OrderSettings:
     ``skip_shuffle_at_epoch_end`` every epoch reuses epoch 0's windowed order; with
     ``shard_by="chunks"`` each shard shuffles its own chunks in windows of W of them; with
     n-grams the positions (anchors) are grouped by the chunk of their anchor record.
+
+    Shards differ by one position by default (every record exactly once per epoch); they are
+    made equal by ``drop_shard_remainder`` (the last positions of the epoch's order are left
+    out) or ``pad_shard_remainder`` (the order wraps around to its first positions, which some
+    shards then hand out twice in that epoch, as torch's DistributedSampler pads).
     """
 
     shuffle: bool = False
@@ -40,6 +45,7 @@ class OrderSettings:
     shard_rank: int = 0
     num_shards: int = 1
     drop_shard_remainder: bool = False
+    pad_shard_remainder: bool = False
     shard_by: str = "records"
     start_offset: int = 0
     global_start: int | None = None
@@ -58,6 +64,12 @@ class OrderSettings:
             check_bool("skip_shuffle_at_epoch_end", self.skip_shuffle_at_epoch_end),
         )
         keep("drop_shard_remainder", check_bool("drop_shard_remainder", self.drop_shard_remainder))
+        keep("pad_shard_remainder", check_bool("pad_shard_remainder", self.pad_shard_remainder))
+        if self.drop_shard_remainder and self.pad_shard_remainder:
+            raise ValueError(
+                "drop_shard_remainder=True and pad_shard_remainder=True: shards are evened "
+                "either by dropping the last positions or by repeating the first ones; pass one"
+            )
         keep("num_shards", check_int("num_shards", self.num_shards, 1))
         keep("shard_rank", check_int("shard_rank", self.shard_rank, 0, self.num_shards - 1))
         if self.shuffle_seed is not None:

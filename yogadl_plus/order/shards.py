@@ -88,13 +88,15 @@ class ShardByRecords:
     ``shuffle=True`` the ``Permutation(num_records, shuffle_seed, epoch)`` (epoch 0's for every
     epoch with ``skip_shuffle_at_epoch_end=True``; a ``WindowPermutation`` of the positions
     grouped by ``chunk_records`` with ``shuffle_window``). ``drop_shard_remainder=True`` first
-    cuts it to its first ``global_length`` positions, a multiple of ``num_shards``. Shard ``r``
-    of ``S`` takes positions ``r, r + S, r + 2S, ...``: within an epoch the shards are disjoint
-    and together cover the (cut) order. Any ``(epoch, position)`` costs the same.
+    cuts it to its first ``global_length`` positions, a multiple of ``num_shards``;
+    ``pad_shard_remainder=True`` extends it to the next multiple, position ``num_records + k``
+    holding what position ``k`` holds (DistributedSampler's padding). Shard ``r`` of ``S`` takes
+    positions ``r, r + S, r + 2S, ...``: within an epoch the shards are disjoint and together
+    cover the (cut or padded) order. Any ``(epoch, position)`` costs the same.
 
     ``global_start = g`` starts in epoch ``g // num_records`` at position ``g % num_records``:
-    in that first epoch, shard ``r`` takes positions ``g0 + r, g0 + r + S, ...``, cut with
-    ``drop_shard_remainder`` to a multiple of ``S`` after ``g0``; later epochs are whole.
+    in that first epoch, shard ``r`` takes positions ``g0 + r, g0 + r + S, ...``, cut (or
+    padded) to a multiple of ``S`` after ``g0``; later epochs are whole.
 
     Made from ``OrderSettings`` or its keywords: ``ShardByRecords(10, shuffle=True,
     shuffle_seed=1)``.
@@ -123,9 +125,10 @@ class ShardByRecords:
         self._chunk_records = _chunk_counts(
             chunk_records, self.num_records, settings.shuffle_window
         )
-        n, shards = self.num_records, self.num_shards
-        self.global_length = n - n % shards if settings.drop_shard_remainder else n
-        self.shard_length = len(range(self.shard_rank, self.global_length, shards))
+        self._pad = settings.pad_shard_remainder
+        self.global_length = self._evened(0)
+        self.shard_length = len(range(self.shard_rank, self.global_length, self.num_shards))
+        n = self.num_records
         self.first_epoch, self.first_global = divmod(self.global_start, n) if n else (0, 0)
         first_length = self.epoch_length(self.first_epoch)
         self.positions = EpochPositions(self.first_epoch, first_length, self.shard_length)
@@ -138,7 +141,8 @@ class ShardByRecords:
             f"shuffle_seed={s.shuffle_seed}, "
             f"skip_shuffle_at_epoch_end={s.skip_shuffle_at_epoch_end}, "
             f"shard_rank={self.shard_rank}, num_shards={self.num_shards}, "
-            f"drop_shard_remainder={s.drop_shard_remainder}, global_start={self.global_start}, "
+            f"drop_shard_remainder={s.drop_shard_remainder}, "
+            f"pad_shard_remainder={s.pad_shard_remainder}, global_start={self.global_start}, "
             f"shuffle_window={s.shuffle_window})"
         )
 
@@ -154,13 +158,24 @@ class ShardByRecords:
         return self.first_global if epoch == self.first_epoch else 0
 
     def epoch_global_length(self, epoch: int) -> int:
-        """The end of ``epoch``'s global order (cut to whole rounds of shards after its start)."""
+        """The end of ``epoch``'s global order (cut, or padded, to whole rounds of shards after
+        its start)."""
         start = self.epoch_start(epoch)
-        if not start:
-            return self.global_length
+        return self._evened(start) if start else self.global_length
+
+    def _evened(self, start: int) -> int:
+        """The end of an epoch's global order begun at ``start``."""
+        n, shards = self.num_records, self.num_shards
         if self.settings.drop_shard_remainder:
-            return start + (self.num_records - start) // self.num_shards * self.num_shards
-        return self.num_records
+            return start + (n - start) // shards * shards
+        if self._pad:
+            return start + -(-(n - start) // shards) * shards
+        return n
+
+    def shard_lengths(self, epoch: int) -> list[int]:
+        """Positions of every shard (rank 0, 1, ...) in ``epoch``."""
+        start, end = self.epoch_start(epoch), self.epoch_global_length(epoch)
+        return [len(range(start + rank, end, self.num_shards)) for rank in range(self.num_shards)]
 
     def epoch_length(self, epoch: int) -> int:
         """Positions of this shard in ``epoch`` (fewer in a first epoch begun mid-way)."""
@@ -181,7 +196,8 @@ class ShardByRecords:
         """The global position, counted from epoch 0, reached when every shard has handed out
         ``position`` items of ``epoch``: what ``global_start`` takes to resume there."""
         reached = self.epoch_start(epoch) + self.num_shards * position
-        if reached >= self.epoch_global_length(epoch):
+        # (Past num_records, a padded order only repeats records: the epoch is done.)
+        if reached >= min(self.epoch_global_length(epoch), self.num_records):
             return (epoch + 1) * self.num_records
         return epoch * self.num_records + reached
 
@@ -198,6 +214,8 @@ class ShardByRecords:
         positions = np.arange(start, stop, dtype=np.int64)
         positions *= self.num_shards
         positions += self.shard_rank + self.epoch_start(epoch)
+        if self._pad and stop > start and positions[-1] >= self.num_records:
+            positions %= self.num_records  # the padding repeats the order's first positions
         perm = self.permutation(epoch)
         return positions if perm is None else perm.permute(positions.view(np.uint64))
 
@@ -206,6 +224,7 @@ class ShardByRecords:
         epoch = check_int("epoch", epoch, 0)
         position = _check_position(operator.index(position), self.epoch_length(epoch))
         global_position = self.epoch_start(epoch) + self.shard_rank + self.num_shards * position
+        global_position %= self.num_records  # (only the padding reaches past num_records)
         perm = self.permutation(epoch)
         return global_position if perm is None else perm[global_position]
 
@@ -243,7 +262,9 @@ class ShardByChunks:
 
     A rank then reads (and pulls from a remote store) only its own chunks, at the price of a
     shuffle that never mixes records across shards. ``drop_shard_remainder=True`` cuts every
-    shard to the shortest one's length, so all shards have as many positions. There is no global
+    shard to the shortest one's length, ``pad_shard_remainder=True`` extends every shard to the
+    longest one's by wrapping around its own order, so all shards have as many positions (with
+    the padding, a shard's first records come twice in an epoch). There is no global
     order, so no ``global_start`` and no ``global_offset``: resume with ``start_offset`` on the
     same number of shards.
     """
@@ -272,15 +293,23 @@ class ShardByChunks:
         # Within its chunks, the shard is the one shard of an order of their records (a
         # windowed shuffle then windows this shard's chunks).
         whole = dataclasses.replace(
-            settings, shard_rank=0, num_shards=1, drop_shard_remainder=False, global_start=None
+            settings,
+            shard_rank=0,
+            num_shards=1,
+            drop_shard_remainder=False,
+            pad_shard_remainder=False,
+            global_start=None,
         )
         self._own = ShardByRecords(int(mine.sum()), whole, chunk_records=mine)
         self.num_records = self._own.num_records
-        self.shard_length = self.num_records
+        self._lengths = [int(counts[r::num_shards].sum()) for r in range(num_shards)]
         if settings.drop_shard_remainder:
             # Each epoch takes the first `shortest` positions of this shard's own shuffle: a
             # different cut every shuffled epoch, as with shard_by="records".
-            self.shard_length = min(int(counts[r::num_shards].sum()) for r in range(num_shards))
+            self._lengths = [min(self._lengths)] * num_shards
+        elif settings.pad_shard_remainder:
+            self._lengths = [max(self._lengths)] * num_shards
+        self.shard_length = self._lengths[shard_rank]
         self.first_epoch = 0
         self.positions = EpochPositions(0, self.shard_length, self.shard_length)
 
@@ -290,12 +319,16 @@ class ShardByChunks:
             f"ShardByChunks(chunks={len(self.chunks)}, records={self.num_records}, "
             f"shuffle={s.shuffle}, shuffle_seed={s.shuffle_seed}, shard_rank={self.shard_rank}, "
             f"num_shards={self.num_shards}, drop_shard_remainder={s.drop_shard_remainder}, "
-            f"shuffle_window={s.shuffle_window})"
+            f"pad_shard_remainder={s.pad_shard_remainder}, shuffle_window={s.shuffle_window})"
         )
 
     def epoch_length(self, epoch: int) -> int:
         """Positions of this shard in ``epoch``: every epoch has ``shard_length``."""
         return self.shard_length
+
+    def shard_lengths(self, epoch: int) -> list[int]:
+        """Positions of every shard (rank 0, 1, ...) in ``epoch``."""
+        return list(self._lengths)
 
     def global_offset(self, epoch: int, position: int) -> int:
         raise ValueError(
@@ -306,13 +339,24 @@ class ShardByChunks:
     def indices(self, epoch: int, start: int, stop: int) -> npt.NDArray[np.int64]:
         """The record indices at this shard's positions ``[start, stop)`` of ``epoch``, clipped
         to the epoch."""
-        stop = min(operator.index(stop), self.shard_length)
-        return self._records(self._own.indices(epoch, start, stop))
+        start = min(max(operator.index(start), 0), self.shard_length)
+        stop = min(max(operator.index(stop), start), self.shard_length)
+        own = self.num_records
+        if stop <= own:
+            return self._records(self._own.indices(epoch, start, stop))
+        # Padded past this shard's own records: its order again from its start.
+        parts, first = [], start
+        while first < stop:
+            local = first % own
+            end = min(stop, first + own - local)
+            parts.append(self._own.indices(epoch, local, local + end - first))
+            first = end
+        return self._records(np.concatenate(parts))
 
     def index(self, epoch: int, position: int) -> int:
         """The record index at this shard's ``position`` of ``epoch``."""
         _check_position(operator.index(position), self.shard_length)
-        found = self._own.index(epoch, position)
+        found = self._own.index(epoch, position % self.num_records)
         return int(self._records(np.array([found], dtype=np.int64))[0])
 
     def window_permutation(self, epoch: int) -> WindowPermutation | None:

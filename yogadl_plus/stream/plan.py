@@ -104,6 +104,12 @@ class StreamPlan:
             return positions
         return positions // size if self.boundary.drop_last else -(-positions // size)
 
+    def shard_items(self, epoch: int) -> list[int]:
+        """Items every shard (rank 0, 1, ...) hands out in ``epoch``: equal with
+        ``drop_shard_remainder`` or ``pad_shard_remainder``, else they may differ by one; with
+        a predicate, upper bounds."""
+        return [self._items_in(length) for length in self.order.shard_lengths(epoch)]
+
     def indices(self, epoch: int, start: int, stop: int) -> np.ndarray:
         """What the order puts at this shard's positions [start, stop) of ``epoch``: record
         indices (indices of n-gram windows with ``ngram=``; a mixture's slots), clipped to the
