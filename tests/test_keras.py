@@ -319,3 +319,90 @@ def test_backup_and_restore_refuses_record_streams_and_urls(ref, tmp_path):
         ydl.keras.BackupAndRestore(str(tmp_path), ref.stream())
     with pytest.raises(ValueError, match="local or mounted"):
         ydl.keras.BackupAndRestore("gs://bucket/backup", stream_of(ref))
+
+
+# --- fit retried after an interruption: in the same process (Keras's own test pattern) ---
+
+
+class Interrupt(keras.callbacks.Callback):
+    """Raises RuntimeError at the end of the ``at``-th step of a fit."""
+
+    def __init__(self, at):
+        super().__init__()
+        self.at, self.steps = at, 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.steps += 1
+        if self.steps == self.at:
+            raise RuntimeError("interrupted")
+
+
+class Steps(keras.callbacks.Callback):
+    """The optimizer's step count and learning rate after every step."""
+
+    def __init__(self, seen):
+        super().__init__()
+        self.seen = seen
+
+    def on_train_batch_end(self, batch, logs=None):
+        optimizer = self.model.optimizer
+        self.seen.append((int(optimizer.iterations), float(optimizer.learning_rate)))
+
+
+def logged_model(trained):
+    """A model that appends the first column of x (a record's id) of each batch it trains on
+    to ``trained``, in graph mode too, and whose learning rate decays with every step."""
+    import tensorflow as tf
+
+    class Log(keras.layers.Layer):
+        def call(self, x, training=False):
+            if not training:
+                return x
+
+            def note(ids):
+                trained.append(ids.numpy().astype(int).tolist())
+                return ids
+
+            ids = tf.py_function(note, [x[:, 0]], tf.float32)
+            with tf.control_dependencies([ids]):
+                return tf.identity(x)
+
+    model = keras.Sequential([keras.Input((3,)), Log(), keras.layers.Dense(2)])
+    schedule = keras.optimizers.schedules.ExponentialDecay(0.1, decay_steps=1, decay_rate=0.5)
+    model.compile(
+        keras.optimizers.SGD(schedule),
+        keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
+    return model, schedule
+
+
+@pytest.mark.parametrize("face", ["sequence", "tf"])
+@pytest.mark.parametrize("at", [3, 7, 9])  # mid-epoch, an epoch's last step, 2 into the next
+@pytest.mark.parametrize("same_model", [True, False])
+def test_fit_retried_trains_each_batch_once_and_counts_steps_exactly(
+    ref, tmp_path, face, at, same_model
+):
+    # Before: with StreamSequence, the retried fit raised "IndexError: the epoch has 7 batches,
+    # all handed out already"; with tf.data, optimizer.iterations (and the learning rate) ran
+    # one step ahead of the steps trained after the resumed epoch.
+    stream = stream_of(ref, fields=["x", "y"])
+    if face == "sequence":
+        data = StreamSequence(stream, x="x", y="y")
+    else:
+        data = ydl.tensorflow.make_tf_dataset(stream).map(lambda b: (b["x"], b["y"]))
+    backup = ydl.keras.BackupAndRestore(str(tmp_path / "backup"), stream, save_freq=1)
+    trained, steps = [], []
+    model, schedule = logged_model(trained)
+    with pytest.raises(RuntimeError, match="interrupted"):
+        model.fit(data, epochs=3, callbacks=[backup, Steps(steps), Interrupt(at)], verbose=0)
+    if not same_model:  # a new process: the model comes back from the backup alone
+        model, schedule = logged_model(trained)
+    model.fit(data, epochs=3, callbacks=[backup, Steps(steps)], verbose=0)
+
+    expected = epoch_ids(ref, 0) + epoch_ids(ref, 1) + epoch_ids(ref, 2)
+    assert trained == expected  # every batch once, in the stream's order
+    assert [count for count, _ in steps] == list(range(1, len(expected) + 1))
+    assert [rate for _, rate in steps] == pytest.approx(
+        [float(schedule(count)) for count in range(1, len(expected) + 1)]
+    )
+    assert int(model.optimizer.iterations) == len(expected)

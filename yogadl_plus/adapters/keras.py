@@ -18,6 +18,8 @@ if TYPE_CHECKING:
 
 __all__ = ["BackupAndRestore", "StreamSequence"]
 
+_ENDED = object()  # what next() gives for an epoch's iteration that has ended
+
 
 class StreamSequence(keras.utils.PyDataset):
     """The stream's batches as ``(x, y)`` (or ``x`` alone when ``y`` is None), for
@@ -130,13 +132,14 @@ class StreamSequence(keras.utils.PyDataset):
     def __getitem__(self, index: int) -> Any:
         with self._lock:
             if self._batches is not None:  # in an epoch: the next batch, whatever the index
-                try:
-                    batch = next(self._batches)
-                except StopIteration:
-                    raise IndexError(
-                        f"the epoch has {self._length} batches, all handed out already"
-                    ) from None
-                return self._item(batch)
+                batch = next(self._batches, _ENDED)
+                if batch is not _ENDED:
+                    return self._item(batch)
+                # Keras asks for no more than len() batches in an epoch, so this epoch was left
+                # unfinished by a fit that raised (it never got on_epoch_end), and a new fit
+                # samples batches for its signature before it resets the dataset: it gets
+                # them as outside an epoch.
+                self._batches = None
             epoch, start = self.stream.next_epoch_position
             count = self.plan.items_from(epoch, start)
         i = int(index) + count if int(index) < 0 else int(index)

@@ -81,6 +81,7 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
         self._epoch = 0  # the stream's epoch it iterates
         self._steps = 0  # batches trained in it
         self._since_backup = 0  # batches trained since the last backup (save_freq=int)
+        self._iterations = 0  # the optimizer's step count when the epoch began
         self._quiet: tuple[Any, ...] | None = None
 
     # --- Keras's hooks ---
@@ -106,6 +107,7 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
         self._keras_epoch = epoch
         self._epoch = self.stream.next_epoch_position[0]
         self._steps = 0
+        self._iterations = _iterations(self.model)
 
     def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
         done = batch + 1  # the last step's index, several steps per call included
@@ -115,6 +117,13 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
             self._back_up(self._keras_epoch, finished=False)
 
     def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+        # An epoch that ends before Keras's count of its batches (the rest of a resumed one, or
+        # one thinned by a predicate) ends in one more call of Keras's train function, which
+        # finds no data; with TensorFlow it still counts an optimizer step. Take it back, so
+        # that step counters and learning-rate schedules go on as in an uninterrupted run.
+        trained = self._iterations + self._steps
+        if _iterations(self.model) > trained:
+            self.model.optimizer.iterations.assign(trained)
         if self.save_freq == "epoch":
             self._back_up(epoch, finished=True)
 
@@ -227,6 +236,12 @@ def _identity(stream: Stream) -> dict[str, Any]:
         "batch_size": plan.boundary.batch_size,
         "drop_last": plan.boundary.drop_last,
     }
+
+
+def _iterations(model: Any) -> int:
+    """The optimizer's count of steps (0 without an optimizer)."""
+    optimizer = getattr(model, "optimizer", None)
+    return 0 if optimizer is None else int(optimizer.iterations)
 
 
 def _digest_or_none(path: str) -> str | None:
