@@ -37,7 +37,8 @@ class StreamSequence(keras.utils.PyDataset):
     Keras's batch shuffle (``fit(shuffle=True)``, its default) has no effect: the stream
     already shuffles, record by record, which is the better shuffle. Keras's own worker threads
     and processes would ask out of order and are refused; read ahead with the stream's
-    ``num_workers``. Outside an epoch, ``sequence[i]`` is batch ``i`` of the epoch the next
+    ``num_workers``. Outside an epoch (and once an epoch's batches are all handed out: a fit
+    that raised leaves its epoch open), ``sequence[i]`` is batch ``i`` of the epoch the next
     iteration covers, read without moving anything.
 
     The stream's ledger records what each epoch handed out, so ``stream.offset_after(epoch,
