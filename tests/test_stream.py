@@ -253,3 +253,47 @@ def test_every_stream_keyword_is_a_field_of_exactly_one_settings_class():
     assert set().union(*held) == keywords
     assert sum(map(len, held)) == len(keywords)
     assert ydl.DataRef.stream is ydl.Mixture.stream is RecordSource.stream
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    batch=st.integers(1, 40),
+    drop_last=st.booleans(),
+    start=st.integers(0, 2 * N),
+    workers=st.sampled_from([0, 2]),
+    consumed=st.integers(0, 12),
+)
+def test_blocks_of_whole_batches_are_iters_batches_with_the_same_ledger(
+    ref, batch, drop_last, start, workers, consumed
+):
+    # iter_blocks() of a batching stream (the tf.data face's bulk path): the same batches,
+    # cut from blocks of whole batches, and the same offsets for a count of batches consumed.
+    kwargs = dict(
+        shuffle=True,
+        shuffle_seed=4,
+        batch_size=batch,
+        drop_last=drop_last,
+        start_offset=start,
+        num_workers=workers,
+    )
+    by_items, by_blocks = ref.stream(**kwargs), ref.stream(**kwargs)
+    epoch = by_items.next_epoch_position[0]
+    batches = [b["i"].tolist() for b in by_items]
+    blocks = list(by_blocks.iter_blocks())
+    assert all(len(block) % batch == 0 for block in blocks[:-1])  # only the last may be short
+    rows = [i for block in blocks for i in block.columns["i"].tolist()]
+    assert rows == [i for b in batches for i in b]
+    assert by_blocks.offset == by_items.offset
+    assert by_blocks.next_epoch_position == by_items.next_epoch_position
+    k = min(consumed, len(batches))
+    assert by_blocks.offset_after(epoch, k) == by_items.offset_after(epoch, k)
+    assert by_blocks.stats().batches == by_items.stats().batches == len(batches)
+
+
+def test_iter_blocks_refuses_batches_that_are_not_plain_runs(ref):
+    odd = ydl.predicates.in_lambda(["i"], lambda i: i % 2 == 1)
+    for kwargs in ({"predicate": odd}, {"transform": lambda r: r}):
+        with pytest.raises(ValueError, match="iter\\(\\)"):
+            ref.stream(batch_size=4, **kwargs).iter_blocks()

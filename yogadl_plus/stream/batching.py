@@ -24,8 +24,8 @@ def take(blocks: list[Block], n: int) -> tuple[Any, int, list[Block]]:
             taken.append(block)
             left -= len(block)
         else:
-            taken.append(_slice(block, 0, left))
-            rest.insert(0, _slice(block, left, len(block)))
+            taken.append(block.sliced(0, left))
+            rest.insert(0, block.sliced(left, len(block)))
             left = 0
     end = int(taken[-1].ends[-1])
     if taken[0].columns is not None:
@@ -33,20 +33,6 @@ def take(blocks: list[Block], n: int) -> tuple[Any, int, list[Block]]:
         return _concat(columns) if len(columns) > 1 else columns[0], end, rest
     items = [item for b in taken for item in (b.items or [])]
     return collate(items), end, rest
-
-
-def _slice(block: Block, start: int, stop: int) -> Block:
-    if block.columns is not None:
-        return Block(block.ends[start:stop], columns=_slice_columns(block.columns, start, stop))
-    assert block.items is not None
-    return Block(block.ends[start:stop], items=block.items[start:stop])
-
-
-def _slice_columns(columns: dict[Any, Any], start: int, stop: int) -> dict[Any, Any]:
-    return {
-        k: _slice_columns(v, start, stop) if isinstance(v, dict) else v[start:stop]
-        for k, v in columns.items()
-    }
 
 
 def _concat(parts: list[dict[Any, Any]]) -> dict[Any, Any]:

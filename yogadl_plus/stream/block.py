@@ -29,6 +29,20 @@ class Block:
     def __len__(self) -> int:
         return len(self.ends)
 
+    def sliced(self, start: int, stop: int) -> Block:
+        """Its items ``[start, stop)`` (views of its arrays), without work or bytes."""
+        if self.columns is not None:
+            return Block(self.ends[start:stop], columns=_slice_columns(self.columns, start, stop))
+        assert self.items is not None
+        return Block(self.ends[start:stop], items=self.items[start:stop])
+
+
+def _slice_columns(columns: dict[Any, Any], start: int, stop: int) -> dict[Any, Any]:
+    return {
+        k: _slice_columns(v, start, stop) if isinstance(v, dict) else v[start:stop]
+        for k, v in columns.items()
+    }
+
 
 def as_items(block: Block) -> Block:
     """A block of records as a list of record dicts (a reader may give them as columns)."""

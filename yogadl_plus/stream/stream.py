@@ -222,9 +222,22 @@ class Stream:
     def iter_blocks(self) -> Iterator[Block]:
         """The next epoch as ``iter()`` would hand it out (same items, order, offsets and
         ledger), a block of records at a time: columns (field -> array or list) without a
-        transform, else the list of items. For faces that hand records over in bulk."""
-        if self.batch_size is not None:
-            raise ValueError("iter_blocks() is for record streams; this stream batches")
+        transform, else the list of items. For faces that hand records over in bulk.
+
+        A batching stream gives blocks of whole batches (columns, a multiple of
+        ``batch_size`` records; the epoch's short last batch ends the last block unless
+        ``drop_last``), each batch written down as one item handed out. Its batches must be
+        plain runs of records: no predicate (batches fill across blocks) and no transform."""
+        boundary = self._plan.boundary
+        if boundary.batch_size is not None and (
+            boundary.predicate is not None or boundary.transform is not None
+        ):
+            raise ValueError(
+                "iter_blocks() of a batching stream gives blocks of whole batches of records: "
+                "a stream with a predicate or a transform hands its batches out with iter()"
+            )
+        if boundary.batch_size is not None:
+            return self._handed_batch_blocks(*self._begin())
         return self._handed_blocks(*self._begin())
 
     def close(self) -> None:
@@ -241,7 +254,7 @@ class Stream:
         self._ledgers.append(ledger)
         return epoch, position, ledger
 
-    def _blocks(self, epoch: int, position: int) -> Iterator[Block]:
+    def _blocks(self, epoch: int, position: int, many_batches: bool = False) -> Iterator[Block]:
         plan = self._plan
         boundary, sizes = plan.boundary, plan.sizes
         unit = sizes.read_block if boundary.batch_size is None else boundary.batch_size
@@ -249,7 +262,7 @@ class Stream:
             # Batches fill from passing records across units; a unit of one batch's positions
             # would leave each unit's fixed cost to a handful of passing records.
             unit = max(unit, sizes.read_block)
-        if self._pool is not None and boundary.transform is None:
+        if (self._pool is not None or many_batches) and boundary.transform is None:
             # (A transform's work dwarfs the hand-over, and its output may be far bigger than
             # the records: units stay a batch, so that memory and the first batch's wait do.)
             unit = max(unit, unit * (sizes.pool_unit // unit))
@@ -297,6 +310,25 @@ class Stream:
                 self._epoch, self._position = epoch, int(block.ends[-1])
                 stats.handed(len(block))
                 yield block
+        self._epoch_done(epoch, ledger)
+
+    def _handed_batch_blocks(self, epoch: int, position: int, ledger: Ledger) -> Iterator[Block]:
+        size = self.batch_size
+        assert size is not None
+        stats = self._plan.stats
+        for block in self._blocks(epoch, position, many_batches=True):
+            # Units are whole batches from ``position``: only the epoch's last may be short.
+            if len(block) % size and self._plan.boundary.drop_last:
+                block = block.sliced(0, len(block) - len(block) % size)
+            if not len(block):
+                continue
+            ends = block.ends[size - 1 :: size]
+            if len(block) % size:
+                ends = np.append(ends, block.ends[-1])
+            ledger.add(ends)
+            self._epoch, self._position = epoch, int(block.ends[-1])
+            stats.handed(len(block), len(ends))
+            yield block
         self._epoch_done(epoch, ledger)
 
     def _batches(self, epoch: int, position: int, ledger: Ledger) -> Iterator[Any]:
