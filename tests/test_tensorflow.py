@@ -561,3 +561,32 @@ def test_read_ahead_resumes_at_offset_after_the_records_consumed(ref):
 def test_read_ahead_refuses_what_is_not_a_bool(ref, bad):
     with pytest.raises(ValueError, match="read_ahead must be True or False"):
         make_tf_dataset(ref.stream(), read_ahead=bad)
+
+
+EMPTY_VALUES_SCRIPT = """
+import sys, numpy as np, yogadl_plus as ydl
+ref = ydl.cache_dataset(
+    ({"i": np.int64(i), "e": np.zeros((2, 0), np.float32)} for i in range(10)),
+    "empty", "v1", ydl.LocalStorage(sys.argv[1]), progress=False)
+for stream in (ref.stream(batch_size=4), ref.stream(batch_size=4, drop_last=True), ref.stream()):
+    items = list(ydl.tensorflow.make_tf_dataset(stream))
+    ids = [int(i) for item in items for i in np.atleast_1d(item["i"].numpy())]
+    assert ids == list(range(len(ids))) and len(ids) in (8, 10), ids
+    assert all(tuple(item["e"].shape[-2:]) == (2, 0) for item in items)
+print("ok")
+"""
+
+
+def test_values_with_a_zero_dim_come_through_without_a_crash(tmp_path):
+    # Before: TensorFlow's unbatch, which the face used for blocks and groups of batches,
+    # ended the process with a segmentation fault on a field of shape (2, 0).
+    import subprocess
+    import sys
+
+    result = subprocess.run(
+        [sys.executable, "-c", EMPTY_VALUES_SCRIPT, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0 and result.stdout.endswith("ok\n"), result.stderr[-2000:]

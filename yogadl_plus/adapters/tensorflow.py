@@ -121,11 +121,21 @@ def _items_dataset(
             yield to_tf(item)
 
     dense = all(isinstance(spec, tf.TensorSpec) for spec in tf.nest.flatten(signature))
-    if read_ahead and batched and dense:
+    if read_ahead and batched and dense and not _empty_values(signature):
         group_signature = tf.nest.map_structure(
             lambda spec: tf.TensorSpec((None, *spec.shape), spec.dtype), signature
         )
-        dataset = _epochs(stream, lambda: _groups(items()), group_signature, lambda d: d.unbatch())
+        if output_signature is None and _plain_batches(plan):
+            # Blocks of whole batches as the stream reads them, reshaped to (batches, batch,
+            # ...) without a copy: Python runs once per block, tf.data cuts the batches.
+            def groups() -> Iterator[Any]:
+                return _batch_groups(stream, to_tf)
+        else:
+
+            def groups() -> Iterator[Any]:
+                return _groups(items())
+
+        dataset = _epochs(stream, groups, group_signature, lambda d: d.unbatch())
         return dataset.prefetch(tf.data.AUTOTUNE)
     dataset = _epochs(stream, items, signature)
     if read_ahead:
@@ -172,6 +182,44 @@ def _epochs(
     if per_element is not None:
         dataset = per_element(dataset)
     return dataset.take(len(stream))
+
+
+def _empty_values(signature: Any) -> bool:
+    """Whether some value of the signature has a dim of 0: tf.data's ``unbatch`` crashes the
+    process on those (a segmentation fault in TensorFlow), so they are handed over whole."""
+    return any(0 in spec.shape.as_list() for spec in tf.nest.flatten(signature))
+
+
+def _plain_batches(plan: StreamPlan) -> bool:
+    """Whether the stream's batches are plain runs of records (``stream.iter_blocks()`` gives
+    them in blocks of whole batches)."""
+    boundary = plan.boundary
+    return boundary.predicate is None and boundary.transform is None and boundary.ngram is None
+
+
+def _batch_groups(stream: Stream, to_tf: Callable[[Any], Any]) -> Iterator[Any]:
+    """The stream's next epoch as groups of batches: each block of whole batches (its columns
+    through ``to_tf``) shaped ``(batches, batch_size, ...)``; a short last batch on its own."""
+    size = stream.batch_size
+    assert size is not None
+    for block in stream.iter_blocks():
+        columns = to_tf(block.columns)
+        whole = len(block) - len(block) % size
+        if whole:
+            yield _grouped(columns, 0, whole, size)
+        if whole < len(block):
+            yield _grouped(columns, whole, len(block), len(block) - whole)
+
+
+def _grouped(columns: Any, start: int, stop: int, size: int) -> Any:
+    """Rows ``[start, stop)`` of every column, as arrays ``(batches, size, ...)``: views, no
+    copy."""
+
+    def cut(column: Any) -> np.ndarray:
+        rows = np.asarray(column)[start:stop]
+        return rows.reshape(len(rows) // size, size, *rows.shape[1:])
+
+    return tf.nest.map_structure(cut, columns)
 
 
 def _groups(batches: Iterator[Any]) -> Iterator[Any]:
@@ -234,6 +282,8 @@ def _record_blocks_dataset(stream: Stream, output_signature: Any, nested: bool) 
         def block_to_tf(block: Any) -> Any:
             return _to_batch_signature(block.items, signature)
 
+    if _empty_values(signature):
+        return _items_dataset(stream, output_signature, nested, read_ahead=True)
     block_signature = tf.nest.map_structure(_batched_spec, signature)
 
     def blocks() -> Iterator[Any]:
