@@ -184,3 +184,13 @@ def test_a_stream_with_its_own_workers_goes_into_a_dataloader(ref):
     loader = ydl.torch.make_dataloader(stream, num_workers=2, multiprocessing_context="spawn")
     assert ids(loader) == ids(ref.stream(shuffle=True, shuffle_seed=4, batch_size=25))
     stream.close()
+
+
+def test_worker_processes_persist_across_epochs_unless_told_not_to(ref):
+    # Each iteration is the stream's next epoch: starting the workers again for each one cost
+    # a fork per worker per epoch (two workers slower than none on short epochs).
+    stream = ref.stream(batch_size=8)
+    assert ydl.torch.make_dataloader(stream, num_workers=2).persistent_workers is True
+    ended = ydl.torch.make_dataloader(stream, num_workers=2, persistent_workers=False)
+    assert ended.persistent_workers is False
+    assert ydl.torch.make_dataloader(stream).persistent_workers is False  # no workers to keep

@@ -429,6 +429,12 @@ def make_dataloader(
     item k+1 with any ``num_workers``, persistent workers or not. With a predicate, each batch
     holds the passing records of one run of ``batch_size`` positions (it is not refilled).
 
+    With workers, ``persistent_workers`` defaults to True (DataLoader's default is False):
+    every iteration is the stream's next epoch, and starting the workers again for each one
+    costs a fork of this whole process per worker (on short epochs of big records that made
+    two workers slower than none). Pass ``persistent_workers=False`` to end them after each
+    epoch.
+
     In a DDP job (``torch.distributed`` initialized, more than one process), a stream whose
     shards hand out different numbers of items is refused: the ranks with fewer would leave
     the others waiting in their last collective for ever. Make them equal with the stream's
@@ -444,6 +450,8 @@ def make_dataloader(
                 f"make_dataloader: batch_size={batch_size} but the stream batches by "
                 f"{stream.batch_size}; leave batch_size out"
             )
+    if num_workers:
+        dataloader_kwargs.setdefault("persistent_workers", True)
     return ResumableDataLoader(
         stream,
         allow_uneven_shards=allow_uneven_shards,
