@@ -9,10 +9,11 @@ without a predicate: the stream writes down the positions each block it handed o
 from __future__ import annotations
 
 import bisect
+from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["Ledger"]
+__all__ = ["Ledger", "position_after"]
 
 
 class Ledger:
@@ -55,3 +56,25 @@ class Ledger:
         first, offsets, _ = self._runs[run]
         j = items - 1 - self._firsts[run]
         return first + (j if offsets is None else int(offsets[j]))
+
+
+def position_after(ledgers: Sequence[Ledger], epoch: int, items: int, length: int) -> int:
+    """The position right after the first ``items`` items that the latest of ``ledgers`` for
+    ``epoch`` handed out (``length``, the epoch's, once it was read to its end); ValueError
+    for an epoch not iterated, or more items than were handed out."""
+    ledger = next((led for led in reversed(ledgers) if led.epoch == epoch), None)
+    if ledger is None:
+        kept = [led.epoch for led in ledgers]
+        raise ValueError(
+            f"this stream has not iterated epoch {epoch} (it remembers the iterations of "
+            f"epochs {kept}): pass the epoch whose items were counted, as "
+            "stream.next_epoch_position[0] read before that epoch's iter()"
+        )
+    if items <= ledger.count:
+        return ledger.end_of(items)
+    if ledger.finished:
+        return length
+    raise ValueError(
+        f"{items} items of epoch {epoch} counted, but the stream has handed out only "
+        f"{ledger.count} of that epoch so far: count only items you received"
+    )

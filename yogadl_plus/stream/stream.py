@@ -20,7 +20,7 @@ import numpy as np
 from yogadl_plus.checks import check_int
 from yogadl_plus.stream.batching import take
 from yogadl_plus.stream.block import Block, as_items
-from yogadl_plus.stream.ledger import Ledger
+from yogadl_plus.stream.ledger import Ledger, position_after
 from yogadl_plus.stream.plan import StreamPlan
 from yogadl_plus.stream.state import StreamState
 from yogadl_plus.stream.stats import StatsCounter, StreamStats
@@ -177,22 +177,7 @@ class Stream:
         if items is None:
             return plan.offset_of(epoch, length)
         items = check_int("items", items, 0)
-        ledger = next((led for led in reversed(self._ledgers) if led.epoch == epoch), None)
-        if ledger is None:
-            kept = [led.epoch for led in self._ledgers]
-            raise ValueError(
-                f"this stream has not iterated epoch {epoch} (it remembers the iterations of "
-                f"epochs {kept}): pass the epoch whose items were counted, as "
-                "stream.next_epoch_position[0] read before that epoch's iter()"
-            )
-        if items <= ledger.count:
-            return plan.offset_of(epoch, ledger.end_of(items))
-        if ledger.finished:
-            return plan.offset_of(epoch, length)
-        raise ValueError(
-            f"{items} items of epoch {epoch} counted, but the stream has handed out only "
-            f"{ledger.count} of that epoch so far: count only items you received"
-        )
+        return plan.offset_of(epoch, position_after(self._ledgers, epoch, items, length))
 
     # --- where the time goes ---
 
@@ -229,16 +214,14 @@ class Stream:
         ``drop_last``), each batch written down as one item handed out. Its batches must be
         plain runs of records: no predicate (batches fill across blocks) and no transform."""
         boundary = self._plan.boundary
-        if boundary.batch_size is not None and (
-            boundary.predicate is not None or boundary.transform is not None
-        ):
+        if boundary.batch_size is None:
+            return self._handed_blocks(*self._begin())
+        if boundary.predicate is not None or boundary.transform is not None:
             raise ValueError(
                 "iter_blocks() of a batching stream gives blocks of whole batches of records: "
                 "a stream with a predicate or a transform hands its batches out with iter()"
             )
-        if boundary.batch_size is not None:
-            return self._handed_batch_blocks(*self._begin())
-        return self._handed_blocks(*self._begin())
+        return self._handed_batch_blocks(*self._begin())
 
     def close(self) -> None:
         """Stop worker threads or processes now (they start again on the next iteration)."""
