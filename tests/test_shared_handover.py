@@ -392,6 +392,25 @@ def test_loader_batches_come_from_the_rings_as_tensors(ref, workers, persistent,
         assert sum(in_a_ring(b["x"].numpy()) for b in got) > len(got) // 2
 
 
+def test_epochs_left_early_leave_no_ring_parts_behind(ref):
+    # Before: persistent workers are reset for each epoch and DataLoader drops, unread, what
+    # they had sent: those results' ring parts were never freed. A loop that leaves each epoch
+    # early (a step cap) filled the rings, and from then on every batch was pickled whole.
+    pytest.importorskip("torch")
+    args = dict(shuffle=True, shuffle_seed=1, batch_size=16, fields=["i", "x"])
+    loader = ydl.torch.make_dataloader(ref.stream(**args), num_workers=2)  # persistent
+    for _ in range(150):  # about a part per worker per epoch: more than a ring's SLOTS
+        for step, batch in enumerate(loader):
+            check_rows({k: v.numpy() for k, v in batch.items()})
+            if step == 1:
+                break
+    del batch
+    whole = list(loader)
+    for batch in whole:
+        check_rows({k: v.numpy() for k, v in batch.items()})
+    assert all(in_a_ring(b["x"].numpy()) for b in whole[1:])
+
+
 def test_loader_groups_of_small_items_resume_exactly(ref):
     pytest.importorskip("torch")
     args = dict(shuffle=True, shuffle_seed=4, fields=["i", "s"])

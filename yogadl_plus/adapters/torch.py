@@ -155,8 +155,9 @@ class _Group:
 
 
 class _StreamItems(Dataset):
-    """Key ``(epoch, start, count)``: the stream's ``count`` items from position ``start`` on,
-    each through ``collate`` (the user's collate_fn) when there is one."""
+    """Key ``(epoch, start, count, iteration)``: the stream's ``count`` items from position
+    ``start`` on, each through ``collate`` (the user's collate_fn) when there is one, for the
+    loader's ``iteration``-th iteration (the tag of the ring parts it takes)."""
 
     def __init__(self, plan: StreamPlan, unit: int, collate: Callable[[Any], Any] | None) -> None:
         self.plan = plan
@@ -166,14 +167,17 @@ class _StreamItems(Dataset):
         self.rings: list[SharedRing | None] = []
         self._decoding_into: SharedRing | None = None
 
-    def __getitem__(self, key: tuple[int, int, int]) -> _Group:
+    def __getitem__(self, key: tuple[int, int, int, int]) -> _Group:
         worker = get_worker_info()
         ring = self._ring(worker)
+        epoch, start, count, iteration = key
+        if ring is not None:
+            ring.tag = iteration
         items: list[Any] = []
         # What reading took (stream/stats.py), for the stream's stats() in the main process.
         read = Block(np.zeros(0, np.int64))
         try:
-            self._read(*key, items, read)
+            self._read(epoch, start, count, items, read)
         except Exception as exc:
             if worker is None:
                 raise
@@ -242,17 +246,18 @@ class _Cursor:
     unit: int
     epoch: int
     position: int
+    iteration: int = 0  # the loader's iterations begun so far
 
 
-class _PositionSampler(Sampler[tuple[int, int, int]]):
-    """(epoch, position, items) of each group of ``group`` items of one epoch, from the
-    cursor's place on."""
+class _PositionSampler(Sampler[tuple[int, int, int, int]]):
+    """(epoch, position, items, iteration) of each group of ``group`` items of one epoch, from
+    the cursor's place on."""
 
     def __init__(self, cursor: _Cursor, group: int) -> None:
         self.cursor = cursor
         self.group = group
 
-    def __iter__(self) -> Iterator[tuple[int, int, int]]:
+    def __iter__(self) -> Iterator[tuple[int, int, int, int]]:
         cursor = self.cursor
         plan, unit, epoch, position = cursor.plan, cursor.unit, cursor.epoch, cursor.position
         length = plan.epoch_length(epoch)
@@ -263,7 +268,7 @@ class _PositionSampler(Sampler[tuple[int, int, int]]):
         )
         starts = range(position, max(last, position), unit)
         for j in range(0, len(starts), self.group):
-            yield epoch, starts[j], len(starts[j : j + self.group])
+            yield epoch, starts[j], len(starts[j : j + self.group]), cursor.iteration
 
     def __len__(self) -> int:
         return -(-self.cursor.plan.items_per_epoch // self.group)
@@ -344,7 +349,14 @@ class ResumableDataLoader(DataLoader):
             self._worker_init.watch = ParentWatch.here(method)
         plan.begin_stats()
         rings = self._workers_rings()
+        cursor.iteration += 1
         groups = super().__iter__()
+        if self.persistent_workers:
+            # Persistent workers were reset for this iteration: DataLoader dropped, unread,
+            # what they had sent for the last one. Their ring parts are free again.
+            for ring in rings:
+                if ring is not None:
+                    ring.reclaim(cursor.iteration)
         while True:
             began = perf_counter()
             group = next(groups, None)

@@ -52,9 +52,11 @@ SLOTS = 128
 # than the ring's bookkeeping (a 64 KiB batch: 46 us in band, 98 us in the ring).
 _MIN_BUFFER = 4 << 10
 MIN_SHARED = 128 << 10
-# The first page: a state byte per slot, then per slot the (offset, size) of its part.
+# The first page: a state byte per slot, then per slot the (offset, size) of its part, then
+# per slot the tag of the work that took it (see ``reclaim``).
 _HEADER = 4096
 _PLACES = 1024
+_TAGS = _PLACES + 2 * 8 * SLOTS
 _ALIGN = 64
 _FREE, _BUSY = 0, 1
 
@@ -86,6 +88,9 @@ class SharedRing:
         self._map = mmap.mmap(fd, capacity)
         self._states = np.frombuffer(self._map, np.uint8, SLOTS, 0)
         self._places = np.frombuffer(self._map, np.int64, 2 * SLOTS, _PLACES).reshape(SLOTS, 2)
+        self._tags = np.frombuffer(self._map, np.int64, SLOTS, _TAGS)
+        #: The writer's tag for the parts it takes from now on (``reclaim``).
+        self.tag = 0
         self._address = self._states.__array_interface__["data"][0]
         self._closer = weakref.finalize(self, os.close, fd)
         self._closer.atexit = False
@@ -268,6 +273,7 @@ class SharedRing:
         slot = next(s for s in range(SLOTS) if s not in busy)
         busy[slot] = (offset, size)
         self._places[slot] = (offset, size)
+        self._tags[slot] = self.tag
         self._states[slot] = _BUSY
         return slot, offset
 
@@ -295,6 +301,23 @@ class SharedRing:
         for (slot, _, _), holder in zip(packed.parts, holders):
             self._live[slot] = weakref.ref(holder, functools.partial(self._free, slot))
         return obj
+
+    def reclaim(self, tag: int) -> int:
+        """Free the parts taken by work tagged before ``tag`` that this process does not hold:
+        results a consumer dropped unread (a DataLoader's persistent workers, reset for a new
+        epoch, throw away what was in flight). Only once the writer works under ``tag`` or later
+        and every result of earlier tags was delivered or dropped. Returns how many."""
+        if os.getpid() != self.reader:
+            return 0
+        stale = np.flatnonzero((self._states != _FREE) & (self._tags < tag)).tolist()
+        freed = [s for s in stale if s not in self._live and s not in self._pinned]
+        for slot in freed:
+            self._states[slot] = _FREE
+        return len(freed)
+
+    def in_use(self) -> int:
+        """How many parts are taken and not free again: results in flight, or held."""
+        return int(np.count_nonzero(self._states != _FREE))
 
     def held(self) -> list[int]:
         """The slots whose parts this process still holds (some of their arrays live)."""
