@@ -271,6 +271,23 @@ def test_a_backup_of_another_stream_is_refused_naming_what_differs(ref, tmp_path
         _fit(resized, backup)
 
 
+def test_a_backup_saved_before_an_order_setting_existed_still_restores(ref, tmp_path):
+    backup = str(tmp_path / "backup")
+    _fit(stream_of(ref, fields=["x", "y"]), backup, save_freq=2, delete_checkpoint=False)
+    path = os.path.join(backup, "training_metadata.json")
+    with open(path) as f:
+        metadata = json.load(f)
+    order = metadata["yogadl_plus"]["stream"]["order"]
+    assert ", pad_shard_remainder=False" in order
+    metadata["yogadl_plus"]["stream"]["order"] = order.replace(", pad_shard_remainder=False", "")
+    with open(path, "w") as f:
+        json.dump(metadata, f)
+    _fit(stream_of(ref, fields=["x", "y"]), backup, delete_checkpoint=False)  # restored as before
+    padded = stream_of(ref, fields=["x", "y"], pad_shard_remainder=True)
+    with pytest.raises(ValueError, match="pad_shard_remainder=True"):
+        _fit(padded, backup)
+
+
 def test_a_backup_written_before_stream_states_is_refused(ref, tmp_path):
     backup = str(tmp_path / "backup")
     stream = stream_of(ref, fields=["x", "y"])

@@ -191,3 +191,20 @@ def test_ngram_anchors_live_as_long_as_their_dataref(storage):
     del ref, first
     gc.collect()
     assert anchors() is None
+
+
+def test_a_state_saved_before_an_order_setting_existed_still_loads(ref):
+    # pad_shard_remainder came after format 2: a state without it was saved by a release that
+    # never padded, and resumes as before (not "'order' must hold ...").
+    stream = ref.stream(shuffle=True, shuffle_seed=5, num_shards=2, shard_rank=1)
+    next(iter(stream))
+    saved = stream.state().to_dict()
+    del saved["order"]["pad_shard_remainder"]
+    again = ref.stream(shuffle=True, shuffle_seed=5, num_shards=2, shard_rank=1)
+    again.load_state(saved)
+    assert again.offset == stream.offset
+    padded = ref.stream(
+        shuffle=True, shuffle_seed=5, num_shards=2, shard_rank=1, pad_shard_remainder=True
+    )
+    with pytest.raises(ValueError, match="pad_shard_remainder: saved False, this stream True"):
+        padded.load_state(saved)

@@ -23,6 +23,7 @@ import keras
 
 from yogadl_plus.errors import CacheCorrupted
 from yogadl_plus.files import file_sha256, fsync_dir
+from yogadl_plus.stream.state import ADDED_ORDER_SETTINGS
 
 if TYPE_CHECKING:
     from yogadl_plus.stream import Stream
@@ -206,7 +207,7 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
                 "over "
                 "(or resume from its 'offset' with dataref.stream(start_offset=...))"
             )
-        now = _identity(self.stream)
+        now = _identity(self.stream, saved.get("order"))
         differ = {k: (saved.get(k), v) for k, v in now.items() if saved.get(k) != v}
         if differ:
             what = "; ".join(f"{k}: backed up {a!r}, now {b!r}" for k, (a, b) in differ.items())
@@ -223,13 +224,21 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
             )
 
 
-def _identity(stream: Stream) -> dict[str, Any]:
+def _identity(stream: Stream, saved_order: Any = None) -> dict[str, Any]:
     """What must be the same for an offset to mean the same records (the stream's state but
-    its offset), and for Keras's step counts to mean the same batches."""
+    its offset), and for Keras's step counts to mean the same batches. Against a backup's
+    ``saved_order``: without the order settings added since, where they hold the value it
+    implies."""
     identity = stream.state().identity()
+    order = identity["order"]
+    if isinstance(saved_order, str):
+        named = {part.split("=", 1)[0] for part in saved_order.split(", ")}
+        for name, value in ADDED_ORDER_SETTINGS.items():
+            if name not in named and order.get(name) == value:
+                order = {k: v for k, v in order.items() if k != name}
     # The order as one line of settings, so a message names the one that differs
     # ("shuffle_seed=4").
-    identity["order"] = ", ".join(f"{k}={v!r}" for k, v in identity["order"].items())
+    identity["order"] = ", ".join(f"{k}={v!r}" for k, v in order.items())
     plan = stream.plan()
     return {
         **identity,

@@ -19,13 +19,16 @@ from typing import Any
 from yogadl_plus.checks import check_int
 from yogadl_plus.order.settings import OrderSettings
 
-__all__ = ["FORMAT", "StreamState", "order_identity"]
+__all__ = ["ADDED_ORDER_SETTINGS", "FORMAT", "StreamState", "order_identity"]
 
 #: The format of ``to_dict``: a state of another format is refused, naming both.
 FORMAT = 2
 # The order settings a state compares: the stream's own start (start_offset) is what the
 # state's offset replaces.
 _ORDER_FIELDS = tuple(f.name for f in dataclasses.fields(OrderSettings) if f.name != "start_offset")
+#: Order settings added since states of this format were first written, with the value they
+#: take in a state that does not name them: what the release that saved it did.
+ADDED_ORDER_SETTINGS: dict[str, Any] = {"pad_shard_remainder": False}
 _KEYS = ("format", "dataset", "fingerprint", "positions", "order", "ngram", "offset")
 
 
@@ -77,6 +80,8 @@ class StreamState:
                 f"offset {data['offset']!r} with start_offset=, or with the release that saved it"
             )
         order = data["order"]
+        if isinstance(order, Mapping):
+            order = {**{k: v for k, v in ADDED_ORDER_SETTINGS.items() if k not in order}, **order}
         if not isinstance(order, Mapping) or set(order) != set(_ORDER_FIELDS):
             raise ValueError(
                 f"stream state: 'order' must hold {sorted(_ORDER_FIELDS)}, got {order!r}"
