@@ -191,8 +191,10 @@ def test_model_fit_trains_two_epochs_on_the_streams_epochs_0_and_1(ref, shuffle)
 
 def test_resumed_stream_has_a_shorter_first_epoch(ref):
     seq = StreamSequence(stream_of(ref, start_offset=3 * 8), x="x")
-    assert len(seq) == 4
-    assert [seq[i][:, 0].tolist() for i in range(4)] == epoch_ids(ref, 0)[3:]
+    assert len(seq) == 7  # what Keras takes for every epoch's steps, read before training
+    # Outside an epoch, by index from where the stream stands: the rest, then the next epoch.
+    expected = epoch_ids(ref, 0)[3:] + epoch_ids(ref, 1)[:3]
+    assert [seq[i][:, 0].tolist() for i in range(7)] == expected
     seq.on_epoch_begin()
     assert len(seq) == 4 and [seq[0][:, 0].tolist() for _ in range(4)] == epoch_ids(ref, 0)[3:]
     seq.on_epoch_end()
@@ -426,3 +428,19 @@ def test_fit_retried_trains_each_batch_once_and_counts_steps_exactly(
         [float(schedule(count)) for count in range(1, len(expected) + 1)]
     )
     assert int(model.optimizer.iterations) == len(expected)
+
+
+@pytest.mark.parametrize("face", ["sequence", "tf"])
+def test_fit_on_a_stream_resumed_by_start_offset_trains_every_later_epoch_whole(ref, face):
+    # Before: without BackupAndRestore, StreamSequence told Keras the resumed epoch's short
+    # length before training, and Keras kept it for every epoch: epochs 1 and 2 trained 4 of
+    # their 7 batches, silently.
+    stream = stream_of(ref, fields=["x", "y"], start_offset=3 * 8)
+    if face == "sequence":
+        data = StreamSequence(stream, x="x", y="y")
+    else:
+        data = ydl.tensorflow.make_tf_dataset(stream).map(lambda b: (b["x"], b["y"]))
+    trained = []
+    model, _ = logged_model(trained)
+    model.fit(data, epochs=3, verbose=0)
+    assert trained == epoch_ids(ref, 0)[3:] + epoch_ids(ref, 1) + epoch_ids(ref, 2)

@@ -38,15 +38,16 @@ class StreamSequence(keras.utils.PyDataset):
     already shuffles, record by record, which is the better shuffle. Keras's own worker threads
     and processes would ask out of order and are refused; read ahead with the stream's
     ``num_workers``. Outside an epoch (and once an epoch's batches are all handed out: a fit
-    that raised leaves its epoch open), ``sequence[i]`` is batch ``i`` of the epoch the next
-    iteration covers, read without moving anything.
+    that raised leaves its epoch open), ``sequence[i]`` is the ``i``-th batch the stream will
+    hand out from where it stands (past the rest of a resumed epoch, the next epoch's), read
+    without moving anything.
 
     The stream's ledger records what each epoch handed out, so ``stream.offset_after(epoch,
     batches trained)`` resumes exactly; ``ydl.keras.BackupAndRestore`` does that for
-    ``model.fit``. ``len()`` is the number of batches in the epoch being (or next to be)
-    iterated: ``len(stream)``, except in the first epoch of a stream resumed mid-epoch, which
-    is shorter (Keras ends that epoch when it runs out, and keeps the whole length for the
-    next ones). Streams with a predicate are refused (Keras needs the exact number of
+    ``model.fit``. ``len()`` is ``len(stream)``, a whole epoch's batches, which Keras reads
+    before training as every epoch's number of steps; inside the first epoch of a stream
+    resumed mid-epoch it is that epoch's fewer batches, and Keras ends the epoch when they run
+    out. Streams with a predicate are refused (Keras needs the exact number of
     batches), and n-gram streams without a transform (their batches are not field -> column):
     use ``ydl.tensorflow.make_tf_dataset`` for those.
     """
@@ -116,7 +117,9 @@ class StreamSequence(keras.utils.PyDataset):
         with self._lock:
             if self._batches is not None:
                 return self._length
-            return self.plan.items_from(*self.stream.next_epoch_position)
+        # Outside an epoch, Keras asks once, before training, and takes the answer as every
+        # epoch's number of steps: the whole epoch's (a resumed one ends when it runs out).
+        return self.plan.items_per_epoch
 
     def on_epoch_begin(self) -> None:
         with self._lock:
@@ -142,10 +145,13 @@ class StreamSequence(keras.utils.PyDataset):
                 # them as outside an epoch.
                 self._batches = None
             epoch, start = self.stream.next_epoch_position
-            count = self.plan.items_from(epoch, start)
+        count = self.plan.items_per_epoch
         i = int(index) + count if int(index) < 0 else int(index)
         if not 0 <= i < count:
             raise IndexError(f"batch index {index} is out of range [0, {count})")
+        left = self.plan.items_from(epoch, start)
+        if i >= left:  # (a resumed epoch has fewer: the next epoch's batches follow)
+            epoch, start, i = epoch + 1, 0, i - left
         size = self.plan.boundary.batch_size
         assert size is not None
         first = start + i * size
