@@ -224,7 +224,8 @@ class ShardByRecords:
         epoch = check_int("epoch", epoch, 0)
         position = _check_position(operator.index(position), self.epoch_length(epoch))
         global_position = self.epoch_start(epoch) + self.shard_rank + self.num_shards * position
-        global_position %= self.num_records  # (only the padding reaches past num_records)
+        if self._pad:
+            global_position %= self.num_records  # the padding repeats the first positions
         perm = self.permutation(epoch)
         return global_position if perm is None else perm[global_position]
 

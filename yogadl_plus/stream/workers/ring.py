@@ -315,10 +315,6 @@ class SharedRing:
             self._states[slot] = _FREE
         return len(freed)
 
-    def in_use(self) -> int:
-        """How many parts are taken and not free again: results in flight, or held."""
-        return int(np.count_nonzero(self._states != _FREE))
-
     def held(self) -> list[int]:
         """The slots whose parts this process still holds (some of their arrays live)."""
         return sorted(self._live)
