@@ -92,16 +92,28 @@ class Interleave:
         half = len(sources) // 2
         left = sum(self.counts[j] for j in sources[:half])
         total = left + sum(self.counts[j] for j in sources[half:])
-        before = _floor_product(slots, left, total)
-        goes_left = _floor_product(slots + 1, left, total) > before
+        # Slot s goes left where floor((s + 1) * left / total) steps up from
+        # floor(s * left / total), that is where (s * left) mod total >= total - left.
+        before, remainder = _floor_divmod(slots, left, total)
+        goes_left = remainder >= total - left
+        if len(sources) == 2:  # (both sides are sources: no subsets to make)
+            source[where] = np.where(goes_left, sources[0], sources[1])
+            rank[where] = np.where(goes_left, before, slots - before)
+            return
         self._split(before[goes_left], where[goes_left], sources[:half], source, rank)
         goes_right = ~goes_left
         self._split((slots - before)[goes_right], where[goes_right], sources[half:], source, rank)
 
 
-def _floor_product(x: npt.NDArray[np.int64], a: int, b: int) -> npt.NDArray[np.int64]:
-    """``floor(x * a / b)`` exactly, for 0 <= x <= b: in int64 where ``b * a`` fits, else
+def _floor_divmod(
+    x: npt.NDArray[np.int64], a: int, b: int
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """``divmod(x * a, b)`` exactly, for 0 <= x <= b: in int64 where ``b * a`` fits, else
     with Python's integers (epochs past about 3 * 10^9 slots)."""
     if b * a <= _INT64_MAX:
-        return x * a // b
-    return np.array([v * a // b for v in x.tolist()], dtype=np.int64)
+        return np.divmod(x * a, b)
+    pairs = [divmod(v * a, b) for v in x.tolist()]
+    return (
+        np.array([q for q, _ in pairs], dtype=np.int64).reshape(x.shape),
+        np.array([r for _, r in pairs], dtype=np.int64).reshape(x.shape),
+    )

@@ -72,9 +72,8 @@ class MixOrder:
         leaf's record for each. With ``shuffle``, each source walks its epochs in the order of
         a permutation keyed by ``seed`` and the source's name."""
         found: Found = {}
-        epochs = np.full(len(slots), epoch, dtype=np.int64)
         where = np.arange(len(slots))
-        self._place(epochs, np.asarray(slots, np.int64), shuffle, seed, 0, where, found)
+        self._place(int(epoch), np.asarray(slots, np.int64), shuffle, seed, 0, where, found)
         parts: list[Part] = []
         for leaf, pieces in sorted(found.items()):
             offsets = np.concatenate([w for w, _ in pieces])
@@ -87,7 +86,7 @@ class MixOrder:
 
     def _place(
         self,
-        epochs: np.ndarray,
+        epochs: int | np.ndarray,
         slots: np.ndarray,
         shuffle: bool,
         seed: int,
@@ -102,8 +101,9 @@ class MixOrder:
             if chosen.any():
                 # The source's own sequence: its items of mixture epoch e come after those of
                 # the epochs before, through its own epochs in turn.
-                sequence = epochs[chosen] * self.counts[j] + rank[chosen]
-                own_epochs, positions = np.divmod(sequence, self.size(j))
+                own = epochs if isinstance(epochs, int) else epochs[chosen]
+                sequence = own * self.counts[j] + rank[chosen]
+                own_epochs, positions = _own_epochs(sequence, self.size(j))
                 if isinstance(part, MixOrder):
                     # An inner mixture is walked in its own slot order, not a permutation of
                     # it: a part of its epoch is then a prefix, in which each of its sources
@@ -120,17 +120,22 @@ class MixOrder:
                     found.setdefault(leaf, []).append((where[chosen], positions))
             leaf += _leaves_of(part)
 
-    def _shuffled(self, j: int, epochs: np.ndarray, positions: np.ndarray, seed: int) -> np.ndarray:
-        """``positions`` of source ``j``'s ``epochs`` through that source's permutations."""
+    def _shuffled(
+        self, j: int, epochs: int | np.ndarray, positions: np.ndarray, seed: int
+    ) -> np.ndarray:
+        """``positions`` of source ``j``'s ``epochs`` (one for all, or one per position)
+        through that source's permutations."""
         key = source_seed(seed, self.names[j])
         size = self.size(j)
+        if isinstance(epochs, int):  # (most blocks of slots read one epoch of each source)
+            if size <= TABLE_MAX:
+                return self._tables(j, key, size, [epochs])[0, positions]
+            return self._permutation(j, key, epochs).indices(positions)
         unique, inverse = np.unique(epochs, return_inverse=True)
         if size <= TABLE_MAX:
             # A small source up-sampled goes through an epoch every few slots, and a block of a
             # shuffled mixture's slots reads every one of them: their tables are kept.
             return self._tables(j, key, size, unique.tolist())[inverse, positions]
-        if len(unique) == 1:  # (most blocks of slots read one epoch of each source)
-            return self._permutation(j, key, int(unique[0])).indices(positions)
         out = np.empty_like(positions)
         for k, epoch in enumerate(unique.tolist()):
             at = inverse == k
@@ -159,6 +164,15 @@ class MixOrder:
             permutation = Permutation(self.size(j), key, epoch)
             self._permutations[(j, key, epoch)] = permutation
         return permutation
+
+
+def _own_epochs(sequence: np.ndarray, size: int) -> tuple[int | np.ndarray, np.ndarray]:
+    """(epoch, position) in a source's own epochs of ``size`` items for each item number of
+    its ``sequence``: one epoch for all when they share it (no division per item)."""
+    low, high = int(sequence.min()) // size, int(sequence.max()) // size
+    if low == high:
+        return low, sequence - low * size
+    return np.divmod(sequence, size)
 
 
 def _leaves_of(part: int | MixOrder) -> int:

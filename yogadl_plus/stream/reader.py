@@ -255,8 +255,13 @@ class SourceReader:
             values += run
         order = np.concatenate(kept) if kept else np.zeros(0, np.int64)
         if len(placement.parts) > 1:
-            by_position = np.argsort(order, kind="stable")
-            order = order[by_position]
+            if len(order) == len(placement):  # (every position kept: a scatter sorts them)
+                by_position = np.empty_like(order)
+                by_position[order] = np.arange(len(order))
+                order = np.arange(len(order))
+            else:
+                by_position = np.argsort(order, kind="stable")
+                order = order[by_position]
             values = (
                 list(operator.itemgetter(*by_position.tolist())(values))
                 if len(values) > 1
