@@ -327,3 +327,44 @@ def test_a_forked_child_copies_big_batches_with_its_own_helper(local_storage):
         process.kill()
         pytest.fail("the forked child hung copying a big batch")
     assert queue.get(timeout=5) is True
+
+
+def test_a_warm_version_looks_at_one_hint_per_sample_of_records(tmp_path, monkeypatch):
+    """Once hints find everything in memory, one is looked at per _WARM_SAMPLE records hinted,
+    whatever the hints' sizes (a mixture's sources each get a small hint per unit: counted in
+    hints, they cost a mixture twice a plain stream's); a miss looks at every hint again."""
+    import yogadl_plus.cache.readahead as readahead_module
+    from yogadl_plus.cache.readahead import _WARM_SAMPLE, _WARM_STREAK, ReadAhead
+
+    served: list[int] = []
+    cold = threading.Event()
+
+    def counted(self, indices):
+        served.append(len(indices))
+        self._resident_streak = 0 if cold.is_set() else self._resident_streak + 1
+
+    monkeypatch.setattr(readahead_module.ReadAhead, "_serve", counted)
+    ahead = ReadAhead(str(tmp_path), [], np.zeros(1, np.int64))
+
+    def hint(count, size):
+        for _ in range(count):
+            ahead.hint(np.arange(size))
+            deadline = time.monotonic() + 5
+            while ahead._pending and time.monotonic() < deadline:  # one hint at a time
+                time.sleep(0.001)
+        time.sleep(0.01)
+
+    try:
+        hint(_WARM_STREAK, 256)
+        assert len(served) == _WARM_STREAK  # cold so far: every hint looked at
+        hint(4 * _WARM_SAMPLE // 256, 256)
+        assert len(served) == _WARM_STREAK + 4
+        hint(4 * _WARM_SAMPLE // 64, 64)  # smaller hints: no more looked at per record
+        assert len(served) == _WARM_STREAK + 8
+        cold.set()
+        hint(_WARM_SAMPLE // 256, 256)  # the next one looked at misses...
+        assert len(served) == _WARM_STREAK + 9
+        hint(10, 256)  # ... and then every hint is looked at again
+        assert len(served) == _WARM_STREAK + 19
+    finally:
+        ahead.close()
