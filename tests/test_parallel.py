@@ -267,7 +267,7 @@ def test_upload_sink_keeps_only_the_named_chunks(tmp_path, s3_server, s3_bucket)
 def test_a_task_uploads_each_chunk_as_soon_as_it_is_written(tmp_path, s3_server, s3_bucket):
     from remote_helpers import make_storage, spec_for
 
-    from yogadl_plus.cache.version_writer import write_records
+    from yogadl_plus.cache.version_writer import source_blocks, write_blocks
 
     storage = make_storage(spec_for("s3", s3_server, s3_bucket), tmp_path)
     sink = UploadSink(storage.objects, "ds/v1/", "b-1234")
@@ -286,7 +286,8 @@ def test_a_task_uploads_each_chunk_as_soon_as_it_is_written(tmp_path, s3_server,
 
     (tmp_path / "task").mkdir()
     schema = ydl.Schema([ydl.Field("x", np.float32, (16,))])
-    chunks = write_records(str(tmp_path / "task"), records(), schema, 32 << 10, on_chunk=deliver)
+    _, blocks = source_blocks(ydl.sources.IterableSource(records), schema)
+    chunks = write_blocks(str(tmp_path / "task"), blocks, schema, 32 << 10, on_chunk=deliver)
     assert len(chunks) > 5 and uploaded_after[0] < 20_000  # before the source was read through
     assert max(on_disk) <= 1  # the task held one chunk at a time on its disk
     keys = sorted(k for k, _ in storage.objects.keys("ds/v1/b-1234/"))

@@ -20,7 +20,7 @@ import numpy as np
 from yogadl_plus import codecs
 from yogadl_plus.errors import SchemaError
 
-__all__ = ["Field", "Schema", "infer_schema"]
+__all__ = ["Field", "Schema", "cast_exactly", "infer_schema"]
 
 Shape = tuple[int | None, ...]
 
@@ -410,6 +410,14 @@ def _array_from_numpy(value: np.ndarray | np.generic, dtype: np.dtype, recheck: 
         )
     array = np.asarray(value)
     return array if array.dtype == dtype else _cast_array(array, dtype, recheck)
+
+
+def cast_exactly(src: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """A numeric array as ``dtype`` by the rules a field's values follow (``Field.converter``):
+    numpy's 'safe' casts only, and only where every value comes through; ValueError says what
+    came otherwise."""
+    recheck = "iu" if dtype.kind in "fc" else "mM" if dtype.kind in "mM" else ""
+    return _cast_array(src, dtype, recheck)
 
 
 def _cast_array(src: np.ndarray, dtype: np.dtype, recheck: str) -> np.ndarray:

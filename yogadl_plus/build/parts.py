@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from yogadl_plus.build.plan import BuildPlan
 from yogadl_plus.cache.manifest import ChunkInfo, Manifest
-from yogadl_plus.cache.version_writer import finish_version, write_records
+from yogadl_plus.cache.version_writer import finish_version, source_blocks, write_blocks
 from yogadl_plus.errors import TransientStorageError
 from yogadl_plus.schema import Schema
 from yogadl_plus.sources.base import Source
@@ -62,9 +62,10 @@ def write_part(task: PartTask) -> PartResult:
     """In a worker: write one part's records as chunks and hand them to the sink."""
     prefix = part_prefix(task.number, uuid.uuid4().hex[:8])
     with task.sink.folder() as folder:
-        chunks = write_records(
+        _, blocks = source_blocks(task.source, task.schema)
+        chunks = write_blocks(
             folder,
-            task.source.records(),
+            blocks,
             task.schema,
             task.chunk_bytes,
             first=task.source.offset or 0,

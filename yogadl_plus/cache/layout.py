@@ -76,6 +76,7 @@ class RecordLayout:
         self._encoders = [(f.name, f, self._field_encoder(f)) for f in schema]
         self._fixed_encoders = [(n, e) for n, f, e in self._encoders if f.fixed]
         self._variable_encoders = [(n, e) for n, f, e in self._encoders if not f.fixed]
+        self._encoder_of = {n: e for n, _, e in self._encoders}
         self._bitmap_zero = bytes(self.bitmap_bytes)
         self._decoders = {f.name: self._field_decoder(f) for f in schema}
         plain = not self.variable and not self.bitmap_bytes
@@ -199,7 +200,29 @@ class RecordLayout:
             f"record can hold (field bytes: {named}); {_TOO_LARGE_FIX}"
         )
 
-    def _raise_field_mismatch(self, record: Mapping[str, Any], index: int) -> None:
+    def field_encoder(self, name: str) -> Callable[[Any], bytes]:
+        """value -> bytes of field ``name``, as ``encode`` packs it (a ValueError or
+        TypeError for a value it cannot take; None is not a value)."""
+        return self._encoder_of[name]
+
+    @property
+    def payload_limit(self) -> int:
+        """The most bytes the variable fields of one record may take together."""
+        return self._payload_limit
+
+    def check_names(self, names: Mapping[str, Any], what: str) -> None:
+        """SchemaError unless ``names`` are the schema's fields, naming ``what`` lacks or adds."""
+        if len(names) != self._num_fields or not self._names.issuperset(names):
+            self._raise_field_mismatch(names, 0, what)
+
+    def raise_too_large(self, variable: list[bytes], index: int) -> None:
+        """The SchemaError of record ``index``, whose variable fields encode to ``variable``
+        and take more than ``payload_limit`` bytes."""
+        self._raise_too_large(variable, index)
+
+    def _raise_field_mismatch(
+        self, record: Mapping[str, Any], index: int, what: str | None = None
+    ) -> None:
         missing = sorted(self._names.difference(record))
         extra = sorted(str(k) for k in set(record).difference(self._names))
         parts = []
@@ -208,7 +231,7 @@ class RecordLayout:
         if extra:
             parts.append(f"unexpected field(s) {extra}")
         raise SchemaError(
-            f"record {index}: {' and '.join(parts)}; "
+            f"{what or f'record {index}'}: {' and '.join(parts)}; "
             f"the schema has fields {list(self.schema.names)}"
         )
 

@@ -14,10 +14,11 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from yogadl_plus._version import __version__
+from yogadl_plus.cache.batch_encoder import BatchEncoder
 from yogadl_plus.cache.layout import RecordLayout
 from yogadl_plus.cache.manifest import ChunkInfo, Manifest, schema_digest
 from yogadl_plus.cache.reader import ChunkSet
-from yogadl_plus.cache.writer import DEFAULT_CHUNK_BYTES, ChunkWriter
+from yogadl_plus.cache.writer import DEFAULT_CHUNK_BYTES, ChunkWriter, EqualValues
 from yogadl_plus.progress import progress_bar
 from yogadl_plus.schema import Schema, infer_schema
 from yogadl_plus.sources import Source, as_source
@@ -26,13 +27,16 @@ __all__ = [
     "INFER_RECORDS",
     "caching_bar",
     "finish_version",
-    "resolve_schema",
-    "write_records",
+    "source_blocks",
+    "write_blocks",
     "write_version",
 ]
 
 INFER_RECORDS = 64
 _BLOCK_RECORDS = 4096
+# What a build writes, a block at a time: (records, their count) or a batch of columns
+# (field name -> the rows' values, and the rows).
+Blocks = Iterable[tuple["list[Any] | dict[str, Any]", int]]
 
 
 def write_version(
@@ -46,30 +50,34 @@ def write_version(
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
 ) -> Manifest:
     """Write all records of ``source`` as chunks in ``folder``, check them, write the manifest."""
-    src = as_source(source)
-    schema, records = resolve_schema(src, schema)
+    src = as_source(source, schema)
+    schema, blocks = source_blocks(src, schema)
     with caching_bar(progress, src.length, dataset_id, version) as advance:
-        chunks = write_records(folder, records, schema, chunk_bytes, on_block=advance)
+        chunks = write_blocks(folder, blocks, schema, chunk_bytes, on_block=advance)
     return finish_version(folder, src, schema, chunks, dataset_id, version)
 
 
-def resolve_schema(
-    src: Source, schema: Schema | None
-) -> tuple[Schema, Iterator[Mapping[str, Any]]]:
+def source_blocks(src: Source, schema: Schema | None) -> tuple[Schema, Blocks]:
     """The schema to write with (given, known by the source, or inferred from its first
-    records) and the source's records, none of them lost to the inference."""
+    records) and the source's records: as the source's batches of columns where it has them,
+    else as records, none of them lost to the inference."""
+    batches = src.column_batches()
+    if batches is not None:
+        schema = schema if schema is not None else src.schema
+        assert schema is not None, "a source of columns knows its schema"
+        return schema, batches
     records = iter(src.records())
     schema = schema if schema is not None else src.schema
     if schema is None:
         head = list(itertools.islice(records, INFER_RECORDS))
         schema = infer_schema(head)
         records = itertools.chain(head, records)
-    return schema, records
+    return schema, _in_blocks(records)
 
 
-def write_records(
+def write_blocks(
     folder: str,
-    records: Iterable[Mapping[str, Any]],
+    blocks: Blocks,
     schema: Schema,
     chunk_bytes: int,
     *,
@@ -78,13 +86,12 @@ def write_records(
     on_block: Callable[[int], Any] | None = None,
     on_chunk: Callable[[ChunkInfo], ChunkInfo] | None = None,
 ) -> list[ChunkInfo]:
-    """Encode ``records`` into chunk files ``<prefix>chunk-NNNNN.mdb`` in ``folder`` and check
-    that each reads back. ``first`` is the index of the first record, for error messages.
-    ``on_chunk`` takes each chunk as soon as it is checked (a build task uploads it while it
-    writes the next) and returns it as the manifest will name it."""
+    """Encode ``blocks`` (``source_blocks``'s) into chunk files ``<prefix>chunk-NNNNN.mdb`` in
+    ``folder`` and check that each reads back. ``first`` is the index of the first record, for
+    error messages. ``on_chunk`` takes each chunk as soon as it is checked (a build task
+    uploads it while it writes the next) and returns it as the manifest will name it."""
     layout = RecordLayout(schema)
-    encode = layout.encode
-    records = iter(records)
+    batches = BatchEncoder(layout)
     written = first
     chunks: list[ChunkInfo] = []
 
@@ -94,14 +101,24 @@ def write_records(
 
     digest = schema_digest(schema)
     with ChunkWriter(folder, chunk_bytes, prefix, on_close=closed, schema=digest) as writer:
-        while block := list(itertools.islice(records, _BLOCK_RECORDS)):
-            encoded = [encode(r, written + j) for j, r in enumerate(block)]
-            columns = layout.decode_columns(encoded, layout.column_fields)
+        for block, rows in blocks:
+            encoded: list[bytes] | EqualValues
+            if isinstance(block, list):  # records
+                encoded = [layout.encode(r, written + j) for j, r in enumerate(block)]
+                columns = layout.decode_columns(encoded, layout.column_fields)
+            else:  # a batch of columns, encoded a column at a time
+                encoded, columns = batches.encode(block, rows, written)
             writer.add_many(encoded, columns)
-            written += len(block)
+            written += rows
             if on_block is not None:
-                on_block(len(block))
+                on_block(rows)
     return chunks
+
+
+def _in_blocks(records: Iterable[Mapping[str, Any]]) -> Iterator[tuple[list[Any], int]]:
+    records = iter(records)
+    while block := list(itertools.islice(records, _BLOCK_RECORDS)):
+        yield block, len(block)
 
 
 def finish_version(

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
-from collections.abc import Callable, Mapping
+import struct
+import threading
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
@@ -20,6 +24,7 @@ from yogadl_plus.files import file_sha256
 __all__ = [
     "DEFAULT_CHUNK_BYTES",
     "ChunkWriter",
+    "EqualValues",
     "chunk_file_name",
     "chunk_identity",
 ]
@@ -27,6 +32,29 @@ __all__ = [
 DEFAULT_CHUNK_BYTES = 256 << 20
 _COMMIT_BYTES = 64 << 20
 _COMMIT_RECORDS = 50_000
+_KEY = struct.Struct(">I")  # a record's key (keys.record_key), packed one at a time in C
+assert _KEY.size == KEY_BYTES
+# (key, value) pairs for one putmulti, made when the transaction runs (again, if it is retried).
+Items = Callable[[], Iterable[tuple[bytes, bytes]]]
+
+
+@dataclass(frozen=True)
+class EqualValues:
+    """Values of ``width`` bytes each, laid end to end in ``data``: a batch of records with
+    fixed fields only. They are cut out as LMDB takes them, not made into a list ahead."""
+
+    data: bytes
+    width: int
+
+    def __len__(self) -> int:
+        return len(self.data) // self.width
+
+    def items(self, first_key: int, start: int, stop: int) -> Iterable[tuple[bytes, bytes]]:
+        """(key, value) of values ``start .. stop - 1``, keyed from local index ``first_key``."""
+        w = self.width
+        cuts = map(slice, range(start * w, stop * w, w), range((start + 1) * w, stop * w + 1, w))
+        keys = map(_KEY.pack, range(first_key, first_key + stop - start))
+        return zip(keys, map(self.data.__getitem__, cuts))
 
 
 def chunk_file_name(number: int, prefix: str = "") -> str:
@@ -75,8 +103,9 @@ class ChunkWriter:
         self.schema = schema
         self.chunks: list[ChunkInfo] = []
         self._env: lmdb.Environment | None = None
-        self._pending: list[tuple[bytes, bytes]] = []
+        self._pending: list[Items] = []
         self._pending_bytes = 0
+        self._pending_records = 0
         self._chunk_records = 0
         self._chunk_bytes = 0
         self._map_size = 0
@@ -98,30 +127,37 @@ class ChunkWriter:
         return sum(c.records for c in self.chunks) + self._chunk_records
 
     def add_many(
-        self, values: list[bytes], columns: Mapping[str, np.ndarray] | None = None
+        self, values: Sequence[bytes] | EqualValues, columns: Mapping[str, np.ndarray] | None = None
     ) -> None:
         """Append records in order. ``columns`` are per-record arrays of some fields (one
         element per value) that each chunk also stores whole, under its column key."""
+        # Bytes taken by the values so far (each with its key), for filling chunks by size.
+        count = len(values)
+        if isinstance(values, EqualValues):
+            ends = np.arange(1, count + 1, dtype=np.int64) * (values.width + KEY_BYTES)
+        else:
+            ends = np.cumsum(np.fromiter(map(len, values), np.int64, count) + KEY_BYTES)
         start = 0
-        while start < len(values):
+        while start < count:
             if self._env is None:
                 self._open_chunk()
-            # Fill the current chunk up to its size limit, then roll over.
+            # Fill the current chunk up to its size limit (the value that reaches it included),
+            # then roll over.
+            before = int(ends[start - 1]) if start else 0
             room = self.chunk_bytes - self._chunk_bytes
-            stop = start
-            taken = 0
-            while stop < len(values) and taken < room:
-                taken += len(values[stop]) + KEY_BYTES
-                stop += 1
-            first = self._chunk_records
-            keys = record_keys(np.arange(first, first + stop - start))
-            self._pending.extend(zip(keys, values[start:stop]))
+            stop = min(int(np.searchsorted(ends, before + room, side="left")) + 1, count)
+            stop = min(stop, start + MAX_CHUNK_RECORDS - 1 - self._chunk_records)
+            taken = int(ends[stop - 1]) - before
+            self._pending.append(
+                functools.partial(_items, values, self._chunk_records, start, stop)
+            )
             for name, column in (columns or {}).items():
                 self._columns.setdefault(name, []).append(column[start:stop])
             self._chunk_records += stop - start
             self._chunk_bytes += taken
             self._pending_bytes += taken
-            if self._pending_bytes >= _COMMIT_BYTES or len(self._pending) >= _COMMIT_RECORDS:
+            self._pending_records += stop - start
+            if self._pending_bytes >= _COMMIT_BYTES or self._pending_records >= _COMMIT_RECORDS:
                 self._commit()
             if (
                 self._chunk_bytes >= self.chunk_bytes
@@ -169,7 +205,9 @@ class ChunkWriter:
         while True:
             try:
                 with self._env.begin(write=True) as txn:
-                    txn.cursor().putmulti(self._pending, append=True)
+                    cursor = txn.cursor()
+                    for items in self._pending:
+                        cursor.putmulti(items(), append=True)
                 break
             except lmdb.MapFullError:
                 # The aborted transaction dropped its puts; they are still in self._pending.
@@ -179,6 +217,7 @@ class ChunkWriter:
                 raise unwritable(self._path(len(self.chunks)), exc) from None
         self._pending = []
         self._pending_bytes = 0
+        self._pending_records = 0
 
     def _close_chunk(self) -> None:
         assert self._env is not None
@@ -188,17 +227,22 @@ class ChunkWriter:
             os.path.basename(path), self._chunk_records, 0, "", tuple(names), new_chunk_id()
         )
         identity = json.dumps(chunk_identity(info, self.schema)).encode()
-        self._pending.append((IDENTITY_KEY, identity))
+        last = [(IDENTITY_KEY, identity)]
         for name in names:
             data = np.concatenate(self._columns[name]).tobytes()
-            self._pending.append((column_key(name), data))
+            last.append((column_key(name), data))
             self._pending_bytes += len(data)
+        self._pending.append(functools.partial(list, last))
         self._columns = {}
         self._commit()
+        # The file is whole once committed: it is hashed while the disk makes it durable.
+        hashing = _Hash(path)
         try:
             self._env.sync(True)
         except lmdb.Error as exc:
             raise unwritable(path, exc) from None
+        finally:
+            sha256 = hashing.result()
         entries = self._env.stat()["entries"]
         self._env.close()
         self._env = None
@@ -207,7 +251,6 @@ class ChunkWriter:
                 f"{path}: wrote {self._chunk_records} records, {len(names)} columns and its "
                 f"identity but the chunk holds {entries} entries"
             )
-        sha256 = file_sha256(path)
         state = stamp(path, sha256)  # we wrote it: later readers need not hash it again
         self.chunks.append(
             ChunkInfo(info.file, info.records, state.size, sha256, info.columns, info.id)
@@ -216,3 +259,33 @@ class ChunkWriter:
         self._chunk_bytes = 0
         if self.on_close is not None:
             self.on_close(self.chunks[-1])
+
+
+def _items(
+    values: Sequence[bytes] | EqualValues, first_key: int, start: int, stop: int
+) -> Iterable[tuple[bytes, bytes]]:
+    """(key, value) of ``values[start:stop]``, keyed from local index ``first_key``."""
+    if isinstance(values, EqualValues):
+        return values.items(first_key, start, stop)
+    return zip(record_keys(np.arange(first_key, first_key + stop - start)), values[start:stop])
+
+
+class _Hash:
+    """The SHA-256 of a file, computed in a thread of its own (hashlib lets go of the GIL)."""
+
+    def __init__(self, path: str) -> None:
+        self._digest: str | BaseException = ""
+        self._thread = threading.Thread(target=self._run, args=(path,), name="yogadl-hash")
+        self._thread.start()
+
+    def _run(self, path: str) -> None:
+        try:
+            self._digest = file_sha256(path)
+        except BaseException as exc:  # handed to the caller of result()
+            self._digest = exc
+
+    def result(self) -> str:
+        self._thread.join()
+        if isinstance(self._digest, BaseException):
+            raise self._digest
+        return self._digest

@@ -7,20 +7,21 @@ module. pyarrow is imported where it is used, so that importing this module need
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
 from yogadl_plus.errors import SchemaError
 from yogadl_plus.schema import Field, Schema
+from yogadl_plus.sources.base import ColumnBatch
 
 __all__ = [
     "BATCH_ROWS",
     "ColumnValues",
     "arrow_field",
     "arrow_to_schema",
-    "batch_records",
+    "batch_columns",
     "column_values",
     "is_list_type",
 ]
@@ -176,15 +177,13 @@ def _nulls_inside(column: Any) -> bool:
     return False
 
 
-def batch_records(
+def batch_columns(
     batch: Any,
     schema: Schema,
     values: ColumnValues | None = None,
-) -> Iterator[dict[str, Any]]:
-    """The rows of an Arrow record batch or table as records of ``schema`` (columns named as
-    fields); ``values(column, field)`` turns a column into record values (default: ours)."""
-    names = list(schema.names)
+) -> ColumnBatch:
+    """An Arrow record batch or table as a batch of columns of ``schema`` (columns named as
+    fields), what a build writes a batch at a time; ``values(column, field)`` turns a column
+    into record values (default: ours)."""
     convert = values or column_values
-    columns = [convert(batch.column(n), schema[n]) for n in names]
-    for row in zip(*columns):
-        yield dict(zip(names, row))
+    return {f.name: convert(batch.column(f.name), f) for f in schema}, batch.num_rows

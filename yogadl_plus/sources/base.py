@@ -11,7 +11,19 @@ import numpy as np
 
 from yogadl_plus.schema import Schema
 
-__all__ = ["Piece", "Source", "even_cuts", "even_ranges", "flatten_into"]
+__all__ = [
+    "ColumnBatch",
+    "Piece",
+    "Source",
+    "even_cuts",
+    "even_ranges",
+    "flatten_into",
+    "zip_rows",
+]
+
+#: Some rows of a source as columns: (field name -> the rows' values: an array of shape
+#: ``(rows, *field.shape)`` or a sequence of one value per row, None for a null), and the rows.
+ColumnBatch = tuple[dict[str, Any], int]
 
 
 class Source(ABC):
@@ -40,6 +52,12 @@ class Source(ABC):
         """A cheap identity of the data (file paths, sizes, mtimes), or None when there is none."""
         return None
 
+    def column_batches(self) -> Iterator[ColumnBatch] | None:
+        """The records as batches of columns, in storage order, when the source holds them so
+        (then a build encodes a batch per call, without a dict per record); None: read
+        ``records()``. Called once per build, instead of ``records()``."""
+        return None
+
     def split(self, parts: int) -> list[Source] | None:
         """At most ``parts`` pieces for a parallel build: picklable, readable in another
         process, and in order (their records, one piece after the other, are this source's
@@ -63,6 +81,13 @@ class Piece(Source):
     @property
     def length(self) -> int:
         return self.rows
+
+
+def zip_rows(columns: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
+    """The rows of a batch of columns (field name -> one value per row), as records."""
+    names = list(columns)
+    for row in zip(*columns.values()):
+        yield dict(zip(names, row))
 
 
 def flatten_into(

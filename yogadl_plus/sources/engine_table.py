@@ -10,8 +10,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from yogadl_plus.schema import Field, Schema
-from yogadl_plus.sources.arrow import batch_records, column_values
-from yogadl_plus.sources.base import Source
+from yogadl_plus.sources.arrow import batch_columns, column_values
+from yogadl_plus.sources.base import ColumnBatch, Source, zip_rows
 
 __all__ = ["EngineTableSource"]
 
@@ -33,9 +33,13 @@ class EngineTableSource(Source):
         return self.engine_schema()
 
     def records(self) -> Iterator[Mapping[str, Any]]:
+        for columns, _ in self.column_batches():
+            yield from zip_rows(columns)
+
+    def column_batches(self) -> Iterator[ColumnBatch]:
         schema = self.schema
         for table in self.arrow_tables():
-            yield from batch_records(table, schema, self.values)
+            yield batch_columns(table, schema, self.values)
 
     @abstractmethod
     def engine_schema(self) -> Schema:

@@ -22,11 +22,11 @@ from yogadl_plus.sources.arrow import (
     ColumnValues,
     arrow_field,
     arrow_to_schema,
-    batch_records,
+    batch_columns,
     column_values,
     is_list_type,
 )
-from yogadl_plus.sources.base import Piece, Source, even_cuts
+from yogadl_plus.sources.base import ColumnBatch, Piece, Source, even_cuts, zip_rows
 
 __all__ = [
     "NULL_PARTITION",
@@ -358,9 +358,13 @@ class ParquetSource(Source):
         return "parquet-sha256:" + digest.hexdigest()[:32]
 
     def records(self) -> Iterator[Mapping[str, Any]]:
+        for columns, _ in self.column_batches():
+            yield from zip_rows(columns)
+
+    def column_batches(self) -> Iterator[ColumnBatch]:
         scanner = self._dataset.scanner(columns=list(self.schema.names), batch_size=BATCH_ROWS)
         for batch in scanner.to_batches():
-            yield from batch_records(batch, self.schema, self.values)
+            yield batch_columns(batch, self.schema, self.values)
 
     def split(self, parts: int) -> list[Source]:
         """Runs of whole row groups, balanced by rows (a row group is never cut)."""
@@ -423,10 +427,14 @@ class _ParquetPiece(Piece):
         return f"<Parquet rows {self.start}..{self.start + self.rows} of {list(self.selection)}>"
 
     def records(self) -> Iterator[Mapping[str, Any]]:
+        for columns, _ in self.column_batches():
+            yield from zip_rows(columns)
+
+    def column_batches(self) -> Iterator[ColumnBatch]:
         for path, groups in self.selection.items():
             for table in self._tables(path, groups):
                 table = self._as_dataset_types(table, path)
-                yield from batch_records(table, self._schema, self.values)
+                yield batch_columns(table, self._schema, self.values)
 
     def _tables(self, path: str, groups: list[int]) -> Iterator[Any]:
         """The rows of some row groups of one file, its partition columns included."""

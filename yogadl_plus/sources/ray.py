@@ -9,8 +9,8 @@ import numpy as np
 
 from yogadl_plus.errors import YogaError
 from yogadl_plus.schema import Field, Schema
-from yogadl_plus.sources.arrow import BATCH_ROWS, arrow_field, batch_records, column_values
-from yogadl_plus.sources.base import Piece, Source
+from yogadl_plus.sources.arrow import BATCH_ROWS, arrow_field, batch_columns, column_values
+from yogadl_plus.sources.base import ColumnBatch, Piece, Source, zip_rows
 from yogadl_plus.sources.engine_table import EngineTableSource
 
 __all__ = ["RayDatasetSource"]
@@ -85,12 +85,16 @@ class _BlockPiece(Piece):
         return _BlockPiece(None, self._schema, self.start, self.rows, table)
 
     def records(self) -> Iterator[Mapping[str, Any]]:
+        for columns, _ in self.column_batches():
+            yield from zip_rows(columns)
+
+    def column_batches(self) -> Iterator[ColumnBatch]:
         table = self.table
         if table is None:
             import ray
 
             table = ray.get(self.ray_object)
-        yield from batch_records(table, self._schema, _values)
+        yield batch_columns(table, self._schema, _values)
 
 
 def _num_rows(table: Any) -> int:

@@ -15,8 +15,8 @@ import numpy as np
 
 from yogadl_plus.errors import SchemaError
 from yogadl_plus.schema import Field, Schema
-from yogadl_plus.sources.arrow import batch_records
-from yogadl_plus.sources.base import Source
+from yogadl_plus.sources.arrow import batch_columns
+from yogadl_plus.sources.base import ColumnBatch, Source, zip_rows
 from yogadl_plus.sources.engine_table import EngineTableSource
 
 __all__ = ["SparkDataFrameSource", "SparkPartition", "spark_field"]
@@ -80,8 +80,12 @@ class SparkPartition(Source):
         return self._schema
 
     def records(self) -> Iterator[Mapping[str, Any]]:
+        for columns, _ in self.column_batches():
+            yield from zip_rows(columns)
+
+    def column_batches(self) -> Iterator[ColumnBatch]:
         for batch in self.batches:
-            yield from batch_records(batch, self._schema)
+            yield batch_columns(batch, self._schema)
 
 
 def spark_field(name: str, spark_type: Any) -> Field:
