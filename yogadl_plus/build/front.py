@@ -58,7 +58,7 @@ def cache_dataset(
     check_name("version", version)
     workers = _checked_runner(engine, workers)
     store = storage if storage is not None else default_storage()
-    src = as_source(source)
+    src = as_source(source, schema)
     if isinstance(src, SparkDataFrameSource) and (engine != "local" or workers is not None):
         raise ValueError(
             "a Spark DataFrame is built by Spark, one task per partition: leave out workers= "

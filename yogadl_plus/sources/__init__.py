@@ -5,7 +5,9 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from yogadl_plus.schema import Schema
 from yogadl_plus.sources.base import Source
+from yogadl_plus.sources.columnar import columns_source, is_columns
 from yogadl_plus.sources.huggingface import HuggingFaceSource
 from yogadl_plus.sources.iterable import IterableSource
 from yogadl_plus.sources.parquet import ParquetSource
@@ -41,8 +43,9 @@ def _framework_of(obj: Any) -> str:
     return ""
 
 
-def as_source(obj: Any) -> Source:
-    """The Source for what the user passed to cache_dataset."""
+def as_source(obj: Any, schema: Schema | None = None) -> Source:
+    """The Source for what the user passed to cache_dataset (with ``schema``, if given: columns
+    in memory then take their fields from it instead of from their types)."""
     if isinstance(obj, Source):
         return obj
     if isinstance(obj, (str, os.PathLike)) or _is_path_list(obj):
@@ -50,6 +53,8 @@ def as_source(obj: Any) -> Source:
 
         return parquet_source(obj)  # a Petastorm dataset is Parquet with a schema of its own
     framework = _framework_of(obj)
+    if not framework and is_columns(obj):  # (a framework's mapping is no dict of columns)
+        return columns_source(obj, schema)
     if framework == "tensorflow" and hasattr(obj, "element_spec"):
         from yogadl_plus.sources.tensorflow import TFDatasetSource
 
@@ -73,6 +78,7 @@ def as_source(obj: Any) -> Source:
     if callable(obj) or hasattr(obj, "__iter__"):
         return IterableSource(obj)
     raise TypeError(
-        f"cannot cache a {type(obj).__name__}: pass an iterable of dicts, a zero-argument "
-        "callable returning one, or Parquet path(s)"
+        f"cannot cache a {type(obj).__name__}: pass columns (a dict of arrays, a pandas or "
+        "polars DataFrame, a pyarrow Table), an iterable of dicts, a zero-argument callable "
+        "returning one, or Parquet path(s)"
     )

@@ -1,0 +1,380 @@
+"""Columns in memory cached in one call: a dict of numpy arrays (or lists), pandas and polars
+DataFrames, pyarrow Tables, RecordBatchReaders and datasets. Every column type round-trips;
+what cannot be cached is refused naming the column, before anything is written; the build
+encodes a batch of columns per call, byte for byte what a record-by-record build writes."""
+
+from __future__ import annotations
+
+import datetime
+import os
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.dataset as pads
+import pyarrow.parquet as pq
+import pytest
+
+import yogadl_plus as ydl
+from yogadl_plus.cache.batch_encoder import BatchEncoder
+from yogadl_plus.cache.layout import RecordLayout
+from yogadl_plus.cache.writer import EqualValues
+
+N = 257  # not a multiple of anything
+
+
+def _cache(storage, source, name="cols", **kwargs):
+    return ydl.cache_dataset(source, name, "v1", storage, progress=False, **kwargs)
+
+
+def _all(ref):
+    return ref.get_batch(np.arange(len(ref)))
+
+
+def _same(got, want):
+    """Values equal, NaN equal to NaN, arrays and lists compared element by element."""
+    if isinstance(want, np.ndarray) and want.dtype.kind not in "OUS":
+        got = np.asarray(got)
+        assert got.dtype == want.dtype and got.shape == want.shape, (got.dtype, want.dtype)
+        assert np.array_equal(got, want, equal_nan=want.dtype.kind in "fc")
+        return
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        if isinstance(w, np.ndarray):
+            _same(g, w)
+        else:
+            assert g == w or (g != g and w != w), (g, w)
+
+
+# --- a dict of numpy arrays ---
+
+
+def test_a_dict_of_numpy_arrays_round_trips_every_dtype(local_storage):
+    rng = np.random.default_rng(0)
+    columns = {
+        "f32": rng.normal(size=(N, 3, 2)).astype(np.float32),
+        "f16": rng.normal(size=N).astype(np.float16),
+        "f64": np.where(np.arange(N) % 5 == 0, np.nan, rng.normal(size=N)),
+        "i8": rng.integers(-128, 127, N).astype(np.int8),
+        "u64": rng.integers(0, 2**63, N, dtype=np.uint64),
+        "i64": np.arange(N, dtype=np.int64),
+        "flag": np.arange(N) % 3 == 0,
+        "c64": (rng.normal(size=N) + 1j * rng.normal(size=N)).astype(np.complex64),
+        "when": np.datetime64("2024-01-01T00:00:00", "s") + np.arange(N).astype("m8[s]"),
+        "took": np.arange(N).astype("m8[ms]"),
+        "big_endian": np.arange(N, dtype=">i4"),
+        "text": np.array([f"text {i} é" for i in range(N)]),
+        "blob": np.array([b"\x01b" * (i % 4) for i in range(N)], dtype="S8"),
+        "image": rng.integers(0, 255, (N, 4, 4, 3), dtype=np.uint8),
+    }
+    ref = _cache(local_storage, columns)
+    schema = {f.name: f for f in ref.schema}
+    assert schema["f32"].shape == (3, 2) and schema["image"].shape == (4, 4, 3)
+    assert schema["i64"].shape == () and not any(f.nullable for f in ref.schema)
+    assert schema["text"].kind == "str" and schema["blob"].kind == "bytes"
+    assert schema["big_endian"].dtype == np.dtype("<i4")
+    got = _all(ref)
+    for name, want in columns.items():
+        if name == "big_endian":
+            want = want.astype("<i4")
+        elif want.dtype.kind in "US":
+            want = want.tolist()
+        _same(got[name], want)
+    assert ref.manifest.source_kind == "numpy"
+
+
+def test_a_dict_of_lists_and_object_arrays_finds_its_fields_from_the_values(local_storage):
+    ragged = [np.arange(i % 5, dtype=np.int16) for i in range(N)]
+    images = np.empty(N, dtype=object)
+    for i in range(N):
+        images[i] = np.full((1 + i % 3, 2), i, np.float32)
+    columns = {
+        "ints": list(range(N)),
+        "floats": [i / 2 for i in range(N)],
+        "words": [f"w{i}" for i in range(N)],
+        "maybe": [None if i % 4 == 0 else f"m{i}" for i in range(N)],
+        "maybe_number": [None if i % 4 == 1 else i for i in range(N)],
+        "bytes": [bytes([i % 256]) * (i % 3) for i in range(N)],
+        "ragged": ragged,
+        "images": images,
+        "rows": [[i, i + 1] for i in range(N)],
+    }
+    ref = _cache(local_storage, columns)
+    schema = {f.name: f for f in ref.schema}
+    assert schema["ragged"].shape == (None,) and schema["ragged"].dtype == np.int16
+    assert schema["images"].shape == (None, 2) and schema["rows"].shape == (2,)
+    assert schema["maybe"].nullable and schema["maybe_number"].nullable
+    assert not schema["words"].nullable
+    for i in (0, 1, 2, 5, N - 1):
+        record = ref[i]
+        assert record["ints"] == i and record["floats"] == i / 2 and record["words"] == f"w{i}"
+        assert record["maybe"] == (None if i % 4 == 0 else f"m{i}")
+        assert record["maybe_number"] == (None if i % 4 == 1 else i)
+        assert record["bytes"] == bytes([i % 256]) * (i % 3)
+        _same(record["ragged"], ragged[i])
+        _same(record["images"], images[i])
+        _same(record["rows"], np.array([i, i + 1]))
+
+
+# --- pandas, Arrow, polars ---
+
+
+def _frame() -> pd.DataFrame:
+    rng = np.random.default_rng(1)
+    return pd.DataFrame(
+        {
+            "i": np.arange(N, dtype=np.int32),
+            "f": rng.normal(size=N),
+            "text": [f"t{i}" for i in range(N)],
+            "string": pd.array([None if i % 6 == 0 else f"s{i}" for i in range(N)], "string"),
+            "blob": [bytes([i % 256, 7]) for i in range(N)],
+            "category": pd.Categorical(["low", "high", "mid"] * (N // 3) + ["low"] * (N % 3)),
+            "when": pd.date_range("2021-03-04", periods=N, freq="min"),
+            "when_utc": pd.date_range("2021-03-04", periods=N, freq="min", tz="UTC"),
+            "nullable_int": pd.array([None if i % 5 == 0 else i for i in range(N)], "Int64"),
+            "nullable_float": pd.array(
+                [None if i % 7 == 0 else i / 4 for i in range(N)], "Float64"
+            ),
+            "nullable_bool": pd.array(
+                [None if i % 3 == 0 else i % 2 == 0 for i in range(N)], "boolean"
+            ),
+            "arrays": [np.full(4, i, np.float32) for i in range(N)],
+            "ragged": [np.arange(i % 3) for i in range(N)],
+        }
+    )
+
+
+def test_a_pandas_frame_round_trips_every_column_kind(local_storage):
+    frame = _frame()
+    ref = _cache(local_storage, frame)
+    schema = {f.name: f for f in ref.schema}
+    assert schema["arrays"].shape == (4,) and schema["ragged"].shape == (None,)
+    assert schema["category"].kind == "str" and schema["when_utc"].dtype == np.dtype("M8[ns]")
+    for name in ("string", "nullable_int", "nullable_float", "nullable_bool"):
+        assert schema[name].nullable, name
+    assert not schema["i"].nullable and schema["i"].dtype == np.int32
+    for i in (0, 1, 5, 6, 7, N - 1):
+        record = ref[i]
+        row = frame.iloc[i]
+        assert record["i"] == row["i"] and record["f"] == row["f"]
+        assert record["text"] == row["text"] and record["blob"] == row["blob"]
+        assert record["string"] == (None if i % 6 == 0 else f"s{i}")
+        assert record["category"] == row["category"]
+        assert record["when"] == row["when"].to_datetime64()
+        assert record["when_utc"] == row["when_utc"].tz_convert(None).to_datetime64()
+        assert record["nullable_int"] == (None if i % 5 == 0 else i)
+        assert record["nullable_float"] == (None if i % 7 == 0 else i / 4)
+        assert record["nullable_bool"] == (None if i % 3 == 0 else i % 2 == 0)
+        _same(record["arrays"], row["arrays"])
+        _same(record["ragged"], row["ragged"])
+    assert ref.manifest.source_kind == "pandas"
+
+
+def _table() -> pa.Table:
+    return pa.table(
+        {
+            "i": pa.array(range(N), pa.int64()),
+            "x": pa.FixedSizeListArray.from_arrays(pa.array(np.arange(3 * N, dtype=np.float32)), 3),
+            "tokens": pa.array([list(range(i % 4)) for i in range(N)], pa.list_(pa.int32())),
+            "s": pa.array([None if i % 9 == 0 else f"s{i}" for i in range(N)]),
+            "d": pa.array([datetime.date(2020, 1, 1 + i % 28) for i in range(N)]),
+        }
+    )
+
+
+def _check_table_ref(ref, nullable_declared=False):
+    schema = {f.name: f for f in ref.schema}
+    assert schema["x"].shape == (3,) and schema["tokens"].shape == (None,)
+    assert schema["s"].nullable
+    assert schema["i"].nullable == nullable_declared  # a Table knows it has no null
+    for i in (0, 1, 9, N - 1):
+        record = ref[i]
+        assert record["i"] == i and record["s"] == (None if i % 9 == 0 else f"s{i}")
+        _same(record["x"], np.arange(3 * i, 3 * i + 3, dtype=np.float32))
+        _same(record["tokens"], np.arange(i % 4, dtype=np.int32))
+        assert record["d"] == np.datetime64(datetime.date(2020, 1, 1 + i % 28))
+
+
+def test_an_arrow_table_and_record_batch_round_trip(local_storage):
+    _check_table_ref(_cache(local_storage, _table(), "table"))
+    batch = _table().combine_chunks().to_batches()[0]
+    _check_table_ref(_cache(local_storage, batch, "batch"))
+
+
+def test_a_record_batch_reader_is_read_once_in_order(local_storage):
+    reader = _table().to_reader(max_chunksize=50)
+    ref = _cache(local_storage, reader, "reader")
+    # A reader's schema says what may hold nulls, not what does: declared nullable is nullable.
+    _check_table_ref(ref, nullable_declared=True)
+    assert len(ref) == N
+
+
+def test_an_arrow_dataset_round_trips_and_builds_in_parallel(local_storage, tmp_path):
+    folder = tmp_path / "parquet"
+    folder.mkdir()
+    table = _table()
+    for k, start in enumerate(range(0, N, 60)):
+        pq.write_table(table.slice(start, 60), folder / f"part-{k}.parquet")
+    dataset = pads.dataset(str(folder), format="parquet")
+    serial = _cache(local_storage, dataset, "dataset")
+    _check_table_ref(serial, nullable_declared=True)
+    parallel = _cache(local_storage, dataset, "dataset-parallel", workers=2)
+    _check_table_ref(parallel, nullable_declared=True)
+    assert len(parallel) == N
+    for name in ("i", "s"):
+        assert _all(parallel)[name] == _all(serial)[name] or np.array_equal(
+            _all(parallel)[name], _all(serial)[name]
+        )
+
+
+def test_a_polars_frame_round_trips(local_storage):
+    pl = pytest.importorskip("polars")
+    frame = pl.DataFrame(
+        {
+            "i": np.arange(N, dtype=np.int64),
+            "s": [None if i % 4 == 0 else f"p{i}" for i in range(N)],
+            "x": pl.Series([[float(i), i + 0.5] for i in range(N)], dtype=pl.Array(pl.Float64, 2)),
+            "tokens": [list(range(i % 3)) for i in range(N)],
+        }
+    )
+    ref = _cache(local_storage, frame)
+    schema = {f.name: f for f in ref.schema}
+    assert schema["x"].shape == (2,) and schema["tokens"].shape == (None,)
+    assert schema["s"].nullable and not schema["i"].nullable
+    for i in (0, 1, N - 1):
+        record = ref[i]
+        assert record["i"] == i and record["s"] == (None if i % 4 == 0 else f"p{i}")
+        _same(record["x"], np.array([i, i + 0.5]))
+        _same(record["tokens"], np.arange(i % 3))
+    assert ref.manifest.source_kind == "polars"
+
+
+# --- parallel builds and a given schema ---
+
+
+def test_a_parallel_build_of_columns_equals_a_serial_one(local_storage):
+    rng = np.random.default_rng(2)
+    columns = {
+        "x": rng.normal(size=(5000, 8)).astype(np.float32),
+        "label": np.arange(5000),
+        "name": [f"n{i}" for i in range(5000)],
+    }
+    serial = _cache(local_storage, columns, "serial", chunk_bytes=32 << 10)
+    parallel = _cache(local_storage, columns, "parallel", chunk_bytes=32 << 10, workers=2)
+    a, b = _all(serial), _all(parallel)
+    assert np.array_equal(a["x"], b["x"]) and np.array_equal(a["label"], b["label"])
+    assert a["name"] == b["name"]
+    assert len(parallel.manifest.chunks) > 2
+
+
+def test_a_given_schema_casts_columns_only_where_no_value_changes(local_storage):
+    schema = ydl.Schema([ydl.Field("x", np.int64), ydl.Field("y", np.float32, (2,))])
+    ref = _cache(
+        local_storage,
+        {"x": np.arange(N, dtype=np.int32), "y": np.ones((N, 2), np.float16)},
+        "cast",
+        schema=schema,
+    )
+    assert ref[3]["x"] == 3 and ref[3]["x"].dtype == np.int64
+    lossy = {"x": np.arange(N, dtype=np.int64), "y": np.full((N, 2), 0.1, np.float64)}
+    with pytest.raises(ydl.SchemaError, match=r"column 'y'.*float64"):
+        _cache(local_storage, lossy, "lossy", schema=schema)
+    shaped = {"x": np.arange(N), "y": np.ones((N, 3), np.float32)}
+    with pytest.raises(ydl.SchemaError, match=r"column 'y'.*shape \(257, 3\)"):
+        _cache(local_storage, shaped, "shaped", schema=schema)
+    listed = {"x": [1, 2, "three"], "y": [[0, 0]] * 3}
+    with pytest.raises(ydl.SchemaError, match="record 2, field 'x'"):
+        _cache(local_storage, listed, "listed", schema=schema)
+
+
+# --- refusals, before anything is written ---
+
+
+@pytest.mark.parametrize(
+    ("columns", "match"),
+    [
+        ({"x": np.arange(3), "y": np.arange(4)}, "column 'y' has 4 rows but column 'x' has 3"),
+        ({"x": np.arange(3), "y": ["a", "b"]}, "column 'y' has 2 rows"),
+        ({}, "no columns"),
+        ({"x": np.arange(0)}, "no rows"),
+        ({"x": np.int64(3)}, "column 'x': got a 0-d array"),
+        ({"x": np.zeros(3, dtype=[("a", "i4"), ("b", "f4")])}, "column 'x'.*structured"),
+        ({"x": [1, "a", 2.0]}, "column 'x': its values are"),
+        ({"x": [None, None]}, "column 'x': every value is None"),
+        ({"x": [np.zeros(2), np.zeros((2, 2))]}, "column 'x': arrays of different ranks"),
+        ({"x": "abc"}, "column 'x': expected a numpy array or a sequence"),
+        ({"x": np.array([{"a": 1}] * 3)}, "column 'x'"),
+        ({3: np.arange(3)}, "column names are field names"),
+        ({"x": np.array(["a", "b"]).reshape(2, 1)}, "column 'x': an array of strings"),
+    ],
+)
+def test_columns_that_cannot_be_cached_are_refused_naming_the_column(local_storage, columns, match):
+    with pytest.raises(ydl.SchemaError, match=match):
+        _cache(local_storage, columns, "bad")
+    assert not os.path.exists(os.path.join(local_storage.root, "bad"))
+
+
+def test_frames_that_cannot_be_cached_are_refused_naming_the_column(local_storage):
+    with pytest.raises(ydl.SchemaError, match=r"column names are field names.*0"):
+        _cache(local_storage, pd.DataFrame(np.zeros((3, 2))), "bad")
+    twice = pd.DataFrame([[1, 2]], columns=["a", "a"])
+    with pytest.raises(ydl.SchemaError, match="'a' appears more than once"):
+        _cache(local_storage, twice, "bad")
+    nested = pa.table({"s": pa.array([{"a": 1}, {"a": 2}])})
+    with pytest.raises(ydl.SchemaError, match="column 's'"):
+        _cache(local_storage, nested, "bad")
+    assert not os.path.exists(os.path.join(local_storage.root, "bad"))
+
+
+# --- the columnar write path ---
+
+
+def test_a_build_from_columns_encodes_no_record_one_by_one(local_storage, monkeypatch):
+    def refuse(self, record, index):
+        raise AssertionError("a record was encoded on its own")
+
+    monkeypatch.setattr(RecordLayout, "encode", refuse)
+    columns = {"x": np.ones((N, 4), np.float32), "s": [f"s{i}" for i in range(N)]}
+    ref = _cache(local_storage, columns)
+    assert ref[N - 1]["s"] == f"s{N - 1}"
+
+
+@pytest.mark.parametrize("nullable", [False, True])
+def test_a_batch_encodes_byte_for_byte_as_its_records_do(nullable):
+    rng = np.random.default_rng(3)
+    schema = ydl.Schema(
+        [
+            ydl.Field("x", np.float32, (3,)),
+            ydl.Field("y", np.int64),
+            ydl.Field("s", str, nullable=nullable),
+            ydl.Field("v", np.uint8, (None, 2), nullable=nullable),
+            ydl.Field("z", np.int16, (2,), codec=ydl.codecs.Compressed()),
+            ydl.Field("when", "datetime64[us]"),
+        ]
+    )
+    layout = RecordLayout(schema)
+    n = 300
+    columns = {
+        "x": rng.normal(size=(n, 3)).astype(np.float32),
+        "y": np.arange(n),
+        "s": [None if nullable and i % 3 == 0 else "é" * (i % 5) for i in range(n)],
+        "v": [
+            None if nullable and i % 4 == 0 else np.full((i % 3, 2), i % 256, np.uint8)
+            for i in range(n)
+        ],
+        "z": rng.integers(-5, 5, (n, 2)).astype(np.int16),
+        "when": np.arange(n).astype("M8[us]"),
+    }
+    values, chunk_columns = BatchEncoder(layout).encode(columns, n, 0)
+    records = [{name: columns[name][i] for name in columns} for i in range(n)]
+    assert list(values) == [layout.encode(r, i) for i, r in enumerate(records)]
+    assert np.array_equal(chunk_columns["y"], columns["y"])
+
+
+def test_fixed_only_batches_are_handed_to_lmdb_as_one_buffer():
+    layout = RecordLayout(ydl.Schema([ydl.Field("x", np.float32, (2,)), ydl.Field("y", np.int8)]))
+    columns = {"x": np.arange(8, dtype=np.float32).reshape(4, 2), "y": np.arange(4, dtype=np.int8)}
+    values, _ = BatchEncoder(layout).encode(columns, 4, 0)
+    assert isinstance(values, EqualValues) and len(values) == 4
+    records = [{"x": columns["x"][i], "y": columns["y"][i]} for i in range(4)]
+    assert [v for _, v in values.items(0, 0, 4)] == [layout.encode(r, 0) for r in records]
