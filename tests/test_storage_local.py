@@ -919,3 +919,48 @@ def test_a_chunk_without_its_column_arrays_is_corrupted(local_storage):
         txn.delete(column_key("i"))
     with pytest.raises(ydl.CacheCorrupted, match=r"chunk-00000\.mdb"):
         local_storage.fetch("cols", "v1").get_batch([1], fields=["i"])
+
+
+def test_a_lock_removed_under_a_waiter_is_never_held_twice(tmp_path):
+    """rm deletes a version's lock file while holding it: a process that was waiting on that
+    file must lock the file now at the path, not the deleted one, or it would build beside a
+    newcomer that created the new file."""
+    import threading
+    import time
+
+    from yogadl_plus.storage.versionlock import remove_lock, version_lock
+
+    path = str(tmp_path / "ds" / "+lock.v1")
+    (tmp_path / "ds").mkdir()
+    holders: list[str] = []
+    most = [0]
+    guard = threading.Lock()
+
+    def hold(name: str, seconds: float, remove: bool = False) -> None:
+        with version_lock(path):
+            with guard:
+                holders.append(name)
+                most[0] = max(most[0], len(holders))
+            time.sleep(seconds)
+            if remove:
+                remove_lock(path)
+            with guard:
+                holders.remove(name)
+
+    for _ in range(20):
+        first = threading.Thread(target=hold, args=("rm", 0.05, True))
+        first.start()
+        time.sleep(0.01)
+        waiters = [threading.Thread(target=hold, args=(f"w{k}", 0.01)) for k in range(3)]
+        for thread in waiters:
+            thread.start()
+        first.join()
+        newcomer = threading.Thread(target=hold, args=("new", 0.02))
+        newcomer.start()
+        for thread in [*waiters, newcomer]:
+            thread.join()
+    assert most[0] == 1
+    with version_lock(path, wait=False) as held:
+        assert held
+        with version_lock(path, wait=False) as again:
+            assert not again  # another descriptor: busy, at once

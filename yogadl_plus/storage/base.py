@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -18,6 +20,8 @@ if TYPE_CHECKING:
     from yogadl_plus.storage.sink import ChunkSink
 
 __all__ = ["OnTransfer", "Storage", "check_name"]
+
+log = logging.getLogger(__name__)
 
 F = TypeVar("F", bound=Callable[..., Any])
 # Called with a chunk's size in bytes after each chunk a storage uploads or downloads.
@@ -133,6 +137,17 @@ class Storage(ABC):
             exists = self._manifest_exists(dataset_id, version)
             if exists and not overwrite:
                 return self._open(dataset_id, version, on_transfer)
+            began = time.monotonic()
             with self._staging(dataset_id, version, exists, lock, on_transfer) as folder:
-                build(folder)
+                manifest = build(folder)
+            log.info(
+                "%s %s:%s in %s: %s records, %s bytes, %.1f s",
+                "overwrote" if exists else "built",
+                dataset_id,
+                version,
+                self,
+                f"{manifest.num_records:,}",
+                f"{sum(c.bytes for c in manifest.chunks):,}",
+                time.monotonic() - began,
+            )
         return self._open(dataset_id, version, on_transfer)

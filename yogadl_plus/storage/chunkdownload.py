@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import os
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
@@ -20,6 +22,8 @@ from yogadl_plus.storage.objects import ObjectStore
 from yogadl_plus.storage.parallel import in_threads, run_all
 
 __all__ = ["DAMAGED_OBJECT", "PART_BYTES", "RangedDownload", "VersionCopy", "download_chunks"]
+
+log = logging.getLogger(__name__)
 
 PART_BYTES = 8 << 20  # a ranged read of a large chunk
 _PARTS_PER_CHUNK = 4  # ranged reads of one chunk in flight at once
@@ -49,7 +53,17 @@ def download_chunks(
         if on_transfer is not None:
             on_transfer(info.bytes)
 
+    began = time.monotonic()
     in_threads(one, jobs, threads)
+    if jobs:
+        log.info(
+            "pulled %d chunk(s) of %s: %s records, %s bytes, %.1f s",
+            len(jobs),
+            f"{objects.url}/{base}",
+            f"{sum(info.records for info, _ in jobs):,}",
+            f"{sum(info.bytes for info, _ in jobs):,}",
+            time.monotonic() - began,
+        )
 
 
 @dataclasses.dataclass(frozen=True)

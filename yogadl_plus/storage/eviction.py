@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import os
 import time
 import warnings
@@ -33,6 +34,8 @@ from yogadl_plus.storage.local import LocalStorage
 from yogadl_plus.storage.pins import exclusively
 
 __all__ = ["CacheSpace"]
+
+log = logging.getLogger(__name__)
 
 # How long making room may wait for another process making room (it holds the lock briefly).
 _SPACE_WAIT_S = 60.0
@@ -190,42 +193,56 @@ class CacheSpace:
         """Remove one copy, chunk or leftover if nobody uses it: the bytes freed, or None.
         ``spare_ahead``: a chunk fetched ahead for a reader counts as used."""
         if item.rank == _COPY:
-            return item.size if self.evict_copy(item.dataset_id, item.version) else None
+            if not self.evict_copy(item.dataset_id, item.version):
+                return None
+            log.info(
+                "evicted %s:%s from the local cache %s: %s bytes",
+                item.dataset_id,
+                item.version,
+                self.root,
+                f"{item.size:,}",
+            )
+            return item.size
         if item.rank == _LEFTOVER:
             # A fetch killed midway, unless its fetcher still holds the chunk's lock.
             lock = FileLock(item.path[: -len(FETCHING)] + CHUNK_LOCK, thread_local=False)
-        else:
-            lock = FileLock(self.local.lock_path(item.dataset_id, item.version), thread_local=False)
-        try:
-            lock.acquire(timeout=0)
-        except (Timeout, OSError):
-            return None
-        try:
-            if item.rank == _LEFTOVER:
+            try:
+                lock.acquire(timeout=0)
+            except (Timeout, OSError):
+                return None
+            try:
                 return item.size if _remove(item.path) else 0
-            # A chunk goes only if nobody reads the copy whole and nobody pins the chunk.
-            with exclusively(self.pins.copy(item.dataset_id, item.version)) as free:
-                if not free:
+            finally:
+                lock.release()
+        try:
+            with self.local.version_lock(item.dataset_id, item.version, wait=False) as held:
+                return self._evict_chunk(item, spare_ahead) if held else None
+        except OSError:
+            return None
+
+    def _evict_chunk(self, item: _Evictable, spare_ahead: bool) -> int | None:
+        """Under its version's lock: remove a chunk nobody pins; the bytes freed, or None."""
+        # A chunk goes only if nobody reads the copy whole and nobody pins the chunk.
+        with exclusively(self.pins.copy(item.dataset_id, item.version)) as free:
+            if not free:
+                return None
+            with (
+                exclusively(item.path + CHUNK_PIN) as chunk_free,
+                exclusively(item.path + AHEAD_PIN) if spare_ahead else _free() as ahead_free,
+            ):
+                if not (chunk_free and ahead_free):
                     return None
-                with (
-                    exclusively(item.path + CHUNK_PIN) as chunk_free,
-                    exclusively(item.path + AHEAD_PIN) if spare_ahead else _free() as ahead_free,
-                ):
-                    if not (chunk_free and ahead_free):
-                        return None
-                    _remove(item.path + STAMP_SUFFIX)
-                    return item.size if _remove(item.path) else 0
-        finally:
-            lock.release()
+                _remove(item.path + STAMP_SUFFIX)
+                if not _remove(item.path):
+                    return 0
+                log.debug("evicted chunk %s (%s bytes)", item.path, f"{item.size:,}")
+                return item.size
 
     def evict_copy(self, dataset_id: str, version: str) -> bool:
         """Remove one copy if no process is pulling or reading it; whether it was removed."""
-        lock = FileLock(self.local.lock_path(dataset_id, version), thread_local=False)
-        try:
-            lock.acquire(timeout=0)
-        except Timeout:
-            return False
-        try:
+        with self.local.version_lock(dataset_id, version, wait=False) as held:
+            if not held:
+                return False
             with (
                 exclusively(self.pins.copy(dataset_id, version)) as free,
                 exclusively(self.pins.demand(dataset_id, version)) as demand_free,
@@ -233,8 +250,6 @@ class CacheSpace:
                 if free and demand_free:
                     self.local.discard(dataset_id, version)
                 return free and demand_free
-        finally:
-            lock.release()
 
 
 _LEFTOVER, _COPY, _CHUNK = 0, 1, 2  # at equal times of last use, evicted in this order

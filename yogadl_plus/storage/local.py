@@ -27,14 +27,13 @@ import time
 import uuid
 from collections.abc import Iterator
 
-from filelock import FileLock
-
 from yogadl_plus.cache.manifest import MANIFEST_NAME, ChunkInfo, Manifest, read_manifest_bytes
 from yogadl_plus.dataref import DataRef
 from yogadl_plus.errors import CacheCorrupted, DatasetNotFound, PinGone, StorageError, unwritable
 from yogadl_plus.files import fsync_dir, write_durably
 from yogadl_plus.storage.base import OnTransfer, Storage, check_name
 from yogadl_plus.storage.pins import Pin, Pins, exclusively
+from yogadl_plus.storage.versionlock import remove_lock, version_lock
 
 __all__ = [
     "LocalStorage",
@@ -185,6 +184,13 @@ class LocalStorage(Storage):
         """The lock file of (dataset_id, version): see lock()."""
         return os.path.join(self.root, dataset_id, _LOCK + version)
 
+    def version_lock(
+        self, dataset_id: str, version: str, *, wait: bool = True
+    ) -> contextlib.AbstractContextManager[bool]:
+        """The lock of (dataset_id, version), held for a block: yields True, or without
+        ``wait`` False at once when another holds it (see storage/versionlock.py)."""
+        return version_lock(self.lock_path(dataset_id, version), wait=wait)
+
     def lock(self, dataset_id: str, version: str) -> contextlib.AbstractContextManager[None]:
         """Held by whoever changes (dataset_id, version): one at a time, across threads and
         processes on this machine (and machines sharing the folder, where flock works)."""
@@ -197,16 +203,13 @@ class LocalStorage(Storage):
             os.makedirs(folder, exist_ok=True)
         except OSError as exc:
             raise unwritable(folder, exc) from None
-        # A fresh FileLock (its own file descriptor) per call, so threads exclude each other too.
-        lock = FileLock(self.lock_path(dataset_id, version), thread_local=False)
-        try:
-            lock.acquire()
-        except OSError as exc:
-            raise unwritable(lock.lock_file, exc) from None
-        try:
+        path = self.lock_path(dataset_id, version)
+        with contextlib.ExitStack() as held:
+            try:
+                held.enter_context(version_lock(path))
+            except OSError as exc:
+                raise unwritable(path, exc) from None
             yield
-        finally:
-            lock.release()
 
     @contextlib.contextmanager
     def _staging(
@@ -271,15 +274,12 @@ class LocalStorage(Storage):
         named = builds_named(manifest) if manifest is not None else set()
         if not any(_unnamed(e, named) for e in entries):
             return
-        lock = FileLock(self.lock_path(dataset_id, version), thread_local=False)
         try:
-            lock.acquire(timeout=0)
-        except Exception:  # busy (a builder is at work), or a read-only storage
+            with version_lock(self.lock_path(dataset_id, version), wait=False) as held:
+                if held:  # (else a builder is at work)
+                    self._collect(folder, self._current(folder))
+        except OSError:  # a read-only storage
             return
-        try:
-            self._collect(folder, self._current(folder))
-        finally:
-            lock.release()
 
     @staticmethod
     def _current(folder: str) -> Manifest | None:
@@ -351,6 +351,10 @@ class LocalStorage(Storage):
         os.remove(os.path.join(folder, MANIFEST_NAME))
         fsync_dir(folder)
         self._collect(folder, None)
+        with contextlib.suppress(OSError):  # (not empty: a reader still reads its build)
+            os.rmdir(folder)
+        if not os.path.exists(folder):  # nothing of the version is left: nor its lock
+            remove_lock(self.lock_path(dataset_id, version))
 
     def remove_discarded(self) -> None:
         """What discards killed half-way left (renamed away: nobody can read it)."""

@@ -14,8 +14,6 @@ import os
 import shutil
 from collections.abc import Callable, Iterator, Sequence
 
-from filelock import FileLock, Timeout
-
 from yogadl_plus.cache.integrity import stamp
 from yogadl_plus.cache.manifest import MANIFEST_NAME, ChunkInfo, Manifest
 from yogadl_plus.checks import check_int
@@ -100,9 +98,12 @@ class LocalCache:
             return None
         if _unnamed_builds(folder, manifest):
             # Old builds nobody reads any more: removed before we pin the copy ourselves.
-            lock = FileLock(self.local.lock_path(dataset_id, version), thread_local=False)
-            with contextlib.suppress(Timeout, OSError), lock.acquire(timeout=0):
-                self._drop_unnamed_builds(folder, manifest)
+            with (
+                contextlib.suppress(OSError),
+                self.local.version_lock(dataset_id, version, wait=False) as held,
+            ):
+                if held:
+                    self._drop_unnamed_builds(folder, manifest)
         try:
             pins = self.pins.readers(dataset_id, version, manifest)
         except PinGone:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import logging
 import math
 import random
 import threading
@@ -37,6 +38,10 @@ __all__ = [
 
 T = TypeVar("T")
 S = TypeVar("S", bound="ObjectStore")
+
+log = logging.getLogger(__name__)
+# While a call keeps failing, a warning at its first retry and then about this often.
+_WARN_EVERY = 30.0
 
 DEFAULT_RETRY_TIMEOUT = 120.0  # seconds: rides out a restart of the store, a network blip
 MIN_TRY_TIMEOUT = 5.0  # a healthy server is never this long silent; a short budget stops here
@@ -86,12 +91,25 @@ class Retries:
         has passed (or ``interrupt`` is set); then StorageError saying how long it tried."""
         start = time.monotonic()
         tries = 0
+        warned = -math.inf
         while True:
             tries += 1
             try:
-                return attempt()
+                result = attempt()
             except TransientStorageError as exc:
-                left = self.timeout - (time.monotonic() - start)
+                now = time.monotonic()
+                left = self.timeout - (now - start)
+                if now - warned >= _WARN_EVERY and left > 0:
+                    warned = now
+                    log.warning(
+                        "%s: retrying (try %d, %.0f s so far, giving up after %g s)",
+                        exc,
+                        tries,
+                        now - start,
+                        self.timeout,
+                    )
+                else:
+                    log.debug("%s: retrying (try %d)", exc, tries)
                 delay = min(self.max_delay, self.first_delay * 2 ** min(tries - 1, 30))
                 delay = min(delay * (0.5 + random.random() / 2), max(left, 0.0))
                 if interrupt is None:
@@ -101,6 +119,10 @@ class Retries:
                         f"{exc} (gave up after {tries} {'try' if tries == 1 else 'tries'} in "
                         f"{time.monotonic() - start:.0f} s; retry_timeout={self.timeout:g} s)"
                     ) from exc
+                continue
+            if tries > 1:
+                log.info("succeeded after %d tries in %.1f s", tries, time.monotonic() - start)
+            return result
 
 
 def retried(method: Callable[..., T]) -> Callable[..., T]:
