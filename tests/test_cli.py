@@ -533,3 +533,82 @@ def test_build_with_workers_equals_the_serial_build(tmp_path, capsys):
     )
     assert main(["build", DEMO_PARQUET, "sensors", "bad", "--workers", "0", *store]) == 2
     assert "workers must be" in capsys.readouterr().err
+
+
+# --- rough edges a new user met (issue 27) ---
+
+
+def test_head_json_writes_every_dtype_the_schema_allows(tmp_path, capsys):
+    # Before: a complex field exited 70, "Object of type complex is not JSON serializable".
+    store = ["--storage", str(tmp_path)]
+    kinds = ["bool", "int8", "uint64", "float16", "float32", "float64", "complex64", "complex128"]
+    columns: dict[str, Any] = {k: np.array([1, 0], dtype=k) for k in kinds}
+    columns["c_arr"] = np.array([[1 + 2j, np.nan + 1j]] * 2, np.complex64)
+    columns["when"] = np.array(["2026-01-01", "NaT"], "datetime64[s]")
+    columns["took"] = np.array([5, 7], "timedelta64[ms]")
+    columns["text"] = np.array(["a", "é"])
+    columns["blob"] = [b"\x00\xff", b""]
+    columns["maybe"] = [None, 3.5]
+    ydl.cache_dataset(columns, "kinds", "v1", ydl.LocalStorage(tmp_path), progress=False)
+    assert main(["head", "kinds", "v1", "--json", *store]) == 0
+    first, second = json.loads(capsys.readouterr().out)["records"]
+    assert first["complex64"] == [1.0, 0.0] and first["c_arr"] == [[1.0, 2.0], ["NaN", 1.0]]
+    assert first["uint64"] == 1 and first["bool"] is True and second["float16"] == 0.0
+    assert first["when"] == "2026-01-01T00:00:00" and second["when"] == "NaT"
+    assert first["took"] == 5 and first["text"] == "a" and second["text"] == "é"
+    assert base64.b64decode(first["blob"]) == b"\x00\xff" and first["maybe"] is None
+
+
+def test_head_refuses_a_negative_count_and_an_empty_field_list(local, capsys):
+    store = ["--storage", str(local.root)]
+    with pytest.raises(SystemExit) as exited:
+        main(["head", "sensors", "v1", "-n", "-1", *store])
+    assert exited.value.code == 2 and "must be 0 or more, got -1" in capsys.readouterr().err
+    assert main(["head", "sensors", "v1", "--fields", "", *store]) == 2
+    assert "a field name is empty" in error_line(capsys)
+    assert main(["head", "sensors", "v1", "--fields", "label,", *store]) == 2
+    assert "a field name is empty" in error_line(capsys)
+
+
+def test_rm_leaves_no_lock_and_no_empty_dataset_folder(local, capsys):
+    assert main(["rm", "sensors", "v1", "--storage", str(local.root)]) == 0
+    assert os.listdir(local.root) == []
+    capsys.readouterr()
+    assert main(["ls", "--storage", str(local.root)]) == 0
+    out = capsys.readouterr()
+    assert out.out == "" and out.err.startswith("no versions in LocalStorage(")
+    assert main(["ls", "--json", "--storage", str(local.root)]) == 0
+    assert capsys.readouterr().out == "[]\n"
+
+
+def test_storage_goes_before_the_command_as_well(local, capsys):
+    assert main(["--storage", str(local.root), "ls"]) == 0
+    assert capsys.readouterr().out == "sensors\tv1\n"
+    assert main(["--storage", "/nowhere", "info", "sensors", "v1", "--storage", local.root]) == 0
+
+
+def test_build_says_whether_it_built_or_reused(tmp_path, capsys):
+    store = ["--storage", str(tmp_path)]
+    assert main(["build", DEMO_PARQUET, "sensors", "v1", *store]) == 0
+    out = capsys.readouterr()
+    assert out.out.rstrip().endswith(": built") and "yogadl-plus: built sensors:v1" in out.err
+    assert main(["build", DEMO_PARQUET, "sensors", "v1", *store]) == 0
+    out = capsys.readouterr()
+    assert "reused (already cached; --overwrite rebuilds it)" in out.out and out.err == ""
+    assert main(["build", DEMO_PARQUET, "sensors", "v1", "--json", *store]) == 0
+    assert json.loads(capsys.readouterr().out)["built"] is False
+
+
+def test_a_changed_source_is_one_warning_line(tmp_path, capsys):
+    import shutil
+
+    source = tmp_path / "data.parquet"
+    shutil.copy(DEMO_PARQUET, source)
+    store = ["--storage", str(tmp_path / "store")]
+    assert main(["build", str(source), "sensors", "v1", *store]) == 0
+    capsys.readouterr()
+    os.utime(source, (1, 1))  # a new mtime: the fingerprint changes
+    assert main(["build", str(source), "sensors", "v1", *store]) == 0
+    err = capsys.readouterr().err
+    assert err.startswith("yogadl-plus build: warning: the source of 'sensors' version 'v1'")
+    assert err.count("\n") == 1 and "SourceChangedWarning" not in err

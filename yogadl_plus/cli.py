@@ -12,11 +12,13 @@ import contextlib
 import functools
 import importlib
 import json
+import logging
 import math
 import os
 import re
 import sys
 import traceback
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -132,11 +134,11 @@ def _emit(args: argparse.Namespace, data: Any, text: str) -> None:
 
 
 def _progress(
-    args: argparse.Namespace, desc: str, total: int | None, unit: str
+    args: argparse.Namespace, desc: str, total: int | None, unit: str, scale: bool = True
 ) -> contextlib.AbstractContextManager[Callable[[int], object]]:
     """An ``advance(n)`` for a bar on stderr, or a no-op when stderr is no terminal or
-    --no-progress was given."""
-    return progress_bar(not args.no_progress, desc, total, unit)
+    --no-progress was given (``scale``: as ``progress_bar``'s)."""
+    return progress_bar(not args.no_progress, desc, total, unit, scale=scale)
 
 
 def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
@@ -166,12 +168,15 @@ _NON_FINITE = {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}
 def _json_value(value: Any) -> Any:
     """One field value as JSON, whole: arrays as nested lists of numbers, bytes in base64,
     datetimes as ISO 8601 text, timedeltas as counts of their unit (the schema names it),
-    NaN and infinities as "NaN", "Infinity", "-Infinity"."""
+    complex numbers as [real, imaginary], NaN and infinities as "NaN", "Infinity",
+    "-Infinity"."""
     if isinstance(value, (np.ndarray, np.generic)):
         if value.dtype.kind == "M":
             return value.astype(str).tolist()
         if value.dtype.kind == "m":
             return value.astype(np.int64).tolist()
+        if value.dtype.kind == "c":  # [real, imaginary], as numpy's view of it
+            return _json_value(np.stack([value.real, value.imag], axis=-1).tolist())
         return _json_value(value.tolist())
     if isinstance(value, float) and not math.isfinite(value):
         return _NON_FINITE[repr(value)]
@@ -183,7 +188,24 @@ def _json_value(value: Any) -> Any:
 
 
 def _fields(text: str | None) -> list[str] | None:
-    return text.split(",") if text else None
+    """The names of a comma-separated option (None: not given, so all)."""
+    if text is None:
+        return None
+    names = [name.strip() for name in text.split(",")]
+    if not all(names):
+        raise ValueError(f"a field name is empty in {text!r}: name the fields, comma-separated")
+    return names
+
+
+def _count(text: str) -> int:
+    """A count option: an integer >= 0 (argparse says otherwise a usage error)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
+    return value
 
 
 # --- build ---
@@ -225,19 +247,26 @@ def _call_factory(spec: str) -> ydl.sources.Source:
 
 def cmd_build(args: argparse.Namespace) -> int:
     storage = _storage(args)
-    ref = ydl.cache_dataset(
-        _source(args.source, _fields(args.columns)),
-        args.dataset_id,
-        args.version,
-        storage,
-        overwrite=args.overwrite,
-        progress=not args.no_progress,
-        chunk_bytes=args.chunk_mb << 20,
-        workers=args.workers,
-        engine=args.engine,
-    )
-    summary = _summary(storage, ref)
-    _emit(args, summary, _describe(summary))
+    existed = (args.dataset_id, args.version) in storage.list()
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always", ydl.SourceChangedWarning)
+        ref = ydl.cache_dataset(
+            _source(args.source, _fields(args.columns)),
+            args.dataset_id,
+            args.version,
+            storage,
+            overwrite=args.overwrite,
+            progress=not args.no_progress,
+            chunk_bytes=args.chunk_mb << 20,
+            workers=args.workers,
+            engine=args.engine,
+        )
+    for warning in said:  # one line each, as our errors are (not Python's warning format)
+        print(f"yogadl-plus build: warning: {warning.message}", file=sys.stderr)
+    built = args.overwrite or not existed
+    summary = {**_summary(storage, ref), "built": built}
+    how = "built" if built else "reused (already cached; --overwrite rebuilds it)"
+    _emit(args, summary, f"{_describe(summary)}: {how}")
     return 0
 
 
@@ -256,6 +285,8 @@ def cmd_ls(args: argparse.Namespace) -> int:
         [{"dataset_id": d, "version": v} for d, v in pairs],
         "\n".join(f"{d}\t{v}" for d, v in pairs),
     )
+    if not pairs and not args.json:
+        print(f"no versions in {storage}{_default_note(args)}", file=sys.stderr)
     return 0
 
 
@@ -314,7 +345,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         ref = storage.fetch(args.dataset_id, args.version)
         chunks = ref.manifest.chunks
         with _progress(
-            args, f"verifying {ref.dataset_id}:{ref.version}", len(chunks), " chunk"
+            args, f"verifying {ref.dataset_id}:{ref.version}", len(chunks), " chunk", scale=False
         ) as advance:
             ref.verify(on_chunk=lambda _: advance(1))
     except ydl.CacheCorrupted:
@@ -458,6 +489,7 @@ def build_parser() -> argparse.ArgumentParser:
         "70 internal error (a bug: please report its traceback), 130 interrupted",
     )
     parser.add_argument("--version", action="version", version=f"yogadl_plus {ydl.__version__}")
+    _storage_option(parser, None)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def command(
@@ -508,12 +540,8 @@ def _shared_options() -> tuple[argparse.ArgumentParser, ...]:
     """Parent parsers of the options several commands take: --storage; --json;
     --no-progress; and a version (--storage, --json, dataset_id, version)."""
     storage = argparse.ArgumentParser(add_help=False)
-    storage.add_argument(
-        "--storage",
-        metavar="URL",
-        help="where caches live: a path, file://, s3://bucket/prefix or gs://bucket/prefix "
-        f"(default: {_DEFAULT_ROOT})",
-    )
+    # (SUPPRESS: given before the command, the main parser's value stands.)
+    _storage_option(storage, argparse.SUPPRESS)
     output = argparse.ArgumentParser(add_help=False)
     output.add_argument("--json", action="store_true", help="print JSON for scripts")
     progress = argparse.ArgumentParser(add_help=False)
@@ -524,6 +552,18 @@ def _shared_options() -> tuple[argparse.ArgumentParser, ...]:
     version.add_argument("dataset_id")
     version.add_argument("version")
     return storage, output, progress, version
+
+
+def _storage_option(parser: argparse.ArgumentParser, default: Any) -> None:
+    """--storage, which the main parser takes before the command (as ``git -C`` does) and every
+    command after its name."""
+    parser.add_argument(
+        "--storage",
+        metavar="URL",
+        default=default,
+        help="where caches live: a path, file://, s3://bucket/prefix or gs://bucket/prefix "
+        f"(default: {_DEFAULT_ROOT})",
+    )
 
 
 def _build_options(p: argparse.ArgumentParser) -> None:
@@ -554,7 +594,7 @@ def _build_options(p: argparse.ArgumentParser) -> None:
 
 
 def _head_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("-n", type=int, default=5, help="how many records (default 5)")
+    p.add_argument("-n", type=_count, default=5, help="how many records (default 5)")
     p.add_argument("--fields", help="comma-separated fields to show")
 
 
@@ -587,6 +627,7 @@ def _exit_code(exc: BaseException) -> int | None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; return its exit status (errors: one line on stderr, see EXIT_CODES)."""
     args = build_parser().parse_args(argv)
+    _log_to_stderr()
     try:
         return int(args.run(args))
     except BrokenPipeError:
@@ -603,6 +644,27 @@ def main(argv: Sequence[str] | None = None) -> int:
             message += _where_it_looked(args)
         print(f"yogadl-plus {args.command}: error: {message}", file=sys.stderr)
         return code
+
+
+def _log_to_stderr() -> None:
+    """The library's log (what was built, pulled, evicted; retries) on stderr, INFO and up,
+    unless the program running us set up the ``yogadl_plus`` logger itself."""
+    logger = logging.getLogger("yogadl_plus")
+    if logger.handlers:
+        return
+    handler = _StderrHandler()
+    handler.setFormatter(logging.Formatter("yogadl-plus: %(message)s"))
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+
+
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever ``sys.stderr`` is when a record comes (main() may run many times in
+    one process, each with its own stderr: a test, a notebook)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.stream = sys.stderr
+        super().emit(record)
 
 
 def _message(exc: BaseException) -> str:
