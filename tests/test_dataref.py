@@ -59,7 +59,7 @@ def test_out_of_range_is_index_error_with_the_range(ref, index):
 
 
 def test_non_int_index_is_type_error(ref):
-    with pytest.raises(TypeError, match="get_batch"):
+    with pytest.raises(TypeError, match="DataRef indices are ints, slices, or lists"):
         ref[1.5]
     with pytest.raises(TypeError):
         ref["x"]
@@ -156,3 +156,30 @@ def test_verify_reports_each_chunk_that_matches_and_names_a_damaged_one(tmp_path
     with pytest.raises(ydl.CacheCorrupted, match=f"^chunk {re.escape(str(path))} has sha256"):
         ref.verify(on_chunk=seen.append)
     assert seen == list(ref.manifest.chunks[:-1])
+
+
+def test_slices_lists_and_masks_give_the_get_batch_form(ref):
+    # Before: ref[10:13] and ref[[1, 2]] raised TypeError; numpy, HF datasets and Grain users
+    # type both.
+    for index, picked in (
+        (slice(10, 13), [10, 11, 12]),
+        (slice(None, None, -300), [N - 1, N - 301, N - 601]),
+        ([1, -1, 1], [1, N - 1, 1]),
+        (np.array([5, 6]), [5, 6]),
+        (np.arange(N) % 250 == 0, [0, 250, 500]),
+        ([], []),
+    ):
+        got, want = ref[index], ref.get_batch(picked)
+        assert got["i"].tolist() == want["i"].tolist() == [i % N for i in picked]
+        assert got["name"] == want["name"]
+    with pytest.raises(IndexError, match="a mask of 3 bools"):
+        ref[np.array([True, False, True])]
+    with pytest.raises(IndexError, match="out of range"):
+        ref[[0, N]]
+
+
+def test_dir_lists_only_public_names():
+    names = dir(ydl)
+    assert {"Any", "TYPE_CHECKING", "annotations", "dataref", "checks"}.isdisjoint(names)
+    assert {"cache_dataset", "DataRef", "torch", "tensorflow", "mix"} <= set(names)
+    assert all(not n.startswith("_") or n == "__version__" for n in names)

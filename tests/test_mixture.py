@@ -488,7 +488,7 @@ def test_getitem_and_get_batch_refuse_bad_positions(pool: Pool) -> None:
             mix[bad]
         with pytest.raises(IndexError, match=f"position {bad} is out of range"):
             mix.get_batch([0, bad])
-    for bad in (1.0, "1", None, [1]):
+    for bad in (1.0, "1", None):
         with pytest.raises(TypeError, match="Mixture indices are ints"):
             mix[bad]  # type: ignore[index]
     for indices in ([1.5], [[0, 1]], ["a"], np.zeros((2, 2), np.int64)):
@@ -522,7 +522,7 @@ def test_get_batch_of_no_positions_is_typed_like_a_datarefs(pool: Pool) -> None:
         ({"a": 1, "b": np.True_}, ValueError, "weight of source 'b' must be a number"),
         ({"a": "1", "b": 1}, ValueError, "weight of source 'a' must be a number, got '1'"),
         ({"a": None, "b": 1}, ValueError, "weight of source 'a' must be a number, got None"),
-        ({"a": 0, "b": 0.0}, ValueError, "the weights are all zero"),
+        ({"a": 0, "b": 0.0}, ValueError, "positive sum; they are all zero"),
         ([1, 1], TypeError, "weights must be a mapping"),
     ],
 )

@@ -448,3 +448,14 @@ def test_equality_hash_repr_and_pickle():
         "timestamp_overlap=False)"
     )
     assert eval(repr(a), {"NGram": NGram}) == a
+
+
+def test_a_decimal_threshold_is_a_number():
+    # Before: Decimal("0.5") was refused (numbers.Real leaves Decimal out); Petastorm takes it.
+    from decimal import Decimal
+
+    assert NGram({0: ["x"], 1: ["x"]}, Decimal("0.5"), "ts").delta_threshold == 0.5
+    with pytest.raises(ValueError, match="must be >= 0"):
+        NGram({0: ["x"], 1: ["x"]}, Decimal("-1"), "ts")
+    with pytest.raises(ValueError, match="real number"):
+        NGram({0: ["x"], 1: ["x"]}, "0.5", "ts")

@@ -9,6 +9,7 @@ import pickle
 import subprocess
 import sys
 import time
+import warnings
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -770,3 +771,32 @@ def test_split_of_special_values() -> None:
         assert pred.include({"v": np.array(number)}) == pred.include({"v": number})
     with pytest.raises(TypeError, match="cannot hash"):
         pred.include({"v": {"a": 1}})
+
+
+# --- what Petastorm users expect (issue 27) ---
+
+
+def test_a_predicate_that_keeps_nothing_warns_once_an_epoch(ref: ydl.DataRef) -> None:
+    nothing = ydl.predicates.in_set("label", ["fish"])
+    stream = ref.stream(predicate=nothing, batch_size=16)
+    with pytest.warns(RuntimeWarning, match=r"kept none of the \d+ records of epoch 0"):
+        assert list(stream) == []
+    some = ref.stream(predicate=ydl.predicates.in_set("label", ["cat"]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert len(list(some)) > 0
+
+
+def test_a_predicate_naming_no_field_is_refused(ref: ydl.DataRef) -> None:
+    class Always(Predicate):
+        def get_fields(self) -> frozenset[str]:
+            return frozenset()
+
+        def include(self, values: Mapping[str, Any]) -> bool:
+            return True
+
+        def __repr__(self) -> str:
+            return "Always()"
+
+    with pytest.raises(ValueError, match=r"Always\(\) names no field"):
+        ref.stream(predicate=Always())

@@ -47,6 +47,13 @@ if TYPE_CHECKING:
     from yogadl_plus.adapters import torch as torch
 
 
+def __dir__() -> list[str]:
+    """What ``dir(ydl)`` lists: the public names, the framework faces among them."""
+    from yogadl_plus.adapters import FACES
+
+    return sorted({*__all__, *FACES})
+
+
 def __getattr__(name: str) -> Any:
     """``ydl.tensorflow``, ``ydl.torch``, ``ydl.keras``, ``ydl.grain``: framework faces, imported
     (with their framework) only when first used, so ``import yogadl_plus`` imports no framework.

@@ -62,16 +62,32 @@ def check_bool(name: str, value: object) -> bool:
 
 def check_index(index: object, n: int, owner: str, noun: str) -> int:
     """``index`` of a sequence of ``n`` (negative counts from the end) as an int in [0, n):
-    TypeError for a non-int (naming ``owner``, whose get_batch takes many), IndexError naming
-    the ``noun`` and the range."""
+    TypeError for a non-int (naming ``owner``), IndexError naming the ``noun`` and the range."""
     i = index if type(index) is int else _as_int(index)  # (ints first: ref[i] is hot)
     if i is None:
         raise TypeError(
-            f"{owner} indices are ints, got {type(index).__name__}; use get_batch() for many"
+            f"{owner} indices are ints, slices, or lists or arrays of ints (or of bools, one "
+            f"per item), got {type(index).__name__}"
         )
     if not -n <= i < n:
         raise IndexError(f"{noun} {i} is out of range [-{n}, {n})")
     return i + n if i < 0 else i
+
+
+def check_selection(index: object, n: int, owner: str, noun: str) -> int | np.ndarray:
+    """What ``owner[index]`` picks of ``n`` items, as numpy does: an int for one (see
+    ``check_index``); for a slice, a list or array of ints, or a mask of one bool per item,
+    the int64 indices of many (the get_batch form)."""
+    if isinstance(index, slice):
+        return np.arange(*index.indices(n), dtype=np.int64)
+    if isinstance(index, (list, tuple, np.ndarray)):
+        mask = np.asarray(index)
+        if mask.dtype == bool and mask.ndim == 1:
+            if len(mask) != n:
+                raise IndexError(f"a mask of {len(mask)} bools for {n} items; give one per item")
+            return np.flatnonzero(mask)
+        return check_indices(index, n, noun)
+    return check_index(index, n, owner, noun)
 
 
 def check_indices(indices: object, n: int, noun: str) -> np.ndarray:

@@ -14,7 +14,7 @@ from yogadl_plus.cache.fixed import Allocate
 from yogadl_plus.cache.layout import RecordLayout
 from yogadl_plus.cache.manifest import ChunkInfo, Manifest
 from yogadl_plus.cache.reader import ChunkSet
-from yogadl_plus.checks import check_index, check_indices
+from yogadl_plus.checks import check_index, check_indices, check_selection
 from yogadl_plus.order.placement import Placement
 from yogadl_plus.order.settings import OrderSettings
 from yogadl_plus.recordsource import Leaf, RecordSource
@@ -86,10 +86,17 @@ class DataRef(RecordSource):
     def __len__(self) -> int:
         return self._len
 
-    def __getitem__(self, index: int) -> dict[str, Any]:
-        """Record ``index`` (negative counts from the end) as a dict of decoded fields."""
-        i = check_index(index, self._len, "DataRef", "record index")
-        return self.read_record(i, self.schema.fields)
+    def __getitem__(self, index: int | slice | Sequence[int] | np.ndarray) -> dict[str, Any]:
+        """Record ``index`` (negative counts from the end) as a dict of decoded fields; for a
+        slice (``ref[10:13]``), a list or array of indices, or a mask of bools, those records
+        as ``get_batch`` gives them (field -> stacked array, or list)."""
+        if type(index) is int:  # (the hot path: one record)
+            picked: int | np.ndarray = check_index(index, self._len, "DataRef", "record index")
+        else:
+            picked = check_selection(index, self._len, "DataRef", "record index")
+        if isinstance(picked, np.ndarray):
+            return self.read_columns(picked, self.schema.fields)
+        return self.read_record(picked, self.schema.fields)
 
     def get_batch(
         self, indices: Sequence[int] | np.ndarray, fields: Sequence[str] | str | None = None

@@ -22,7 +22,7 @@ from typing import Any, Union
 
 import numpy as np
 
-from yogadl_plus.checks import check_index, check_indices, check_int
+from yogadl_plus.checks import check_indices, check_int, check_selection
 from yogadl_plus.columns import merge_columns, stacking
 from yogadl_plus.dataref import DataRef
 from yogadl_plus.errors import SchemaError
@@ -45,8 +45,9 @@ def mix(
     epoch_size: int | None = None,
 ) -> Mixture:
     """One dataset made of ``sources`` (name -> DataRef or Mixture) at ``weights`` (name ->
-    non-negative number; None: in proportion to the sources' sizes), ``epoch_size`` items per
-    epoch (None: the sum of the sources' sizes). See docs/mixtures.md."""
+    number >= 0, with a positive sum; 0 leaves a source out; None: in proportion to the
+    sources' sizes), ``epoch_size`` items per epoch (None: the sum of the sources' sizes).
+    See docs/mixtures.md."""
     return Mixture(sources, weights, epoch_size=epoch_size)
 
 
@@ -94,9 +95,13 @@ class Mixture(RecordSource):
         parts = ", ".join(f"{name}={count}" for name, count in zip(self.names, self.counts))
         return f"Mixture({parts}; epoch_size={self.epoch_size})"
 
-    def __getitem__(self, index: int) -> dict[str, Any]:
-        """Position ``index`` of the unshuffled epoch 0, as its source's record."""
-        i = check_index(index, self.epoch_size, "Mixture", "position")
+    def __getitem__(self, index: int | slice | Sequence[int] | np.ndarray) -> dict[str, Any]:
+        """Position ``index`` of the unshuffled epoch 0, as its source's record; for a slice, a
+        list or array of positions, or a mask of bools, those as ``get_batch`` gives them."""
+        picked = check_selection(index, self.epoch_size, "Mixture", "position")
+        if isinstance(picked, np.ndarray):
+            return self.get_batch(picked)
+        i = picked
         ((leaf, _, records),) = self.place(0, np.array([i]), False, 0).parts
         return self.leaves[leaf].ref[int(records[0])]
 
@@ -281,7 +286,10 @@ def _checked_weights(
             )
         out.append(_exact(value))
     if not any(out):
-        raise ValueError(f"the weights are all zero: {dict(weights)}")
+        raise ValueError(
+            f"the weights must be numbers >= 0 with a positive sum; they are all zero: "
+            f"{dict(weights)}"
+        )
     return out
 
 

@@ -9,6 +9,7 @@ exactly as it does record indices.
 from __future__ import annotations
 
 import datetime
+import decimal
 import math
 import numbers
 import threading
@@ -92,6 +93,8 @@ def _check_delta(value: object) -> int | float | np.timedelta64:
         if np.isnat(value) or int(value.astype(np.int64)) < 0:
             raise ValueError(f"delta_threshold must be >= 0, got {value!r}")
         return value
+    if isinstance(value, decimal.Decimal):  # (a real number, which numbers.Real leaves out)
+        value = float(value)
     if isinstance(value, (bool, np.bool_, np.datetime64)) or not isinstance(value, numbers.Real):
         raise ValueError(
             "delta_threshold must be a real number >= 0 (or a np.timedelta64 for datetime64 "

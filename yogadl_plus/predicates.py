@@ -139,7 +139,14 @@ class Predicate(ABC):
         )
 
     def check(self, schema: Schema) -> None:
-        """Raises SchemaError naming the field when this predicate cannot read ``schema``."""
+        """Raises SchemaError naming the field when this predicate cannot read ``schema``, and
+        ValueError when it names no field at all."""
+        if not self.get_fields():
+            raise ValueError(
+                f"the predicate {self!r} names no field (get_fields() is empty): a predicate "
+                "decides from the fields it names, and only those are decoded for it; return "
+                "their names from get_fields()"
+            )
         for name in sorted(self.get_fields()):
             _field_of(self, schema, name)
 

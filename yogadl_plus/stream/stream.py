@@ -10,6 +10,7 @@ order), and turns the blocks into records, windows or batches. It only keeps whe
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections import deque
 from collections.abc import Iterator, Mapping
 from time import perf_counter
@@ -268,7 +269,7 @@ class Stream:
 
     def _epoch_done(self, epoch: int, ledger: Ledger) -> None:
         self._epoch, self._position = epoch, self._plan.epoch_length(epoch)
-        ledger.finished = True
+        _finished(self._plan, ledger)
 
     def _items(self, epoch: int, position: int, ledger: Ledger) -> Iterator[Any]:
         stats = self._plan.stats
@@ -340,6 +341,25 @@ class Stream:
         self._epoch, self._position = epoch, end
         self._plan.stats.handed(records, 1)
         return batch
+
+
+def _finished(plan: StreamPlan, ledger: Ledger) -> None:
+    """``ledger``'s iteration reached the end of its epoch. A RuntimeWarning when the predicate
+    kept nothing of a whole epoch that had records (as Petastorm warns): every epoch is then
+    empty, which is rarely what was meant."""
+    ledger.finished = True
+    predicate = plan.boundary.predicate
+    if predicate is None or ledger.count or ledger.start:
+        return
+    positions = plan.epoch_length(ledger.epoch)
+    if positions:
+        warnings.warn(
+            f"the predicate {predicate!r} kept none of the {positions} records of epoch "
+            f"{ledger.epoch}: this stream's epochs are empty (check the fields and values it "
+            "tests)",
+            RuntimeWarning,
+            stacklevel=3,
+        )
 
 
 def _changed(settings: S, changes: dict[str, Any]) -> S:
