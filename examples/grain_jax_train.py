@@ -105,11 +105,10 @@ def train(ref: ydl.DataRef, work: str, stop_at: int | None = None) -> tuple[int,
     return step, float(value)
 
 
-def main() -> None:
+def main(work: str) -> None:
     # Grain 0.2.18 with JAX installed reads an absl flag when it starts worker processes, and
     # raises UnparsedFlagAccessError in scripts that absl.app did not start.
     flags.FLAGS.mark_as_parsed()
-    work = sys.argv[1] if len(sys.argv) > 1 else tempfile.mkdtemp()
     ref = ydl.cache_dataset(records(), "regression", "v1", ydl.LocalStorage(work), progress=False)
     print(f"cached {len(ref)} records; {STEPS} steps of {BATCH} over {EPOCHS} epochs")
 
@@ -134,4 +133,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    if len(sys.argv) > 1:
+        main(sys.argv[1])
+    else:  # a temporary folder, removed at the end
+        with tempfile.TemporaryDirectory(prefix="yogadl_plus_") as folder:
+            main(folder)

@@ -133,4 +133,8 @@ def _stream_face(mix: ydl.Mixture, args: dict[str, Any]) -> tuple[Any, Any, Any]
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else tempfile.mkdtemp(prefix="yogadl_plus_"))
+    if len(sys.argv) > 1:
+        main(sys.argv[1])
+    else:  # a temporary folder, removed at the end
+        with tempfile.TemporaryDirectory(prefix="yogadl_plus_") as folder:
+            main(folder)

@@ -38,4 +38,8 @@ def main(root: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else tempfile.mkdtemp(prefix="yogadl_plus_"))
+    if len(sys.argv) > 1:
+        main(sys.argv[1])
+    else:  # a temporary folder, removed at the end
+        with tempfile.TemporaryDirectory(prefix="yogadl_plus_") as folder:
+            main(folder)

@@ -23,8 +23,8 @@ except ModuleNotFoundError as missing:  # say which pip install brings it
     raise SystemExit(ydl.missing_extra(missing, "examples/spark_build.py")) from None
 
 
-def main() -> None:
-    storage = ydl.LocalStorage(sys.argv[1] if len(sys.argv) > 1 else tempfile.mkdtemp())
+def main(folder: str) -> None:
+    storage = ydl.LocalStorage(folder)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # a local Spark: it stays on loopback
     spark = (
         SparkSession.builder.master("local[2]")
@@ -66,4 +66,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    if len(sys.argv) > 1:
+        main(sys.argv[1])
+    else:  # a temporary folder, removed at the end
+        with tempfile.TemporaryDirectory(prefix="yogadl_plus_") as folder:
+            main(folder)

@@ -156,4 +156,8 @@ if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--train":
         train(sys.argv[2], int(sys.argv[3]))
     else:
-        main(sys.argv[1] if len(sys.argv) > 1 else tempfile.mkdtemp(prefix="yogadl_plus_"))
+        if len(sys.argv) > 1:
+            main(sys.argv[1])
+        else:  # a temporary folder, removed at the end
+            with tempfile.TemporaryDirectory(prefix="yogadl_plus_") as folder:
+                main(folder)

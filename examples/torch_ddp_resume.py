@@ -226,4 +226,8 @@ if __name__ == "__main__":
     if sys.argv[1:2] == ["--rank"]:
         rank_main(int(sys.argv[2]), *sys.argv[3:6])
         sys.exit()
-    main(sys.argv[1] if len(sys.argv) > 1 else tempfile.mkdtemp(prefix="yogadl_plus_"))
+    if len(sys.argv) > 1:
+        main(sys.argv[1])
+    else:  # a temporary folder, removed at the end
+        with tempfile.TemporaryDirectory(prefix="yogadl_plus_") as folder:
+            main(folder)
