@@ -73,14 +73,17 @@ class DataRef(RecordSource):
 
     @property
     def schema(self) -> Schema:
+        """The version's fields (names, dtypes, shapes, codecs), as it was built."""
         return self.manifest.schema
 
     @property
     def dataset_id(self) -> str:
+        """The dataset this is a version of."""
         return self.manifest.dataset_id
 
     @property
     def version(self) -> str:
+        """This version's name."""
         return self.manifest.version
 
     def __len__(self) -> int:
@@ -126,9 +129,13 @@ class DataRef(RecordSource):
     # --- for the Stream and adapters ---
 
     def select(self, fields: Sequence[str] | str | None) -> tuple[Field, ...]:
+        """The Fields named by ``fields`` (a name, names, or None: all); KeyError naming an
+        unknown one. (The stream layer reads through this.)"""
         return self.schema.select(fields)
 
     def check_indices(self, indices: Sequence[int] | np.ndarray) -> np.ndarray:
+        """``indices`` as int64 record indices in [0, len) (negatives count from the end);
+        TypeError or IndexError otherwise."""
         return check_indices(indices, self._len, "record index")
 
     def read_record(self, index: int, fields: Sequence[Field]) -> dict[str, Any]:
@@ -160,6 +167,8 @@ class DataRef(RecordSource):
 
     @property
     def layout(self) -> RecordLayout:
+        """How this version's record values are laid out: decodes what ``read_values`` gives.
+        (The stream layer reads through this.)"""
         return self._layout
 
     @property
@@ -191,15 +200,18 @@ class DataRef(RecordSource):
 
     @property
     def chunk_records(self) -> np.ndarray:
+        """Records per chunk, in order (a windowed shuffle and chunk shards work from them)."""
         return np.array([c.records for c in self.manifest.chunks], dtype=np.int64)
 
     @property
     def record_bytes(self) -> float:
+        """Stored bytes per record, on average (what a stream sizes its units of work by)."""
         chunks = self.manifest.chunks
         return max(1.0, sum(c.bytes for c in chunks) / self._len) if self._len else 1.0
 
     @property
     def chunk_bytes(self) -> float:
+        """Stored bytes per chunk, on average."""
         chunks = self.manifest.chunks
         return max(1.0, sum(c.bytes for c in chunks) / len(chunks)) if chunks else 1.0
 

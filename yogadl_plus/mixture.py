@@ -204,10 +204,12 @@ class Mixture(RecordSource):
 
     @property
     def record_bytes(self) -> float:
+        """The largest of the sources' stored bytes per record (what units are sized by)."""
         return max(leaf.ref.record_bytes for leaf in self.leaves)
 
     @property
     def chunk_bytes(self) -> float:
+        """The smallest of the sources' stored bytes per chunk."""
         return min(leaf.ref.chunk_bytes for leaf in self.leaves)
 
     def stream_fields(

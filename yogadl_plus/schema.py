@@ -107,6 +107,7 @@ class Field:
 
     @property
     def num_variable_dims(self) -> int:
+        """How many of the shape's dims are None (vary between records)."""
         return sum(d is None for d in self.shape)
 
     @property
@@ -116,21 +117,25 @@ class Field:
 
     @property
     def nbytes(self) -> int:
+        """Bytes of one value of a fixed shape (dtype size times the dims' product)."""
         return int(self.dtype.itemsize * math.prod(self.shape))  # type: ignore[arg-type]
 
     def require_numeric(self, codec: codecs.Codec) -> None:
+        """SchemaError naming this field unless it holds numbers (for ``codec``'s check)."""
         if self.kind != "numeric":
             raise SchemaError(
                 f"field {self.name!r}: {codec!r} stores numeric arrays, not {self.kind}"
             )
 
     def require_kind(self, codec: codecs.Codec, kind: str) -> None:
+        """SchemaError naming this field unless it is of ``kind`` ("str", "bytes", "numeric")."""
         if self.kind != kind:
             raise SchemaError(
                 f"field {self.name!r}: {codec!r} stores {kind} values, not {self.dtype_name}"
             )
 
     def describe(self) -> str:
+        """What the field holds, as messages say it: "float32[None, 3]", "str", "int64"."""
         if self.kind != "numeric":
             return self.kind
         dims = ", ".join("None" if d is None else str(d) for d in self.shape)
@@ -139,6 +144,7 @@ class Field:
     # --- JSON ---
 
     def to_json(self) -> dict[str, Any]:
+        """The field as the manifest stores it (name, dtype, shape, codec, nullable)."""
         return {
             "name": self.name,
             "dtype": self.dtype_name,
@@ -149,6 +155,7 @@ class Field:
 
     @classmethod
     def from_json(cls, spec: Mapping[str, Any]) -> Field:
+        """The field ``to_json`` wrote."""
         return cls(
             name=spec["name"],
             dtype=spec["dtype"],
@@ -533,6 +540,7 @@ class Schema:
 
     @property
     def names(self) -> tuple[str, ...]:
+        """The fields' names, in order."""
         return tuple(f.name for f in self.fields)
 
     def __getitem__(self, name: str) -> Field:
@@ -569,10 +577,12 @@ class Schema:
         return tuple(self[n] for n in names)
 
     def to_json(self) -> list[dict[str, Any]]:
+        """The schema as the manifest stores it: each field's ``to_json``."""
         return [f.to_json() for f in self.fields]
 
     @classmethod
     def from_json(cls, spec: Sequence[Mapping[str, Any]]) -> Schema:
+        """The schema ``to_json`` wrote."""
         return cls(Field.from_json(s) for s in spec)
 
 

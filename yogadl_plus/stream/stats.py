@@ -82,10 +82,12 @@ class StreamStats:
 
     @property
     def items_per_s(self) -> float:
+        """Items handed out per second of ``seconds``."""
         return self.items / self.seconds if self.seconds > 0 else 0.0
 
     @property
     def bytes_per_s(self) -> float:
+        """Stored bytes read per second of ``seconds``."""
         return self.bytes / self.seconds if self.seconds > 0 else 0.0
 
     def as_dict(self) -> dict[str, float]:
