@@ -487,3 +487,19 @@ def test_reads_going_round_a_few_chunks_keep_them_open(s3_spec: dict, tmp_path: 
         per_round.append(len(opened) - before)
     # Without growing, each read opens its chunk again (3 a round); it grows within 2 rounds.
     assert per_round[0] == 3 and per_round[2:] == [0, 0, 0, 0]
+
+
+def test_a_reader_waiting_long_for_a_chunk_says_so(
+    s3_spec: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import logging
+
+    import yogadl_plus.storage.ondemand as ondemand
+
+    _, limit = build(s3_spec, tmp_path)
+    ref = make_storage(s3_spec, tmp_path / "machine", local_cache_limit=limit).fetch("d", "v")
+    monkeypatch.setattr(ondemand, "SLOW_CHUNK_SECONDS", 0.0)  # every wait is "long"
+    with caplog.at_level(logging.WARNING, logger="yogadl_plus"):
+        ref[len(ref) - 1]
+    said = [r.getMessage() for r in caplog.records if r.name == "yogadl_plus.storage.ondemand"]
+    assert said and said[0].startswith("waited 0 s for chunk ") and "/d/v" in said[0]

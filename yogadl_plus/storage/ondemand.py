@@ -14,8 +14,10 @@ evicted least recently used when room is needed (localcache.py).
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -31,6 +33,10 @@ from yogadl_plus.storage.objects import ObjectStore
 from yogadl_plus.storage.pins import Pin
 
 __all__ = ["ChunkFetcher", "DemandSettings"]
+
+log = logging.getLogger(__name__)
+#: A reader that waited this long for a chunk says so (a WARNING): the stream is data-bound.
+SLOW_CHUNK_SECONDS = 10.0
 
 # What a reader with no cache limit fetches ahead at most.
 _UNLIMITED_AHEAD_BYTES = 1 << 30
@@ -177,11 +183,23 @@ class ChunkFetcher:
             order = queued if order is None else order
             if order is not None:
                 self._drop_passed(order)
+        began = time.monotonic()
         try:
             opened = _Opened(self, self._fetch(number, ahead=False, pin=pin), info.bytes)
         finally:
             if ahead is not None:
                 ahead[0].release()
+        waited = time.monotonic() - began
+        if waited >= SLOW_CHUNK_SECONDS:
+            log.warning(
+                "waited %.0f s for chunk %s (%s bytes) of %s: the reader is waiting on the "
+                "bucket (fetching %d at a time)",
+                waited,
+                info.file,
+                f"{info.bytes:,}",
+                self.folder,
+                self.settings.max_in_flight,
+            )
         with self._lock:
             self._opened += info.bytes
         self._pump()
