@@ -444,3 +444,43 @@ def test_fit_on_a_stream_resumed_by_start_offset_trains_every_later_epoch_whole(
     model, _ = logged_model(trained)
     model.fit(data, epochs=3, verbose=0)
     assert trained == epoch_ids(ref, 0)[3:] + epoch_ids(ref, 1) + epoch_ids(ref, 2)
+
+
+_TORCH_BACKEND_FIT = """
+import os, sys
+os.environ["KERAS_BACKEND"] = "torch"
+import numpy as np, keras
+import yogadl_plus as ydl
+storage = ydl.LocalStorage(sys.argv[1])
+x = np.arange(40, dtype=np.float32).reshape(40, 1)
+ref = ydl.cache_dataset({"x": x, "y": x[:, 0]}, "k", "v1", storage, progress=False)
+stream = ref.stream(batch_size=10)
+trained = []
+
+class Seen(keras.callbacks.Callback):
+    def on_train_batch_end(self, batch, logs=None):
+        trained.append((stream.next_epoch_position[0] - 1, batch))
+
+model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
+model.compile("sgd", "mse")
+model.fit(ydl.keras.StreamSequence(stream, x="x", y="y"), epochs=2, verbose=0,
+          callbacks=[Seen()])
+print(stream.next_epoch_position, sorted({e for e, _ in trained}), len(trained))
+"""
+
+
+def test_the_torch_backend_trains_the_streams_first_epoch(tmp_path):
+    # Before: Keras's torch trainer reads one batch in an epoch of its own to build the model,
+    # which took the stream's epoch 0: fit(epochs=2) trained epochs 1 and 2.
+    pytest.importorskip("torch")
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", _TORCH_BACKEND_FIT, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().splitlines()[-1] == "(2, 0) [0, 1] 8"

@@ -3,6 +3,7 @@ Keras's ``BackupAndRestore`` that also backs up and restores the stream's positi
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
@@ -122,6 +123,8 @@ class StreamSequence(keras.utils.PyDataset):
         return self.plan.items_per_epoch
 
     def on_epoch_begin(self) -> None:
+        if _building_the_model():
+            return  # (its batch is read as outside an epoch: nothing of the stream moves)
         with self._lock:
             self._length = self.plan.items_from(*self.stream.next_epoch_position)
             self._batches = iter(self.stream)  # the stream's next epoch
@@ -200,3 +203,15 @@ def _array(column: Any, name: str) -> np.ndarray:
             "pad them in a transform, or use ydl.tensorflow.make_tf_dataset (ragged tensors)"
         )
     return np.stack(column)
+
+
+def _building_the_model() -> bool:
+    """Whether Keras calls only to build the model: its torch backend's trainer runs an epoch
+    of its own and reads one batch from it before training (``Trainer._symbolic_build``),
+    which would take the stream's first epoch for that one batch."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        if frame.f_code.co_name == "_symbolic_build":
+            return True
+        frame = frame.f_back
+    return False
