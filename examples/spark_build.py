@@ -26,6 +26,9 @@ except ModuleNotFoundError as missing:  # say which pip install brings it
 def main(folder: str) -> None:
     storage = ydl.LocalStorage(folder)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # a local Spark: it stays on loopback
+    # Spark's Python workers run $PYSPARK_PYTHON, else the `python3` on the PATH: this one,
+    # whose packages they need, even where its virtual environment is not activated.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     spark = (
         SparkSession.builder.master("local[2]")
         .appName("yogadl_plus example")

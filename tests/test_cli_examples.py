@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -156,18 +158,25 @@ def test_bundled_parquet_is_what_the_generator_makes():
 
 
 @pytest.mark.parametrize("script", sorted(p.name for p in (ROOT / "examples").glob("*.py")))
-def test_examples_run_as_they_are(script, tmp_path):
+def test_examples_run_as_they_are(script, tmp_path, request):
     for prefix, framework in (("torch_", "torch"), ("tf_", "tensorflow"), ("grain_", "grain")):
         if script.startswith(prefix):
             pytest.importorskip(framework)
+    # Run as a reader would, with no folder given: each makes a temporary one, and removes it
+    # (before: every example left its folder in the system's temp folder).
+    # (A short path: Ray puts its sockets under the temp folder, in at most 107 bytes.)
+    temp = Path(tempfile.mkdtemp(prefix="ex-", dir="/tmp"))
+    request.addfinalizer(lambda: shutil.rmtree(temp, ignore_errors=True))
     result = subprocess.run(
-        [sys.executable, str(ROOT / "examples" / script), str(tmp_path)],
+        [sys.executable, str(ROOT / "examples" / script)],
         capture_output=True,
         text=True,
         timeout=300,
         cwd=tmp_path,
+        env={**os.environ, "TMPDIR": str(temp)},
     )
     assert result.returncode == 0, result.stderr[-3000:]
+    assert [p.name for p in temp.iterdir() if p.name.startswith(("yogadl", "tmp"))] == []
     # Python's warnings (path:line: SomeWarning: ...) are for a reader to worry about.
     assert not re.findall(r"^\S+:\d+: \w*Warning: .*", result.stderr, re.M), result.stderr[-3000:]
 
@@ -250,3 +259,43 @@ def test_progress_bar_only_on_a_terminal_and_when_asked(
     records = ({"i": i} for i in range(10_000))
     ydl.cache_dataset(records, "bar", "v1", ydl.LocalStorage(tmp_path), progress=progress)
     assert ("caching bar:v1" in stderr.getvalue()) is shown
+
+
+def test_the_spark_example_runs_from_a_virtual_environment_not_activated(tmp_path):
+    # Before: run by a venv's python with the venv not on the PATH (as Slurm and cron run it),
+    # Spark's Python workers ran the system's python3 and failed after 96 s: no module 'lmdb'.
+    pytest.importorskip("pyspark")
+    java = shutil.which("java")
+    if java is None:
+        pytest.skip("Spark needs Java")
+    paths = [os.path.dirname(java), "/usr/bin", "/bin"]
+    env = {
+        "HOME": os.environ.get("HOME", str(tmp_path)),
+        "PATH": os.pathsep.join(p for p in paths if p != os.path.dirname(sys.executable)),
+        "PYTHONPATH": str(ROOT),
+    }
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "spark_build.py"), str(tmp_path / "store")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+        env=env,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "cached 50000 rows" in result.stdout
+
+
+def test_a_local_spark_on_another_python_is_said_before_the_tasks_start(caplog):
+    import logging
+    import types
+
+    from yogadl_plus.build.spark import _check_local_python
+
+    elsewhere = types.SimpleNamespace(master="local[2]", pythonExec="/nowhere/python3")
+    with caplog.at_level(logging.WARNING, logger="yogadl_plus"):
+        _check_local_python(elsewhere)
+        _check_local_python(types.SimpleNamespace(master="local[2]", pythonExec=sys.executable))
+        _check_local_python(types.SimpleNamespace(master="yarn", pythonExec="/nowhere/python3"))
+    (said,) = [r.getMessage() for r in caplog.records]
+    assert "'/nowhere/python3' (not found), not this Python" in said and "PYSPARK_PYTHON" in said

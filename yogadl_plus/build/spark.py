@@ -13,7 +13,11 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
+import os
 import pickle
+import shutil
+import sys
 import time
 import traceback
 import uuid
@@ -30,6 +34,8 @@ from yogadl_plus.sources.spark import SparkDataFrameSource, SparkPartition
 from yogadl_plus.storage.sink import ChunkSink
 
 __all__ = ["build_on_spark"]
+
+log = logging.getLogger(__name__)
 
 _RESULT = "part int, result binary"
 _STOP_WAIT = 60.0  # seconds to wait for cancelled tasks to stop before cleaning up anyway
@@ -48,6 +54,7 @@ def build_on_spark(folder: str, plan: BuildPlan) -> Manifest:
         raise SchemaError(
             f"fields {missing} of schema= are not columns of the DataFrame: {frame.columns}"
         )
+    _check_local_python(frame.sparkSession.sparkContext)
     # Columns travel by position: names with dots, or differing only in case, stay as they are.
     positional = frame.toDF(*(f"_{i}" for i in range(len(frame.columns))))
     task = functools.partial(_write_partition, schema, list(frame.columns), plan.chunk_bytes)
@@ -121,6 +128,26 @@ def _seconds(duration: str) -> float:
         if duration.endswith(unit) and duration[: -len(unit)].strip().isdigit():
             return int(duration[: -len(unit)]) * units[unit]
     return float(duration) if duration.replace(".", "", 1).isdigit() else 2.0
+
+
+def _check_local_python(context: Any) -> None:
+    """A local Spark runs its Python workers with ``$PYSPARK_PYTHON`` or the ``python3`` on
+    the PATH, not with this interpreter: from a virtual environment that is not activated (as
+    Slurm and cron run it), the workers miss yogadl_plus's dependencies and every task fails
+    after a minute or more. Said (a WARNING) before any task starts, with the fix."""
+    if not str(context.master).startswith("local"):
+        return  # (a cluster's executors have their own Python)
+    found = shutil.which(context.pythonExec)
+    if found is None or os.path.dirname(found) != os.path.dirname(sys.executable):
+        log.warning(
+            "Spark's Python workers run %r (%s), not this Python (%s): if its packages are "
+            "not theirs, the tasks fail with ModuleNotFoundError. Set "
+            "os.environ['PYSPARK_PYTHON'] = sys.executable before creating the SparkSession, "
+            "or activate the virtual environment",
+            context.pythonExec,
+            found or "not found",
+            sys.executable,
+        )
 
 
 def _write_partition(
