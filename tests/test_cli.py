@@ -187,6 +187,7 @@ def test_every_printing_command_speaks_json(local, tmp_path, capsys):
             "records": 5000,
             "chunks": 1,
             "where": local.path("demo", "v1"),
+            "built": True,
         }
     ]
     assert out["ls"] == [[{"dataset_id": "demo", "version": "v1"}, *out["ls"][0][1:]]]

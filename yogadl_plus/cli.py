@@ -19,7 +19,7 @@ import re
 import sys
 import traceback
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -627,7 +627,12 @@ def _exit_code(exc: BaseException) -> int | None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; return its exit status (errors: one line on stderr, see EXIT_CODES)."""
     args = build_parser().parse_args(argv)
-    _log_to_stderr()
+    with _log_to_stderr():
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
+    """Run the command ``args`` names; its exit status."""
     try:
         return int(args.run(args))
     except BrokenPipeError:
@@ -646,25 +651,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         return code
 
 
-def _log_to_stderr() -> None:
-    """The library's log (what was built, pulled, evicted; retries) on stderr, INFO and up,
-    unless the program running us set up the ``yogadl_plus`` logger itself."""
+@contextlib.contextmanager
+def _log_to_stderr() -> Iterator[None]:
+    """While a command runs: the library's log (what was built, pulled, evicted; retries) on
+    stderr, INFO and up, unless the program running us set up the ``yogadl_plus`` logger
+    itself. Taken away after (main() may run in a process that goes on: a test, a notebook)."""
     logger = logging.getLogger("yogadl_plus")
     if logger.handlers:
+        yield
         return
-    handler = _StderrHandler()
+    handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("yogadl-plus: %(message)s"))
+    level = logger.level
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
-
-
-class _StderrHandler(logging.StreamHandler):
-    """Writes to whatever ``sys.stderr`` is when a record comes (main() may run many times in
-    one process, each with its own stderr: a test, a notebook)."""
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.stream = sys.stderr
-        super().emit(record)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
 
 
 def _message(exc: BaseException) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import types
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -209,7 +210,7 @@ def _building_the_model() -> bool:
     """Whether Keras calls only to build the model: its torch backend's trainer runs an epoch
     of its own and reads one batch from it before training (``Trainer._symbolic_build``),
     which would take the stream's first epoch for that one batch."""
-    frame = sys._getframe(2)
+    frame: types.FrameType | None = sys._getframe(2)
     while frame is not None:
         if frame.f_code.co_name == "_symbolic_build":
             return True
