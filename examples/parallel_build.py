@@ -4,7 +4,7 @@ equal the serial build record for record.
 The bundled dataset is small (5,000 records, a fraction of a second to build serially), so here
 the pool and Ray are slower: they start their processes first (a second or two), which pays
 only for builds that take longer than that. On 2M records of Parquet, bench/bench_build.py
-measured the pool of 2 at 1.54x serial (docs/performance.md).
+measured the pool of 2 at 1.29x a serial build of 3.7 s (docs/performance.md).
 
 Run: python examples/parallel_build.py [STORAGE_DIR]
 """
