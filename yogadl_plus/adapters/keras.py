@@ -3,9 +3,8 @@ Keras's ``BackupAndRestore`` that also backs up and restores the stream's positi
 
 from __future__ import annotations
 
-import sys
+import inspect
 import threading
-import types
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -74,10 +73,10 @@ class StreamSequence(keras.utils.PyDataset):
                 "StreamSequence needs a batching stream: make it with "
                 "dataref.stream(batch_size=...)"
             )
-        if plan.boundary.predicate is not None:
+        if plan.boundary.filtered:
             raise ValueError(
-                "a stream with a predicate has an unknown number of batches per epoch (len() is "
-                "an upper bound) and Keras needs the exact number; use "
+                "a stream with a predicate or skip= has an unknown number of batches per epoch "
+                "(len() is an upper bound) and Keras needs the exact number; use "
                 "ydl.tensorflow.make_tf_dataset(stream) instead"
             )
         if plan.boundary.ngram is not None and plan.boundary.transform is None:
@@ -210,7 +209,7 @@ def _building_the_model() -> bool:
     """Whether Keras calls only to build the model: its torch backend's trainer runs an epoch
     of its own and reads one batch from it before training (``Trainer._symbolic_build``),
     which would take the stream's first epoch for that one batch."""
-    frame: types.FrameType | None = sys._getframe(2)
+    frame = inspect.currentframe()
     while frame is not None:
         if frame.f_code.co_name == "_symbolic_build":
             return True
