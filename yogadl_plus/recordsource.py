@@ -143,6 +143,7 @@ class RecordSource(ABC):
         shard_by: str = "records",
         fields: Sequence[str] | str | None = None,
         predicate: Any = None,
+        skip: Any = None,
         ngram: Any = None,
         transform: Callable[[Any], Any] | None = None,
         batch_size: int | None = None,
@@ -159,7 +160,8 @@ class RecordSource(ABC):
         chunks; docs/windowed-shuffle.md), ``shard_rank``/``num_shards``/``drop_shard_remainder``
         /``pad_shard_remainder``/``shard_by``, ``start_offset`` (positions of this shard from
         epoch 0), ``global_start`` (elastic resume). Boundary: ``fields``, ``predicate``
-        (ydl.predicates), ``ngram`` (ydl.NGram), ``transform``, ``batch_size``/``drop_last``.
+        (ydl.predicates), ``skip`` (record indices never handed out; for a mixture, source name
+        -> indices), ``ngram`` (ydl.NGram), ``transform``, ``batch_size``/``drop_last``.
         Workers: ``num_workers``, ``worker_type`` ("thread" or "process"), ``prefetch`` (units
         in flight), ``worker_start_method``. See docs/streams.md and docs/boundary.md.
         """

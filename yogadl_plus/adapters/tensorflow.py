@@ -194,7 +194,7 @@ def _plain_batches(plan: StreamPlan) -> bool:
     """Whether the stream's batches are plain runs of records (``stream.iter_blocks()`` gives
     them in blocks of whole batches)."""
     boundary = plan.boundary
-    return boundary.predicate is None and boundary.transform is None and boundary.ngram is None
+    return not boundary.filtered and boundary.transform is None and boundary.ngram is None
 
 
 def _batch_groups(stream: Stream, to_tf: Callable[[Any], Any]) -> Iterator[Any]:

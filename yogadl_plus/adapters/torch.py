@@ -287,10 +287,11 @@ class ResumableDataLoader(DataLoader):
         self.stream = stream
         self.plan = plan = stream.plan()
         self._unit = 1 if plan.boundary.batch_size is None else plan.boundary.batch_size
-        if plan.boundary.batch_size is None and plan.boundary.predicate is not None:
+        if plan.boundary.batch_size is None and plan.boundary.filtered:
             raise ValueError(
-                "make_dataloader: a stream with a predicate must batch (batch_size=...): a "
-                "record-by-record loader has no item to hand out for a rejected record"
+                "make_dataloader: a stream with a predicate or skip= must batch "
+                "(batch_size=...): a record-by-record loader has no item to hand out for a "
+                "record left out"
             )
         epoch, position = stream.next_epoch_position
         first_epoch = plan.position_of(0)[0]

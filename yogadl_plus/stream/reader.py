@@ -23,6 +23,7 @@ import numpy as np
 from yogadl_plus.columns import columns_nbytes, merge_columns, records, stacking
 from yogadl_plus.errors import SchemaError, TransformError
 from yogadl_plus.stream.block import Block, as_items
+from yogadl_plus.stream.skips import skipped
 from yogadl_plus.stream.stats import (
     DECODING,
     PREDICATES,
@@ -64,6 +65,7 @@ class LeafReader:
     transform: Callable[[Any], Any] | None = None
     as_columns: bool = False
     allocate: Allocate | None = None
+    skip: np.ndarray | None = None  # records never handed out, sorted
 
     def __post_init__(self) -> None:
         if self.predicate is not None:
@@ -100,9 +102,19 @@ class LeafReader:
     def kept_values(
         self, indices: np.ndarray, work: Work | None = None
     ) -> tuple[np.ndarray | None, list[memoryview]]:
-        """The raw values of the records at ``indices`` that the predicate keeps, and which of
-        ``indices`` those are (None: all of them). The predicate's seconds (with decoding its
-        fields) are added to ``work``."""
+        """The raw values of the records at ``indices`` that are not skipped and that the
+        predicate keeps, and which of ``indices`` those are (None: all of them). The
+        predicate's seconds (with decoding its fields) are added to ``work``."""
+        if self.skip is not None:
+            left = np.flatnonzero(~skipped(indices, self.skip))
+            if len(left) < len(indices):
+                keep, values = self._tested_values(indices[left], work)
+                return (left if keep is None else left[keep]), values
+        return self._tested_values(indices, work)
+
+    def _tested_values(
+        self, indices: np.ndarray, work: Work | None
+    ) -> tuple[np.ndarray | None, list[memoryview]]:
         if self.predicate is None:
             return None, self.dataref.read_values(indices)
         if self.dataref.has_columns(self._predicate_fields):
@@ -324,8 +336,9 @@ def _leaf_readers(
     """A reader per leaf, each with that leaf's fields: those named, or for batches the shared
     ones; records read record by record keep each leaf's own fields."""
     shared = [f.name for f in source.stream_fields(boundary.fields, boundary.batching)]
+    skips = boundary.skip.for_source(source) if boundary.skip is not None else None
     readers = []
-    for leaf in source.leaves:
+    for number, leaf in enumerate(source.leaves):
         if leaf.used:
             _check_leaf(leaf.ref, leaf.name, boundary)
         # (A leaf never read, of weight 0, gets a reader only to hold its place.)
@@ -340,6 +353,7 @@ def _leaf_readers(
                 anchors=anchors,
                 transform=boundary.transform,
                 as_columns=boundary.as_columns,
+                skip=skips[number] if skips is not None else None,
             )
         )
     return readers

@@ -5,13 +5,14 @@ boundary (``BoundarySettings``) and by whom (``WorkerSettings``). The order's ow
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from yogadl_plus.checks import check_int
 from yogadl_plus.ngram import NGram
 from yogadl_plus.order.settings import CHUNK_SHARDS_TAKE_NO_GLOBAL_ORDER, OrderSettings
 from yogadl_plus.predicates import Predicate
+from yogadl_plus.stream.skips import Skips
 from yogadl_plus.stream.workers import KINDS
 
 __all__ = ["BoundarySettings", "WorkerSettings"]
@@ -20,8 +21,9 @@ __all__ = ["BoundarySettings", "WorkerSettings"]
 @dataclass(frozen=True)
 class BoundarySettings:
     """What is done to the records at the boundary: the ``fields`` decoded, the ``predicate``
-    that keeps some, n-gram windows (``ngram``) instead of records, the ``transform``, and
-    batches of ``batch_size`` (the last dropped when short, with ``drop_last``)."""
+    that keeps some, the records never handed out (``skip``: indices, or source name ->
+    indices for a mixture), n-gram windows (``ngram``) instead of records, the ``transform``,
+    and batches of ``batch_size`` (the last dropped when short, with ``drop_last``)."""
 
     fields: Sequence[str] | str | None = None
     predicate: Any = None
@@ -29,6 +31,8 @@ class BoundarySettings:
     transform: Callable[[Any], Any] | None = None
     batch_size: int | None = None
     drop_last: bool = False
+    # (Arrays: not compared, so that settings stay comparable and hashable.)
+    skip: Any = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if isinstance(self.fields, list):
@@ -50,6 +54,21 @@ class BoundarySettings:
                 )
             if self.predicate is not None:
                 raise ValueError("predicate= and ngram= cannot be combined in one stream")
+        if self.skip is not None:
+            skips = self.skip if isinstance(self.skip, Skips) else Skips(self.skip)
+            # (An empty list skips nothing: the stream is then as without one.)
+            object.__setattr__(self, "skip", skips if len(skips) else None)
+            if self.skip is not None and self.ngram is not None:
+                raise ValueError(
+                    "skip= and ngram= cannot be combined in one stream: a window would hold "
+                    "skipped records; use a transform that rejects such windows"
+                )
+
+    @property
+    def filtered(self) -> bool:
+        """Whether some positions hand out nothing (a predicate, or records skipped): an
+        epoch's items are then at most its positions."""
+        return self.predicate is not None or self.skip is not None
 
     @property
     def batching(self) -> bool:

@@ -213,15 +213,12 @@ class Stream:
         A batching stream gives blocks of whole batches (columns, a multiple of
         ``batch_size`` records; the epoch's short last batch ends the last block unless
         ``drop_last``), each batch written down as one item handed out. Its batches must be
-        plain runs of records: no predicate (batches fill across blocks) and no transform."""
+        plain runs of records: no predicate or skip list (batches fill across blocks) and no
+        transform."""
         boundary = self._plan.boundary
         if boundary.batch_size is None:
             return self._handed_blocks(*self._begin())
-        if boundary.predicate is not None or boundary.transform is not None:
-            raise ValueError(
-                "iter_blocks() of a batching stream gives blocks of whole batches of records: "
-                "a stream with a predicate or a transform hands its batches out with iter()"
-            )
+        _check_plain_batches(boundary)
         return self._handed_batch_blocks(*self._begin())
 
     def close(self) -> None:
@@ -242,7 +239,7 @@ class Stream:
         plan = self._plan
         boundary, sizes = plan.boundary, plan.sizes
         unit = sizes.read_block if boundary.batch_size is None else boundary.batch_size
-        if boundary.predicate is not None:
+        if boundary.filtered:
             # Batches fill from passing records across units; a unit of one batch's positions
             # would leave each unit's fixed cost to a handful of passing records.
             unit = max(unit, sizes.read_block)
@@ -341,6 +338,15 @@ class Stream:
         self._epoch, self._position = epoch, end
         self._plan.stats.handed(records, 1)
         return batch
+
+
+def _check_plain_batches(boundary: BoundarySettings) -> None:
+    """ValueError unless a batching stream's batches are plain runs of records."""
+    if boundary.filtered or boundary.transform is not None:
+        raise ValueError(
+            "iter_blocks() of a batching stream gives blocks of whole batches of records: "
+            "a stream with a predicate, skip= or a transform hands its batches out with iter()"
+        )
 
 
 def _finished(plan: StreamPlan, ledger: Ledger) -> None:
