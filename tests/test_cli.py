@@ -26,7 +26,9 @@ from yogadl_plus.cli import main
 from yogadl_plus.demo import DEMO_PARQUET
 from yogadl_plus.storage import copy_version
 
-COMMANDS = ["demo", "build", "ls", "info", "head", "verify", "push", "pull", "rm", "bench"]
+COMMANDS = [
+    *("demo", "build", "ls", "info", "head", "verify", "push", "pull", "rm", "lineage", "bench")
+]
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:

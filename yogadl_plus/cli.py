@@ -28,6 +28,7 @@ import yogadl_plus as ydl
 from yogadl_plus.build import ENGINES
 from yogadl_plus.progress import progress_bar
 from yogadl_plus.storage import copy_version, local_root
+from yogadl_plus.stream import StreamState
 from yogadl_plus.stream.stats import TIMED, time_epoch
 
 __all__ = ["EXIT_CODES", "INTERNAL_ERROR", "main"]
@@ -400,6 +401,47 @@ def cmd_rm(args: argparse.Namespace) -> int:
     return 0
 
 
+# --- lineage ---
+
+
+def cmd_lineage(args: argparse.Namespace) -> int:
+    ref = _storage(args, reading=True).fetch(args.dataset_id, args.version)
+    try:
+        with open(args.state) as f:
+            saved = json.load(f)
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"--state {args.state}: {exc}") from None
+    state = StreamState.from_dict(saved)
+    if state.ngram is not None:
+        raise ValueError(
+            "--state is an n-gram stream's: its windows need the NGram, which the command "
+            "line cannot rebuild; ask stream.lineage() in Python"
+        )
+    stream = ref.stream(**state.order, batch_size=args.batch_size, drop_last=args.drop_last)
+    stream.load_state(state)
+    first, stop = args.items
+    found = stream.lineage(stop)[first:]
+    rows = [
+        {"item": first + k, "records": np.asarray(records).tolist()}
+        for k, records in enumerate(found)
+    ]
+    text = "\n".join(f"{row['item']}\t{' '.join(map(str, row['records']))}" for row in rows)
+    _emit(args, rows, text)
+    return 0
+
+
+def _items(text: str) -> tuple[int, int]:
+    """``A:B``: items A (included) to B (excluded) after the state's offset."""
+    first, colon, stop = text.partition(":")
+    try:
+        bounds = (_count(first), _count(stop))
+    except argparse.ArgumentTypeError:
+        bounds = (-1, -1)
+    if not colon or bounds[0] > bounds[1] or bounds[0] < 0:
+        raise argparse.ArgumentTypeError(f"expected A:B with 0 <= A <= B, got {text!r}")
+    return bounds
+
+
 # --- bench ---
 
 
@@ -526,6 +568,13 @@ def build_parser() -> argparse.ArgumentParser:
         command(name, run, about, version, progress, options=_copy_options)
     command("rm", cmd_rm, "delete a version", version)
     command(
+        "lineage",
+        cmd_lineage,
+        "which records made the items after a saved stream state",
+        version,
+        options=_lineage_options,
+    )
+    command(
         "bench",
         cmd_bench,
         "measure how fast a version streams",
@@ -596,6 +645,19 @@ def _build_options(p: argparse.ArgumentParser) -> None:
 def _head_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("-n", type=_count, default=5, help="how many records (default 5)")
     p.add_argument("--fields", help="comma-separated fields to show")
+
+
+def _lineage_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--state", required=True, help="a stream's state, as state().to_dict() saved")
+    p.add_argument(
+        "--items",
+        type=_items,
+        default=(0, 1),
+        metavar="A:B",
+        help="items A to B-1 after the state's offset (default 0:1)",
+    )
+    p.add_argument("--batch-size", type=int, help="the stream's batch size (default: records)")
+    p.add_argument("--drop-last", action="store_true", help="the stream drops short batches")
 
 
 def _copy_options(p: argparse.ArgumentParser) -> None:

@@ -22,6 +22,7 @@ from yogadl_plus.checks import check_int
 from yogadl_plus.stream.batching import take
 from yogadl_plus.stream.block import Block, as_items
 from yogadl_plus.stream.ledger import Ledger, position_after
+from yogadl_plus.stream.lineage import lineage
 from yogadl_plus.stream.plan import StreamPlan
 from yogadl_plus.stream.state import StreamState
 from yogadl_plus.stream.stats import StatsCounter, StreamStats
@@ -165,13 +166,11 @@ class Stream:
         """The start_offset that resumes right after the first ``items`` items this stream
         handed out in its iteration of ``epoch`` (None: after the whole epoch).
 
-        For consumers that read ahead (tf.data's prefetch, a queue): count the items you
-        consumed in an epoch and map the count to the exact resume point, with or without a
-        predicate. ``epoch`` is the stream's own epoch number (``next_epoch_position[0]``
-        before that epoch's ``iter()``); the last three iterations can be asked about.
-        Counting past the end of an epoch that was read to its end means the whole epoch (a
-        count of records in batches of ``B`` may overshoot in the last batch).
-        """
+        For consumers that read ahead (tf.data's prefetch, a queue): the count of items
+        consumed in an epoch, mapped to the exact resume point, with or without a predicate.
+        ``epoch`` is the stream's own (``next_epoch_position[0]`` before that epoch's
+        ``iter()``); the last three iterations can be asked about. A count past the end of an
+        epoch read to its end means the whole epoch (records in batches may overshoot)."""
         epoch = check_int("epoch", epoch, 0)
         plan = self._plan
         length = plan.epoch_length(epoch)
@@ -180,12 +179,17 @@ class Stream:
         items = check_int("items", items, 0)
         return plan.offset_of(epoch, position_after(self._ledgers, epoch, items, length))
 
+    def lineage(self, n: int, start_offset: int | None = None) -> list[Any]:
+        """The records each of the next ``n`` items is made of, from ``offset`` (or
+        ``start_offset``): see stream/lineage.py. Hands out nothing and moves nothing."""
+        offset = self.offset if start_offset is None else start_offset
+        return lineage(self._plan, *self._plan.position_of(offset), check_int("n", n, 0))
+
     # --- where the time goes ---
 
     def stats(self) -> StreamStats:
-        """Items and bytes handed out, items/s, and the seconds spent reading, decoding, in
-        predicates, in transforms, batching, waiting on workers and in the consumer, since
-        the stream first began an epoch or since ``reset_stats()`` (see StreamStats)."""
+        """Items and bytes handed out and the seconds spent reading, decoding, in predicates,
+        transforms, batching, waiting on workers and in the consumer (see StreamStats)."""
         handing = self._handing
         extra = 0
         if handing is not None:  # records handed out of the block being handed out
