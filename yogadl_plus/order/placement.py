@@ -26,11 +26,13 @@ class Placement:
     """
 
     # (A stream makes one per unit of work: a plain class with slots costs least to make.)
-    __slots__ = ("length", "parts", "single")
+    __slots__ = ("epoch", "length", "parts", "single")
 
-    def __init__(self, length: int, parts: list[Part]) -> None:
+    def __init__(self, length: int, parts: list[Part], epoch: int = 0) -> None:
         self.length = length
         self.parts = parts
+        #: The epoch of the positions (what a seeded augmentation draws from, with the record).
+        self.epoch = epoch
         self.single: Part | None = None
         if len(parts) == 1:
             where = parts[0][1]
@@ -38,11 +40,12 @@ class Placement:
                 self.single = parts[0]
 
     @staticmethod
-    def whole(records: np.ndarray, leaf: int = 0) -> Placement:
+    def whole(records: np.ndarray, leaf: int = 0, epoch: int = 0) -> Placement:
         """Every position of the run on ``leaf``, reading ``records`` in order."""
         placement = Placement.__new__(Placement)  # (what __init__ would find, made directly)
         part = (leaf, None, records)
         placement.length, placement.parts, placement.single = len(records), [part], part
+        placement.epoch = epoch
         return placement
 
     def __len__(self) -> int:
@@ -61,7 +64,8 @@ class Placement:
         starts = range(0, self.length, step)
         if len(self.parts) == 1 and self.parts[0][1] is None:  # (the most common, made fast)
             leaf, _, records = self.parts[0]
-            return [Placement.whole(records[start : start + step], leaf) for start in starts]
+            epoch = self.epoch
+            return [Placement.whole(records[start : start + step], leaf, epoch) for start in starts]
         # Each part is cut once for all runs (a searchsorted per run would cost per run).
         cuts = [
             (leaf, where, records, [] if where is None else np.searchsorted(where, starts).tolist())
@@ -79,7 +83,7 @@ class Placement:
                 high = at[k + 1] if k + 1 < len(starts) else len(where)
                 if high > low:
                     parts.append((leaf, where[low:high] - start, records[low:high]))
-            runs.append(Placement(stop - start, parts))
+            runs.append(Placement(stop - start, parts, self.epoch))
         return runs
 
     def __getitem__(self, run: slice) -> Placement:
@@ -93,4 +97,4 @@ class Placement:
             low, high = np.searchsorted(where, (start, stop)).tolist()
             if high > low:
                 parts.append((leaf, where[low:high] - start, records[low:high]))
-        return Placement(max(stop - start, 0), parts)
+        return Placement(max(stop - start, 0), parts, self.epoch)

@@ -53,7 +53,7 @@ class StreamPlan:
         self.source = source
         self.boundary = boundary
         anchors = boundary.ngram.anchors(source.leaves[0].ref) if windows else None
-        self.reader = SourceReader(source, boundary, anchors)
+        self.reader = SourceReader(source, boundary, anchors, order.shuffle_seed or 0)
         #: The fields items hold (a mixture's records: those every source has alike).
         self.fields: tuple[Field, ...] = source.stream_fields(boundary.fields, boundary.batching)
         #: What the order arranges: records, or n-gram windows.

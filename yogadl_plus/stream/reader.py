@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from yogadl_plus.augment import RandomMap
 from yogadl_plus.columns import columns_nbytes, merge_columns, records, stacking
 from yogadl_plus.errors import SchemaError, TransformError
 from yogadl_plus.stream.block import Block, as_items
@@ -66,18 +67,19 @@ class LeafReader:
     as_columns: bool = False
     allocate: Allocate | None = None
     skip: np.ndarray | None = None  # records never handed out, sorted
+    seed: int = 0  # the stream's shuffle seed: a random_map's, where it names none
 
     def __post_init__(self) -> None:
         if self.predicate is not None:
             self._predicate_fields = self.dataref.select(sorted(self.predicate.get_fields()))
 
-    def __call__(self, start: int, indices: np.ndarray) -> Block:
+    def __call__(self, start: int, indices: np.ndarray, epoch: int = 0) -> Block:
         """The block of the records (or windows) at ``indices``, at consecutive positions from
-        ``start``."""
+        ``start``, of ``epoch``."""
         ends = np.arange(start + 1, start + 1 + len(indices), dtype=np.int64)
         began = perf_counter()
         if self.ngram is not None:
-            block = self._windows(ends, indices)
+            block = self._windows(ends, indices, epoch)
             block.work[READING] += perf_counter() - began - block.work[TRANSFORMS]
             return block
         work = new_work()
@@ -95,7 +97,7 @@ class LeafReader:
         decoded = perf_counter()
         work[DECODING] += decoded - read
         if self.transform is not None:
-            items = self._transformed(items, indices)
+            items = self._transformed(items, indices, epoch)
             work[TRANSFORMS] += perf_counter() - decoded
         return Block(ends, items=items, work=work, nbytes=nbytes)
 
@@ -151,7 +153,7 @@ class LeafReader:
         """What this reader's items are, in messages."""
         return "window anchored at record" if self.ngram is not None else "record"
 
-    def _windows(self, ends: np.ndarray, positions: np.ndarray) -> Block:
+    def _windows(self, ends: np.ndarray, positions: np.ndarray, epoch: int) -> Block:
         assert self.ngram is not None and self.anchors is not None
         anchors = self.anchors[positions]
         if self.as_columns:
@@ -161,17 +163,21 @@ class LeafReader:
         block = Block(ends, items=windows)
         if self.transform is not None:
             began = perf_counter()
-            block.items = self._transformed(windows, positions)
+            block.items = self._transformed(windows, positions, epoch)
             block.work[TRANSFORMS] += perf_counter() - began
         return block
 
-    def _transformed(self, items: list[Any], indices: np.ndarray) -> list[Any]:
+    def _transformed(self, items: list[Any], indices: np.ndarray, epoch: int) -> list[Any]:
         transform = self.transform
         assert transform is not None
+        seeded = transform.apply if isinstance(transform, RandomMap) else None
         out = []
         for item, index in zip(items, indices.tolist()):
             try:
-                out.append(transform(item))
+                if seeded is None:
+                    out.append(transform(item))
+                else:  # its generator: of this record (a window's anchor) in this epoch
+                    out.append(seeded(item, self.seed, epoch, self.record(index), self.name))
             except Exception as exc:
                 source = f"source {self.name!r}: " if self.name else ""
                 raise TransformError(
@@ -188,10 +194,14 @@ class SourceReader:
     are put back in order."""
 
     def __init__(
-        self, source: RecordSource, boundary: BoundarySettings, anchors: np.ndarray | None
+        self,
+        source: RecordSource,
+        boundary: BoundarySettings,
+        anchors: np.ndarray | None,
+        seed: int = 0,
     ) -> None:
         self.boundary = boundary
-        self.readers = _leaf_readers(source, boundary, anchors)
+        self.readers = _leaf_readers(source, boundary, anchors, seed)
         used = [r for r, leaf in zip(self.readers, source.leaves) if leaf.used]
         # Columns are merged where every leaf gives the same fields; records read record by
         # record may hold different fields per leaf, and come as items.
@@ -209,7 +219,7 @@ class SourceReader:
         start, placement = unit
         single = placement.single
         if single is not None:  # (one leaf serves every position in order: its block is the unit's)
-            return self.readers[single[0]](start, single[2])
+            return self.readers[single[0]](start, single[2], placement.epoch)
         if self._one_layout:
             return self._decoded_together(start, placement)
         return self._merged(start, placement)
@@ -228,7 +238,7 @@ class SourceReader:
     def _merged(self, start: int, placement: Placement) -> Block:
         parts = []
         for leaf, where, indices in placement.parts:
-            block = self.readers[leaf](0, indices)
+            block = self.readers[leaf](0, indices, placement.epoch)
             # The block's ends count its own positions (1 to len): back to the unit's.
             offsets = placement.offsets((leaf, where, indices))
             parts.append((self.readers[leaf].name, offsets[block.ends - 1], block))
@@ -331,7 +341,7 @@ class SourceReader:
 
 
 def _leaf_readers(
-    source: RecordSource, boundary: BoundarySettings, anchors: np.ndarray | None
+    source: RecordSource, boundary: BoundarySettings, anchors: np.ndarray | None, seed: int
 ) -> list[LeafReader]:
     """A reader per leaf, each with that leaf's fields: those named, or for batches the shared
     ones; records read record by record keep each leaf's own fields."""
@@ -354,6 +364,7 @@ def _leaf_readers(
                 transform=boundary.transform,
                 as_columns=boundary.as_columns,
                 skip=skips[number] if skips is not None else None,
+                seed=seed,
             )
         )
     return readers

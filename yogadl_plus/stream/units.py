@@ -100,7 +100,9 @@ class Units:
     def placed(self, epoch: int, start: int, stop: int) -> Placement:
         """Where positions ``[start, stop)`` of ``epoch`` read."""
         indices = self.order.indices(epoch, start, stop)
-        return self.source.place(epoch, indices, self._shuffle, self._seed)
+        placement = self.source.place(epoch, indices, self._shuffle, self._seed)
+        placement.epoch = epoch
+        return placement
 
     def cached(self, epoch: int, start: int, stop: int) -> Placement:
         """``placed``, sliced from a block placed for many positions at once (the order costs
