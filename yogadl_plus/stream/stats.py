@@ -15,6 +15,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any
 
+from yogadl_plus.stream.verdict import bottleneck as verdict_of
+from yogadl_plus.stream.verdict import summary as summary_of
+
 __all__ = [
     "TIMED",
     "WORK",
@@ -89,6 +92,19 @@ class StreamStats:
     def bytes_per_s(self) -> float:
         """Stored bytes read per second of ``seconds``."""
         return self.bytes / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def bottleneck(self) -> str:
+        """What limits the run: "consumer" (not data-bound: the code using the items), or the
+        loader's costliest work, "read", "decode", "predicate" or "transform", or "workers"
+        (waiting on workers that were not busy). See stream/verdict.py."""
+        return verdict_of(self)
+
+    def summary(self) -> str:
+        """One sentence with the verdict, the shares of time behind it and what to do:
+        "data-bound 41% of the time; transform is 78% of the loader's work: add num_workers
+        ..."."""
+        return summary_of(self)
 
     def as_dict(self) -> dict[str, float]:
         """The fields and the two rates, for JSON or a log line."""

@@ -1,0 +1,61 @@
+"""The bottleneck verdict names the stage made slow on purpose, and says what to do."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+import yogadl_plus as ydl
+from yogadl_plus.stream.verdict import VERDICTS
+
+N = 400
+
+
+@pytest.fixture(scope="module")
+def ref(tmp_path_factory: pytest.TempPathFactory) -> ydl.DataRef:
+    storage = ydl.LocalStorage(tmp_path_factory.mktemp("verdict"))
+    columns = {"i": np.arange(N), "x": np.zeros((N, 16), np.float32)}
+    return ydl.cache_dataset(columns, "d", "v", storage, progress=False)
+
+
+def slow_transform(record):
+    time.sleep(0.002)
+    return record
+
+
+def slow_test(i):
+    time.sleep(0.002)
+    return True
+
+
+def run(stream: ydl.Stream, pause: float = 0.0) -> ydl.StreamStats:
+    for _ in stream:
+        if pause:
+            time.sleep(pause)
+    return stream.stats()
+
+
+def test_a_slow_transform_is_the_verdict(ref: ydl.DataRef) -> None:
+    stats = run(ref.stream(transform=slow_transform))
+    assert stats.bottleneck == "transform"
+    assert stats.summary().startswith("data-bound ") and "transform is " in stats.summary()
+    assert "add num_workers" in stats.summary()
+
+
+def test_a_slow_predicate_is_the_verdict(ref: ydl.DataRef) -> None:
+    predicate = ydl.predicates.in_lambda("i", slow_test)
+    stats = run(ref.stream(predicate=predicate, batch_size=8))
+    assert stats.bottleneck == "predicate" and "vectorize" in stats.summary()
+
+
+def test_a_slow_consumer_is_not_data_bound(ref: ydl.DataRef) -> None:
+    stats = run(ref.stream(batch_size=20), pause=0.01)
+    assert stats.bottleneck == "consumer"
+    assert stats.summary().startswith("not data-bound")
+
+
+def test_a_fresh_stream_has_a_verdict_too(ref: ydl.DataRef) -> None:
+    stats = ref.stream().stats()
+    assert stats.bottleneck in VERDICTS and stats.bottleneck == "consumer"
