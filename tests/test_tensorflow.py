@@ -323,8 +323,11 @@ def test_offset_after_maps_items_consumed_to_the_exact_position_with_a_predicate
     assert taken + rest == [i for i in head if i in set(taken + rest)]
     assert sorted(taken + rest) == sorted(set(whole) - set(_passing_before(ref, kwargs, 9)))
     assert stream.offset_after(epoch) == N  # the whole epoch
-    with pytest.raises(ValueError, match="epoch 5"):
-        stream.offset_after(5, 1)
+    # An epoch not iterated is counted from its start (a rank restarted alone).
+    fresh = ref.stream(**kwargs)
+    assert fresh.offset_after(5, 4) == stream.offset_after(5, 4) == ref.stream(
+        **kwargs, start_offset=5 * N
+    ).offset_after(5, 4)
 
 
 def _passing_before(ref, kwargs, positions):

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from yogadl_plus.order.placement import Placement
     from yogadl_plus.stream.plan import StreamPlan
 
-__all__ = ["lineage"]
+__all__ = ["lineage", "position_after_items"]
 
 # Positions placed at once (the order costs per call, not per position).
 _STEP = 8192
@@ -60,27 +60,55 @@ def lineage(plan: StreamPlan, epoch: int, position: int, n: int) -> list[Any]:
     return items
 
 
+def position_after_items(plan: StreamPlan, epoch: int, position: int, items: int) -> int:
+    """The position right after the first ``items`` items of an iteration of ``epoch`` begun
+    at ``position`` (the epoch's length past its last item): arithmetic, unless positions may
+    hand out nothing (then a predicate's fields are read, as ``lineage`` reads them). What a
+    rank restarted alone computes its resume point from: it needs nothing of its peers."""
+    size = plan.boundary.batch_size or 1
+    length = plan.epoch_length(epoch)
+    need = items * size
+    if not plan.boundary.filtered:
+        return min(position + need, length)
+    while need and position < length:
+        stop = min(position + _STEP, length)
+        kept = _kept_mask(plan, plan.units.placed(epoch, position, stop))
+        offsets = np.flatnonzero(kept) if kept is not None else np.arange(stop - position)
+        if need <= len(offsets):
+            return position + int(offsets[need - 1]) + 1
+        need -= len(offsets)
+        position = stop
+    return position if not need else length
+
+
 def _kept(plan: StreamPlan, placement: Placement) -> tuple[np.ndarray, np.ndarray]:
     """What the positions of ``placement`` that hand out an item read, in position order:
     the leaf (its number) and the record (or window) index of each."""
-    reader = plan.reader
     n = len(placement)
     leaves = np.zeros(n, np.int64)
     indices = np.zeros(n, np.int64)
-    kept = np.ones(n, bool) if plan.boundary.filtered else None
     for leaf, where, records in placement.parts:
         offsets = placement.offsets((leaf, where, records))
         leaves[offsets] = leaf
         indices[offsets] = records
-        if kept is not None:
-            keep, _ = reader.readers[leaf].kept_values(records)
-            if keep is not None:
-                left = np.ones(len(records), bool)
-                left[keep] = False
-                kept[offsets[left]] = False
+    kept = _kept_mask(plan, placement)
     if kept is None:
         return leaves, indices
     return leaves[kept], indices[kept]
+
+
+def _kept_mask(plan: StreamPlan, placement: Placement) -> np.ndarray | None:
+    """Which positions of ``placement`` hand out an item (None: all of them)."""
+    if not plan.boundary.filtered:
+        return None
+    kept = np.ones(len(placement), bool)
+    for leaf, where, records in placement.parts:
+        keep, _ = plan.reader.readers[leaf].kept_values(records)
+        if keep is not None:
+            left = np.ones(len(records), bool)
+            left[keep] = False
+            kept[placement.offsets((leaf, where, records))[left]] = False
+    return kept
 
 
 def _item(plan: StreamPlan, held: list[tuple[np.ndarray, np.ndarray]]) -> Any:

@@ -22,7 +22,7 @@ from yogadl_plus.checks import check_int
 from yogadl_plus.stream.batching import take
 from yogadl_plus.stream.block import Block, as_items
 from yogadl_plus.stream.ledger import Ledger, position_after
-from yogadl_plus.stream.lineage import lineage
+from yogadl_plus.stream.lineage import lineage, position_after_items
 from yogadl_plus.stream.plan import StreamPlan
 from yogadl_plus.stream.state import StreamState
 from yogadl_plus.stream.stats import StatsCounter, StreamStats
@@ -166,18 +166,18 @@ class Stream:
         """The start_offset that resumes right after the first ``items`` items this stream
         handed out in its iteration of ``epoch`` (None: after the whole epoch).
 
-        For consumers that read ahead (tf.data's prefetch, a queue): the count of items
-        consumed in an epoch, mapped to the exact resume point, with or without a predicate.
-        ``epoch`` is the stream's own (``next_epoch_position[0]`` before that epoch's
-        ``iter()``); the last three iterations can be asked about. A count past the end of an
-        epoch read to its end means the whole epoch (records in batches may overshoot)."""
+        For consumers that read ahead (a queue) and ranks restarted alone: items consumed in
+        an epoch (``next_epoch_position[0]`` before its ``iter()``), mapped to the exact resume
+        point, with or without a predicate: from the last three iterations' record, or for an
+        epoch not iterated, counted from where its iteration would begin. A count past an
+        epoch's end means the whole epoch (records in batches may overshoot)."""
         epoch = check_int("epoch", epoch, 0)
         plan = self._plan
         length = plan.epoch_length(epoch)
         if items is None:
             return plan.offset_of(epoch, length)
         items = check_int("items", items, 0)
-        return plan.offset_of(epoch, position_after(self._ledgers, epoch, items, length))
+        return plan.offset_of(epoch, _after(plan, self._ledgers, self._next, epoch, items))
 
     def lineage(self, n: int, start_offset: int | None = None) -> list[Any]:
         """The records each of the next ``n`` items is made of, from ``offset`` (or
@@ -342,6 +342,18 @@ class Stream:
         self._epoch, self._position = epoch, end
         self._plan.stats.handed(records, 1)
         return batch
+
+
+def _after(
+    plan: StreamPlan, ledgers: deque[Ledger], next_start: tuple[int, int], epoch: int, items: int
+) -> int:
+    """The position after ``items`` items of ``epoch``: from this stream's record of its
+    iteration, else (an epoch it has not iterated: a rank restarted alone) counted from where
+    its iteration would begin."""
+    if any(ledger.epoch == epoch for ledger in ledgers):
+        return position_after(ledgers, epoch, items, plan.epoch_length(epoch))
+    start = next_start[1] if next_start[0] == epoch else 0
+    return position_after_items(plan, epoch, start, items)
 
 
 def _check_plain_batches(boundary: BoundarySettings) -> None:
