@@ -59,3 +59,24 @@ def test_a_slow_consumer_is_not_data_bound(ref: ydl.DataRef) -> None:
 def test_a_fresh_stream_has_a_verdict_too(ref: ydl.DataRef) -> None:
     stats = ref.stream().stats()
     assert stats.bottleneck in VERDICTS and stats.bottleneck == "consumer"
+
+
+def test_stats_in_prometheus_text_format(ref: ydl.DataRef) -> None:
+    stream = ref.stream(batch_size=40)
+    for _ in stream:
+        pass
+    text = stream.stats().to_prometheus({"rank": "3", "job": 'a "b"\\c'})
+    lines = text.splitlines()
+    samples = [line for line in lines if not line.startswith("#")]
+    labels = 'job="a \\"b\\"\\\\c",rank="3"'
+    assert f"yogadl_plus_items_handed_out{{{labels}}} 400" in samples
+    assert f"yogadl_plus_batches_handed_out{{{labels}}} 10" in samples
+    assert any(
+        s.startswith(f'yogadl_plus_stage_seconds{{{labels},stage="reading"}} ') for s in samples
+    )
+    assert any(s.startswith("yogadl_plus_bottleneck{") and 'verdict="' in s for s in samples)
+    assert "# TYPE yogadl_plus_data_sources_bytes_read counter" in lines
+    for sample in samples:  # name{labels} value: every value a number
+        float(sample.rsplit(" ", 1)[1])
+    with pytest.raises(ValueError, match="label names"):
+        stream.stats().to_prometheus({"bad-name": "1"})

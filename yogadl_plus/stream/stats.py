@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
+from yogadl_plus.stream.prometheus import exposition
 from yogadl_plus.stream.verdict import bottleneck as verdict_of
 from yogadl_plus.stream.verdict import summary as summary_of
 
@@ -105,6 +106,12 @@ class StreamStats:
         "data-bound 41% of the time; transform is 78% of the loader's work: add num_workers
         ..."."""
         return summary_of(self)
+
+    def to_prometheus(self, labels: Mapping[str, str] | None = None) -> str:
+        """These stats in Prometheus' text exposition format, each sample labelled with
+        ``labels`` (e.g. ``{"rank": "3"}``); names follow Grain's where Grain exports the same
+        measure (see stream/prometheus.py)."""
+        return exposition(self, labels)
 
     def as_dict(self) -> dict[str, float]:
         """The fields and the two rates, for JSON or a log line."""
