@@ -246,7 +246,7 @@ def test_bench_times_each_epoch(tmp_path, capsys):
         # Where the epoch's time went (stream.stats()): the workers read and decoded.
         assert row["time"]["reading"] > 0 and row["time"]["waiting_on_workers"] > 0
     assert main(["bench", "sensors", "v1", *store, "--shard-by", "chunks"]) == 0
-    header, row, why, spent = capsys.readouterr().out.splitlines()
+    header, row, why, spent, verdict = capsys.readouterr().out.splitlines()
     assert header.split("  ")[:4] == ["epoch", "records", "seconds", "records/s"]
     # Record by record too, MB/s counts the decoded bytes (stream.stats()): only batches/s
     # has no meaning there.
@@ -254,6 +254,7 @@ def test_bench_times_each_epoch(tmp_path, capsys):
     assert float(row.split()[5]) > 0
     assert why == "(batches/s: with --batch-size)"
     assert spent.startswith("time: reading ") and "decoding" in spent and "own" in spent
+    assert "data-bound" in verdict  # stats().summary(): the verdict and what to do
 
 
 @pytest.mark.parametrize("command", [[], *([c] for c in COMMANDS)], ids=lambda c: c[0] if c else "")
@@ -615,3 +616,30 @@ def test_a_changed_source_is_one_warning_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith("yogadl-plus build: warning: the source of 'sensors' version 'v1'")
     assert err.count("\n") == 1 and "SourceChangedWarning" not in err
+
+
+def test_bench_draws_where_the_time_went(local, tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    picture = tmp_path / "bench.png"
+    argv = ["bench", "sensors", "v1", "--storage", local.root, "--batch-size", "100"]
+    assert main([*argv, "--epochs", "2", "--plot", str(picture)]) == 0
+    out = capsys.readouterr().out
+    assert "data-bound" in out or "not data-bound" in out
+    assert f"(drawn in {picture})" in out
+    assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and picture.stat().st_size > 10_000
+
+
+def test_bench_plot_names_the_extra_it_needs(local, monkeypatch, capsys):
+    import builtins
+
+    real = builtins.__import__
+
+    def without_matplotlib(name, *args, **kwargs):
+        if name.startswith("matplotlib"):
+            raise ModuleNotFoundError("No module named 'matplotlib'", name="matplotlib")
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", without_matplotlib)
+    argv = ["bench", "sensors", "v1", "--storage", local.root, "--plot", "x.png"]
+    assert main(argv) == 2
+    assert "pip install 'yogadl_plus[plot]'" in error_line(capsys)

@@ -506,6 +506,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.batch_size is None:
         text += "\n(batches/s: with --batch-size)"
     text += "\n" + _where_time_went(rows, bool(args.num_workers))
+    summary = stream.stats().summary()
+    text += "\n" + summary
+    if args.plot:
+        from yogadl_plus.plot import plot_epochs
+
+        plot_epochs(rows, summary, args.plot, bool(args.num_workers))
+        text += f"\n(drawn in {args.plot})"
     _emit(args, rows, text)
     return 0
 
@@ -677,6 +684,12 @@ def _bench_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shard-rank", type=int, default=0, help="this shard (default 0)")
     p.add_argument("--shard-by", choices=["records", "chunks"], default="records")
     p.add_argument("--epochs", type=int, default=1, help="epochs to time (default 1)")
+    p.add_argument(
+        "--plot",
+        metavar="FILE.png",
+        help="draw where the time went, per stage and over the epochs (needs matplotlib: pip "
+        "install 'yogadl_plus[plot]')",
+    )
 
 
 def _exit_code(exc: BaseException) -> int | None:

@@ -102,6 +102,7 @@ _EXTRAS = {
     "pyspark": ("PySpark", "spark"),
     "datasets": ("Hugging Face datasets", "hf"),
     "grain": ("Grain", "grain"),
+    "matplotlib": ("matplotlib", "plot"),
     "jax": ("JAX", "grain"),
 }
 

@@ -34,7 +34,7 @@ def exposition(stats: StreamStats, labels: Mapping[str, str] | None = None) -> s
     """``stats`` as Prometheus text, each sample labelled with ``labels`` (e.g. the rank)."""
     base = dict(labels or {})
     getting = max(0.0, stats.seconds - stats.in_consumer)
-    metrics = [
+    metrics: list[tuple[str, str, str, list[tuple[dict[str, str], float]]]] = [
         ("data_sources_bytes_read", "counter", "Decoded bytes of the records handed out.",
          [({}, stats.bytes)]),
         ("dataset_source_read_time_seconds", "counter",

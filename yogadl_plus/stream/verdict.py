@@ -29,6 +29,8 @@ _ADVICE = {
     "transform": "add num_workers (worker_type='process' for transforms in Python)",
     "workers": "hand over fewer, bigger units (a larger batch_size), or fewer workers",
 }
+# With workers already reading, the advice is for them.
+_WORKERS_ADVICE = "more workers, or worker_type='process' (threads share one interpreter lock)"
 
 
 def bottleneck(stats: StreamStats) -> str:
@@ -58,9 +60,10 @@ def summary(stats: StreamStats) -> str:
         )
     work = _work(stats)
     part = work[verdict] / sum(work.values())
+    advice = _WORKERS_ADVICE if stats.waiting_on_workers > 0 else _ADVICE[verdict]
     return (
         f"data-bound {share:.0%} of the time; {verdict} is {part:.0%} of the loader's work: "
-        f"{_ADVICE[verdict]}"
+        f"{advice}"
     )
 
 
