@@ -21,7 +21,14 @@ import numpy as np
 from yogadl_plus.errors import SchemaError
 from yogadl_plus.schema import Field, Schema
 from yogadl_plus.sources.arrow import arrow_field, column_values
-from yogadl_plus.sources.base import ColumnBatch, Source, even_cuts, even_ranges, zip_rows
+from yogadl_plus.sources.base import (
+    ColumnBatch,
+    Piece,
+    Source,
+    even_cuts,
+    even_ranges,
+    zip_rows,
+)
 
 __all__ = ["ColumnsSource", "columns_source", "is_columns"]
 
@@ -69,26 +76,17 @@ class ArrowColumn(Column):
         return ArrowColumn(self.field, pa.chunked_array([pa.concat_arrays(chunks)], self.data.type))
 
 
-class ColumnsSource(Source):
-    """Equal-length columns, one per field, read a batch of rows at a time."""
+class ColumnsSource(Piece):
+    """Equal-length columns, one per field, read a batch of rows at a time (a part of a parallel
+    build is one too: its rows start at ``start`` of the whole)."""
 
     def __init__(self, columns: Sequence[Column], kind: str, offset: int = 0) -> None:
         self.columns = list(columns)
         self.kind = kind
-        self.offset = self.start = offset
-        self.rows = len(self.columns[0])
-        self._schema = Schema([c.field for c in self.columns])
+        super().__init__(Schema([c.field for c in self.columns]), offset, len(self.columns[0]))
 
     def __repr__(self) -> str:
         return f"ColumnsSource({self.kind}, rows {self.start}..{self.start + self.rows})"
-
-    @property
-    def schema(self) -> Schema:
-        return self._schema
-
-    @property
-    def length(self) -> int:
-        return self.rows
 
     def column_batches(self) -> Iterator[ColumnBatch]:
         for start in range(0, self.rows, BATCH_ROWS):
