@@ -3,7 +3,8 @@
 A skipped record still counts as a position, as a predicate's reject does, so offsets, shards
 and elastic resume keep their meaning, and a state saved without a skip list (or with another)
 loads into a stream with one: a long run drops the records found bad and goes on. The indices
-are kept sorted, so a unit's test is one binary search per record whatever their number.
+are kept sorted, or as a mask of the records where that is no bigger: a unit's test is a binary
+search or a single read per record, whatever their number.
 """
 
 from __future__ import annotations
@@ -68,15 +69,31 @@ class Skips:
                     raise IndexError(
                         f"skip= holds record {int(indices[-1])}{where}, out of range [0, {size})"
                     )
-            out.append(indices if indices is not None and len(indices) else None)
+            out.append(
+                _lookup(indices, len(leaf.ref)) if indices is not None and len(indices) else None
+            )
         return out
 
 
 def skipped(indices: np.ndarray, skip: np.ndarray) -> np.ndarray:
-    """Which of ``indices`` are in the sorted array ``skip`` (a bool mask)."""
+    """Which of ``indices`` are skipped (a bool mask): ``skip`` is a mask of the source's
+    records, or its sorted indices."""
+    if skip.dtype == np.bool_:
+        return skip[indices]
     at = np.searchsorted(skip, indices)
     at[at == len(skip)] = 0
     return skip[at] == indices
+
+
+def _lookup(indices: np.ndarray, size: int) -> np.ndarray:
+    """How a leaf's skipped ``indices`` are looked up: a mask of its ``size`` records where
+    that takes no more memory than the indices (one read per test instead of a binary search
+    over megabytes), else the sorted indices themselves."""
+    if size > 8 * len(indices):
+        return indices
+    mask = np.zeros(size, np.bool_)
+    mask[indices] = True
+    return mask
 
 
 def _name(name: object) -> str:
