@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -18,7 +17,6 @@ __all__ = [
     "even_cuts",
     "even_ranges",
     "flatten_into",
-    "zip_rows",
 ]
 
 #: Some rows of a source as columns: (field name -> the rows' values: an array of shape
@@ -26,7 +24,7 @@ __all__ = [
 ColumnBatch = tuple[dict[str, Any], int]
 
 
-class Source(ABC):
+class Source:
     """Records plus what is known about them before reading: schema, size, fingerprint."""
 
     #: A short name stored in the manifest ("iterable", "parquet", ...).
@@ -34,9 +32,16 @@ class Source(ABC):
     #: For a part of a split source: the index of its first record in the whole source.
     offset: int | None = None
 
-    @abstractmethod
     def records(self) -> Iterator[Mapping[str, Any]]:
-        """The records, in storage order; called once per build."""
+        """The records, in storage order; called once per build. A source that holds columns
+        gives ``column_batches()`` and gets these from it: their rows as records."""
+        batches = self.column_batches()
+        if batches is None:
+            raise NotImplementedError(f"{type(self).__name__} gives no records()")
+        for columns, _ in batches:
+            names = list(columns)
+            for row in zip(*columns.values()):
+                yield dict(zip(names, row))
 
     @property
     def schema(self) -> Schema | None:
@@ -81,13 +86,6 @@ class Piece(Source):
     @property
     def length(self) -> int:
         return self.rows
-
-
-def zip_rows(columns: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
-    """The rows of a batch of columns (field name -> one value per row), as records."""
-    names = list(columns)
-    for row in zip(*columns.values()):
-        yield dict(zip(names, row))
 
 
 def flatten_into(

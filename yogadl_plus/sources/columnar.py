@@ -27,7 +27,6 @@ from yogadl_plus.sources.base import (
     Source,
     even_cuts,
     even_ranges,
-    zip_rows,
 )
 
 __all__ = ["ColumnsSource", "columns_source", "is_columns"]
@@ -93,10 +92,6 @@ class ColumnsSource(Piece):
             stop = min(start + BATCH_ROWS, self.rows)
             yield {c.field.name: c.values(start, stop) for c in self.columns}, stop - start
 
-    def records(self) -> Iterator[dict[str, Any]]:
-        for columns, _ in self.column_batches():
-            yield from zip_rows(columns)
-
     def split(self, parts: int) -> list[Source]:
         return [
             ColumnsSource(
@@ -158,10 +153,6 @@ class ArrowBatchesSource(Source):
             if batch.num_rows:
                 columns = {f.name: column_values(batch.column(f.name), f) for f in fields}
                 yield columns, batch.num_rows
-
-    def records(self) -> Iterator[dict[str, Any]]:
-        for columns, _ in self.column_batches():
-            yield from zip_rows(columns)
 
 
 # --- what a user passes ---

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import functools
 from abc import abstractmethod
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from yogadl_plus.schema import Field, Schema
 from yogadl_plus.sources.arrow import batch_columns, column_values
-from yogadl_plus.sources.base import ColumnBatch, Source, zip_rows
+from yogadl_plus.sources.base import ColumnBatch, Source
 
 __all__ = ["EngineTableSource"]
 
@@ -31,10 +31,6 @@ class EngineTableSource(Source):
     @functools.cached_property
     def schema(self) -> Schema:  # asked by the build, records() and split(): worked out once
         return self.engine_schema()
-
-    def records(self) -> Iterator[Mapping[str, Any]]:
-        for columns, _ in self.column_batches():
-            yield from zip_rows(columns)
 
     def column_batches(self) -> Iterator[ColumnBatch]:
         schema = self.schema

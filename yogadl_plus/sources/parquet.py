@@ -26,7 +26,7 @@ from yogadl_plus.sources.arrow import (
     column_values,
     is_list_type,
 )
-from yogadl_plus.sources.base import ColumnBatch, Piece, Source, even_cuts, zip_rows
+from yogadl_plus.sources.base import ColumnBatch, Piece, Source, even_cuts
 
 __all__ = [
     "NULL_PARTITION",
@@ -357,10 +357,6 @@ class ParquetSource(Source):
             digest.update(f"partitions:{typed}".encode())
         return "parquet-sha256:" + digest.hexdigest()[:32]
 
-    def records(self) -> Iterator[Mapping[str, Any]]:
-        for columns, _ in self.column_batches():
-            yield from zip_rows(columns)
-
     def column_batches(self) -> Iterator[ColumnBatch]:
         scanner = self._dataset.scanner(columns=list(self.schema.names), batch_size=BATCH_ROWS)
         for batch in scanner.to_batches():
@@ -425,10 +421,6 @@ class _ParquetPiece(Piece):
 
     def __repr__(self) -> str:
         return f"<Parquet rows {self.start}..{self.start + self.rows} of {list(self.selection)}>"
-
-    def records(self) -> Iterator[Mapping[str, Any]]:
-        for columns, _ in self.column_batches():
-            yield from zip_rows(columns)
 
     def column_batches(self) -> Iterator[ColumnBatch]:
         for path, groups in self.selection.items():

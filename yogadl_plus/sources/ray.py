@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -10,7 +10,7 @@ import numpy as np
 from yogadl_plus.errors import YogaError
 from yogadl_plus.schema import Field, Schema
 from yogadl_plus.sources.arrow import BATCH_ROWS, arrow_field, batch_columns, column_values
-from yogadl_plus.sources.base import ColumnBatch, Piece, Source, zip_rows
+from yogadl_plus.sources.base import ColumnBatch, Piece, Source
 from yogadl_plus.sources.engine_table import EngineTableSource
 
 __all__ = ["RayDatasetSource"]
@@ -83,10 +83,6 @@ class _BlockPiece(Piece):
 
     def with_object(self, table: Any) -> _BlockPiece:
         return _BlockPiece(None, self._schema, self.start, self.rows, table)
-
-    def records(self) -> Iterator[Mapping[str, Any]]:
-        for columns, _ in self.column_batches():
-            yield from zip_rows(columns)
 
     def column_batches(self) -> Iterator[ColumnBatch]:
         table = self.table

@@ -8,7 +8,7 @@ so this module loads on the driver and in executors alike, with or without the e
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import numpy as np
@@ -16,7 +16,7 @@ import numpy as np
 from yogadl_plus.errors import SchemaError
 from yogadl_plus.schema import Field, Schema
 from yogadl_plus.sources.arrow import batch_columns
-from yogadl_plus.sources.base import ColumnBatch, Source, zip_rows
+from yogadl_plus.sources.base import ColumnBatch, Source
 from yogadl_plus.sources.engine_table import EngineTableSource
 
 __all__ = ["SparkDataFrameSource", "SparkPartition", "spark_field"]
@@ -78,10 +78,6 @@ class SparkPartition(Source):
     @property
     def schema(self) -> Schema:
         return self._schema
-
-    def records(self) -> Iterator[Mapping[str, Any]]:
-        for columns, _ in self.column_batches():
-            yield from zip_rows(columns)
 
     def column_batches(self) -> Iterator[ColumnBatch]:
         for batch in self.batches:
