@@ -1187,7 +1187,7 @@ def test_small_sources_follow_the_one_keyed_shuffle_whatever_the_blocks():
         joined = np.concatenate([p[2] for piece in pieces for p in piece.parts if p[0] == leaf])
         assert sorted(joined.tolist()) == sorted(part[2].tolist())
     (small,) = [p for p in whole.parts if p[0] == 1]
-    sequence = 2 * 700 + order.interleave.source_and_rank(slots[small[1]])[1]
+    sequence = 2 * 700 + Interleave(order.counts).source_and_rank(slots[small[1]])[1]
     key = source_seed(11, "small")
     for epoch, position, record in zip(sequence // 7, sequence % 7, small[2]):
         assert Permutation(7, key, int(epoch))[int(position)] == record

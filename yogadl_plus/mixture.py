@@ -27,7 +27,7 @@ from yogadl_plus.columns import merge_columns, stacking
 from yogadl_plus.dataref import DataRef
 from yogadl_plus.errors import SchemaError
 from yogadl_plus.order.interleave import shares
-from yogadl_plus.order.mixing import MixOrder
+from yogadl_plus.order.mixing import MixOrder, Schedule
 from yogadl_plus.order.placement import Placement
 from yogadl_plus.order.settings import OrderSettings
 from yogadl_plus.recordsource import Leaf, RecordSource
@@ -43,12 +43,14 @@ def mix(
     weights: Mapping[str, float] | None = None,
     *,
     epoch_size: int | None = None,
+    schedule: Mapping[int, Mapping[str, float] | None] | None = None,
 ) -> Mixture:
     """One dataset made of ``sources`` (name -> DataRef or Mixture) at ``weights`` (name ->
     number >= 0, with a positive sum; 0 leaves a source out; None: in proportion to the
-    sources' sizes), ``epoch_size`` items per epoch (None: the sum of the sources' sizes).
-    See docs/mixtures.md."""
-    return Mixture(sources, weights, epoch_size=epoch_size)
+    sources' sizes), ``epoch_size`` items per epoch (None: the sum of the sources' sizes);
+    ``schedule={first_epoch: weights}`` changes the weights from those epochs on, each source
+    going on with its own sequence. See docs/mixtures.md."""
+    return Mixture(sources, weights, epoch_size=epoch_size, schedule=schedule)
 
 
 class Mixture(RecordSource):
@@ -56,7 +58,8 @@ class Mixture(RecordSource):
 
     ``len(mix)`` is the items per epoch; ``mix[i]`` and ``mix.get_batch(indices)`` read the
     positions of the unshuffled epoch 0; ``mix.stream(...)`` takes every argument
-    ``DataRef.stream`` takes. Picklable (its DataRefs pickle themselves).
+    ``DataRef.stream`` takes. ``weights`` and ``counts`` are epoch 0's (a schedule's later
+    ones: ``schedule``, ``counts_at(epoch)``). Picklable (its DataRefs pickle themselves).
     """
 
     def __init__(
@@ -65,26 +68,29 @@ class Mixture(RecordSource):
         weights: Mapping[str, float] | None = None,
         *,
         epoch_size: int | None = None,
+        schedule: Mapping[int, Mapping[str, float] | None] | None = None,
     ) -> None:
         self.names, self.sources = _checked_sources(sources)
         sizes = [len(s) for s in self.sources]
         self.weights = _checked_weights(weights, self.names, sizes)
+        #: The later stages: first epoch -> the weights from then on (each source's, exact).
+        self.schedule = {
+            first: _checked_weights(stage, self.names, sizes, f"schedule[{first}]: ")
+            for first, stage in _checked_schedule(schedule)
+        }
         self.epoch_size = (
             sum(sizes) if epoch_size is None else check_int("epoch_size", epoch_size, 1)
         )
         if not self.epoch_size:
             raise ValueError("the sources hold no records: a mixture of them has no items")
-        for name, size, weight in zip(self.names, sizes, self.weights):
-            # (Refused even where its share of a short epoch rounds to nothing.)
-            if weight and not size:
-                raise ValueError(
-                    f"source {name!r} has no records, yet weight {weight}: give it weight 0 "
-                    "or leave it out"
-                )
+        for first, stage in [(None, self.weights), *self.schedule.items()]:
+            _check_sizes(self.names, sizes, stage, first)
         self.counts = shares(self.weights, self.epoch_size)
-        self._leaves = tuple(_leaves(self.names, self.sources, self.counts))
+        stages = [(first, shares(w, self.epoch_size)) for first, w in self.schedule.items()]
+        used = [any(row) for row in zip(self.counts, *(counts for _, counts in stages))]
+        self._leaves = tuple(_leaves(self.names, self.sources, used))
         parts = [s.mix_order if isinstance(s, Mixture) else len(s) for s in self.sources]
-        self.mix_order: MixOrder = MixOrder(self.names, parts, self.counts)
+        self.mix_order: MixOrder = MixOrder(self.names, parts, self.counts, stages)
 
     # --- what a user sees ---
 
@@ -93,7 +99,15 @@ class Mixture(RecordSource):
 
     def __repr__(self) -> str:
         parts = ", ".join(f"{name}={count}" for name, count in zip(self.names, self.counts))
-        return f"Mixture({parts}; epoch_size={self.epoch_size})"
+        later = "".join(
+            f"; from epoch {first}: " + ", ".join(f"{n}={c}" for n, c in zip(self.names, counts))
+            for first, counts in self.mix_order.stages[1:]
+        )
+        return f"Mixture({parts}{later}; epoch_size={self.epoch_size})"
+
+    def counts_at(self, epoch: int) -> list[int]:
+        """Each source's items in epoch ``epoch``: the shares of the weights then in force."""
+        return list(self.mix_order.counts_at(check_int("epoch", epoch, 0)))
 
     def __getitem__(self, index: int | slice | Sequence[int] | np.ndarray) -> dict[str, Any]:
         """Position ``index`` of the unshuffled epoch 0, as its source's record; for a slice, a
@@ -181,8 +195,10 @@ class Mixture(RecordSource):
 
     def identity(self) -> tuple[str, str]:
         """What a stream's state names this mixture by: its sources (dataset:version, and its
-        share of an epoch) and a digest of their builds and shares; any change to a source's
-        build, a weight or the epoch size changes the digest."""
+        share of epoch 0) and a digest of their builds and shares; any change to a source's
+        build, a weight of epoch 0 or the epoch size changes the digest. A schedule's later
+        stages are not in it: a state keeps them (``schedule_of_state``) and is checked against
+        them up to its own epoch, so stages can be appended during a run."""
         described = ", ".join(
             f"{name}={source.identity()[0]}*{count}"
             for name, source, count in zip(self.names, self.sources, self.counts)
@@ -191,6 +207,22 @@ class Mixture(RecordSource):
         for name, source, count in zip(self.names, self.sources, self.counts):
             digest.update(f"{name}\x00{source.identity()[1]}\x00{count};".encode())
         return f"mix({described})", digest.hexdigest()[:32]
+
+    def schedule_of_state(self) -> Schedule | None:
+        """Every stage of this mixture and its inner ones (None where none has a schedule)."""
+        return self.mix_order.schedule() if self.mix_order.scheduled else None
+
+    def check_schedule(self, saved: Mapping[str, Any] | None, epoch: int) -> None:
+        """ValueError naming the first epoch, up to ``epoch`` (the last one a saved state has
+        read from), in which ``saved`` (a state's ``schedule``; None: no stage after epoch 0)
+        deals other shares than this mixture."""
+        found = self.mix_order.first_change(saved or {}, epoch) if epoch >= 0 else None
+        if found is not None:
+            raise ValueError(
+                f"this state was saved from a mixture whose schedule differs at {found}, which "
+                f"the state has read already (it is in epoch {epoch}): a schedule may change "
+                "only at epochs after the state's"
+            )
 
     def place(self, epoch: int, positions: np.ndarray, shuffle: bool, seed: int) -> Placement:
         """Where slots ``positions`` of epoch ``epoch`` read: per leaf (its number in
@@ -259,7 +291,57 @@ def _checked_sources(sources: Mapping[str, Source]) -> tuple[tuple[str, ...], tu
     return tuple(sources), tuple(sources.values())
 
 
+def _checked_schedule(
+    schedule: Mapping[int, Mapping[str, float] | None] | None,
+) -> list[tuple[int, Mapping[str, float] | None]]:
+    """The schedule's stages by first epoch, checked: keys are epochs >= 1 (``weights`` are
+    epoch 0's)."""
+    if schedule is None:
+        return []
+    if not isinstance(schedule, Mapping):
+        raise TypeError(
+            f"schedule must be a mapping of first epoch -> weights, got {type(schedule).__name__}"
+        )
+    for first in schedule:
+        if isinstance(first, (bool, np.bool_)) or not isinstance(first, numbers.Integral):
+            raise ValueError(f"schedule keys are epochs (ints >= 1), got {first!r}")
+        if first < 1:
+            raise ValueError(
+                f"schedule keys are epochs >= 1, got {first}: epoch 0's weights are weights="
+            )
+    return sorted((int(first), stage) for first, stage in schedule.items())
+
+
+def _check_sizes(
+    names: tuple[str, ...], sizes: list[int], weights: list[Fraction], first: int | None
+) -> None:
+    for name, size, weight in zip(names, sizes, weights):
+        # (Refused even where its share of a short epoch rounds to nothing.)
+        if weight and not size:
+            stage = "" if first is None else f"schedule[{first}]: "
+            raise ValueError(
+                f"{stage}source {name!r} has no records, yet weight {weight}: give it weight 0 "
+                "or leave it out"
+            )
+
+
 def _checked_weights(
+    weights: Mapping[str, float] | None,
+    names: tuple[str, ...],
+    sizes: list[int],
+    where: str = "",
+) -> list[Fraction]:
+    """Each source's weight as an exact rational; ValueError (prefixed by ``where``: which
+    stage of a schedule) naming what is wrong."""
+    try:
+        return _weights(weights, names, sizes)
+    except (TypeError, ValueError) as exc:
+        if not where:
+            raise
+        raise type(exc)(f"{where}{exc}") from None
+
+
+def _weights(
     weights: Mapping[str, float] | None, names: tuple[str, ...], sizes: list[int]
 ) -> list[Fraction]:
     if weights is None:
@@ -305,10 +387,10 @@ def _exact(value: numbers.Real) -> Fraction:
     return Fraction(float(value))
 
 
-def _leaves(names: Sequence[str], sources: Sequence[Source], counts: Sequence[int]) -> list[Leaf]:
+def _leaves(names: Sequence[str], sources: Sequence[Source], used: Sequence[bool]) -> list[Leaf]:
     return [
-        Leaf((name, *leaf.path), leaf.ref, leaf.used and count > 0)
-        for name, source, count in zip(names, sources, counts)
+        Leaf((name, *leaf.path), leaf.ref, leaf.used and read)
+        for name, source, read in zip(names, sources, used)
         for leaf in source.leaves
     ]
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
@@ -121,6 +121,16 @@ class RecordSource(ABC):
     @abstractmethod
     def check_stream(self, order: OrderSettings, windows: bool) -> None:
         """ValueError for what a stream over this source cannot do (``windows``: n-grams)."""
+
+    def schedule_of_state(self) -> dict[str, list[list[Any]]] | None:
+        """What a stream's state keeps of a schedule of shares (a Mixture's): None, none."""
+        return None
+
+    def check_schedule(self, saved: Mapping[str, Any] | None, epoch: int) -> None:
+        """ValueError if ``saved`` (a state's schedule) deals epochs up to ``epoch`` otherwise
+        than this source: a source without a schedule has nothing to check (the identity
+        names it whole)."""
+        return None
 
     @property
     def source_kinds(self) -> tuple[str, ...]:

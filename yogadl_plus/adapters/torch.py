@@ -421,7 +421,7 @@ class ResumableDataLoader(DataLoader):
                 "this loader state holds no stream state (an earlier release saved it): "
                 f"resume with dataref.stream(start_offset={state.get('offset')!r}, ...)"
             )
-        StreamState.from_dict(state["stream"]).check_loads_into(self.stream.state())
+        self.plan.check_state(StreamState.from_dict(state["stream"]))
         self._cursor.epoch = check_int("epoch", state["epoch"], 0)
         self._cursor.position = check_int("position", state["position"], 0)
         self._resume = True

@@ -153,7 +153,24 @@ class StreamPlan:
             order=order_identity(self.order.settings),
             ngram=ngram.identity() if ngram is not None else None,
             offset=check_int("offset", offset, 0),
+            schedule=self.source.schedule_of_state(),
         )
+
+    def check_state(self, state: StreamState) -> None:
+        """ValueError, naming what differs, if ``state``'s offset would mean other records
+        here: another source, order or n-gram, or a mixture's schedule that differs in an epoch
+        the state has read (a stage after it may be added or changed)."""
+        epoch, position = self.position_of(state.offset)
+        read = epoch - 1 if position == 0 else epoch  # (the last epoch the state has read from)
+        try:
+            state.check_loads_into(self.state_at(0))
+        except ValueError as other:
+            # Shares of epoch 0 are in the fingerprint: a schedule that differs there is said
+            # as one that differs later.
+            if state.schedule is not None:
+                self.source.check_schedule(state.schedule, read)
+            raise other
+        self.source.check_schedule(state.schedule, read)
 
     # --- counting what a face hands out, in stream.stats() ---
 

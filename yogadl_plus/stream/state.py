@@ -6,7 +6,9 @@ meaning (the source's name and fingerprint, the order's settings, the n-gram) be
 offset, all as plain data, so loading it into a different stream is a clear ``ValueError``
 naming what differs, not a resume at the wrong records. Batch size, fields, predicate,
 transform and workers do not change what an offset means (offsets count positions, never
-batches): a state loads across those.
+batches): a state loads across those. A mixture's schedule is kept apart from the rest: only
+the epochs a state has read must be dealt alike (``StreamPlan.check_state``), so a run can
+append stages.
 """
 
 from __future__ import annotations
@@ -30,6 +32,9 @@ _ORDER_FIELDS = tuple(f.name for f in dataclasses.fields(OrderSettings) if f.nam
 #: take in a state that does not name them: what the release that saved it did.
 ADDED_ORDER_SETTINGS: dict[str, Any] = {"pad_shard_remainder": False}
 _KEYS = ("format", "dataset", "fingerprint", "positions", "order", "ngram", "offset")
+# (Optional: a state of a mixture with a schedule has it; others, and states saved before
+# schedules were, do not.)
+_SCHEDULE = "schedule"
 
 
 def order_identity(settings: OrderSettings) -> dict[str, Any]:
@@ -49,13 +54,16 @@ class StreamState:
     order: Mapping[str, Any]
     ngram: Mapping[str, Any] | None
     offset: int
+    #: A mixture's stages, of it and its inner ones (``MixOrder.schedule``); None without one.
+    schedule: Mapping[str, Any] | None = None
 
     def identity(self) -> dict[str, Any]:
-        """Everything but the offset: what two streams must share to exchange states."""
-        return {k: v for k, v in self.to_dict().items() if k not in ("format", "offset")}
+        """Everything but the offset and a schedule: what two streams must share to exchange
+        states (a schedule needs to agree only as far as the state has read)."""
+        return {k: v for k, v in self.to_dict().items() if k not in ("format", "offset", _SCHEDULE)}
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "format": FORMAT,
             "dataset": self.dataset,
             "fingerprint": self.fingerprint,
@@ -64,6 +72,11 @@ class StreamState:
             "ngram": None if self.ngram is None else dict(self.ngram),
             "offset": self.offset,
         }
+        if self.schedule is not None:
+            out[_SCHEDULE] = {
+                path: [list(s) for s in stages] for path, stages in self.schedule.items()
+            }
+        return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> StreamState:
@@ -98,6 +111,7 @@ class StreamState:
             order=dict(order),
             ngram=data["ngram"],
             offset=check_int("stream state's offset", data["offset"], 0),
+            schedule=_checked_schedule(data.get(_SCHEDULE)),
         )
 
     def check_loads_into(self, here: StreamState) -> None:
@@ -124,3 +138,34 @@ class StreamState:
             "this state was saved from a different stream, so its offset would resume at other "
             f"records: {'; '.join(differences)}{hint}"
         )
+
+
+def _checked_schedule(schedule: Any) -> dict[str, list[list[Any]]] | None:
+    """A state's schedule: path -> [[first epoch, [counts]], ...]; ValueError if malformed."""
+    if schedule is None:
+        return None
+    malformed = ValueError(
+        "stream state: 'schedule' must map each mixture's path to its stages, "
+        f"[[first epoch, [counts]], ...], got {schedule!r}"
+    )
+    if not isinstance(schedule, Mapping):
+        raise malformed
+    out = {}
+    for path, stages in schedule.items():
+        if not isinstance(path, str) or not isinstance(stages, list) or not stages:
+            raise malformed
+        rows = []
+        for stage in stages:
+            if not (isinstance(stage, (list, tuple)) and len(stage) == 2):
+                raise malformed
+            first, counts = stage
+            if not isinstance(counts, (list, tuple)):
+                raise malformed
+            rows.append(
+                [
+                    check_int("a schedule's first epoch", first, 0),
+                    [check_int("a schedule's count", c, 0) for c in counts],
+                ]
+            )
+        out[path] = rows
+    return out

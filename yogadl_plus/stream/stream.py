@@ -151,10 +151,10 @@ class Stream:
         """Resume where ``state`` (from ``state()``, or its ``to_dict()``) says: the next
         ``iter()`` starts at its offset. ValueError, naming what differs, if it was saved from a
         stream whose offsets mean other records (another version or build, order, seed,
-        shards or n-gram)."""
+        shards or n-gram, or a mixture's schedule in an epoch it has read)."""
         if not isinstance(state, StreamState):
             state = StreamState.from_dict(state)
-        state.check_loads_into(self.state())
+        self._plan.check_state(state)
         self.seek(state.offset)
 
     def seek(self, offset: int) -> None:
