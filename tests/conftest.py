@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 
 import yogadl_plus as ydl
@@ -21,3 +24,24 @@ def _isolated_yogadl_home(
 def local_storage(tmp_path) -> ydl.LocalStorage:
     """A LocalStorage in a fresh temp folder (``<tmp_path>/store``)."""
     return ydl.LocalStorage(tmp_path / "store")
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """A local Ray cluster of 2 CPUs on 127.0.0.1 for the session, shut down at its end."""
+    ray = pytest.importorskip("ray")
+    # Workers unpickle the test modules' datasets and transforms by reference: they need tests/
+    # on their path.
+    path = os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])
+    ray.shutdown()  # one a documentation snippet started, without this runtime environment
+    ray.init(
+        address="local",
+        num_cpus=2,
+        runtime_env={"env_vars": {"PYTHONPATH": path}},
+        include_dashboard=False,
+        _node_ip_address="127.0.0.1",
+        log_to_driver=False,
+        logging_level="warning",
+    )
+    yield ray
+    ray.shutdown()

@@ -297,23 +297,7 @@ def test_a_task_uploads_each_chunk_as_soon_as_it_is_written(tmp_path, s3_server,
 # ----------------------------------------------------------------- Ray
 
 
-@pytest.fixture(scope="session")
-def ray_cluster():
-    """A local Ray cluster of 2 CPUs on 127.0.0.1 for the session, shut down at its end."""
-    ray = pytest.importorskip("ray")
-    # Workers unpickle this module's datasets by reference: they need tests/ on their path.
-    path = os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])
-    ray.shutdown()  # one a documentation snippet started, without this runtime environment
-    ray.init(
-        num_cpus=2,
-        runtime_env={"env_vars": {"PYTHONPATH": path}},
-        include_dashboard=False,
-        _node_ip_address="127.0.0.1",
-        log_to_driver=False,
-        logging_level="warning",
-    )
-    yield ray
-    ray.shutdown()
+# (ray_cluster: conftest.py)
 
 
 def test_ray_build_equals_the_serial_build(tmp_path, local_storage, ray_cluster):

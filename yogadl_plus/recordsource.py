@@ -172,8 +172,9 @@ class RecordSource(ABC):
         epoch 0), ``global_start`` (elastic resume). Boundary: ``fields``, ``predicate``
         (ydl.predicates), ``skip`` (record indices never handed out; for a mixture, source name
         -> indices), ``ngram`` (ydl.NGram), ``transform``, ``batch_size``/``drop_last``.
-        Workers: ``num_workers``, ``worker_type`` ("thread" or "process"), ``prefetch`` (units
-        in flight), ``worker_start_method``. See docs/streams.md and docs/boundary.md.
+        Workers: ``num_workers``, ``worker_type`` ("thread", "process", or "ray": actors on the
+        cluster ``ray.init()`` joined), ``prefetch`` (units in flight), ``worker_start_method``.
+        See docs/streams.md, docs/boundary.md and docs/many-machines.md.
         """
         arguments = locals()  # (first: the keywords above, each held by one settings class)
         from yogadl_plus.stream import BoundarySettings, Stream, WorkerSettings

@@ -89,7 +89,7 @@ class BoundarySettings:
 
 @dataclass(frozen=True)
 class WorkerSettings:
-    """Who reads ahead: ``num_workers`` threads or processes (``worker_type``), with
+    """Who reads ahead: ``num_workers`` threads, processes or Ray actors (``worker_type``), with
     ``prefetch`` units in flight (None: twice the workers), processes started by
     ``worker_start_method`` (None: fork where there is one)."""
 

@@ -1,4 +1,5 @@
-"""Work done ahead of the caller in threads or processes, handed back in submission order.
+"""Work done ahead of the caller in threads, processes or Ray actors, handed back in submission
+order.
 
 The order of results never depends on the number of workers or on timing: units are submitted
 in order and their results are taken in that order (process workers get units in turn, and
@@ -26,6 +27,7 @@ from yogadl_plus import lifecycle
 from yogadl_plus.errors import WorkerDied
 from yogadl_plus.stream.workers import processes
 from yogadl_plus.stream.workers.base import GRACE_SECONDS, Task, Workers
+from yogadl_plus.stream.workers.rayactors import RayWorkers
 from yogadl_plus.stream.workers.threads import ThreadWorkers
 
 __all__ = ["KINDS", "OrderedPool"]
@@ -35,11 +37,13 @@ __all__ = ["KINDS", "OrderedPool"]
 KINDS: dict[str, type[Workers]] = {
     "thread": ThreadWorkers,
     "process": processes.ProcessWorkers,
+    "ray": RayWorkers,
 }
 
 
 class OrderedPool:
-    """Runs ``task(unit)`` for a stream of units on ``num_workers`` threads or processes."""
+    """Runs ``task(unit)`` for a stream of units on ``num_workers`` threads, processes or Ray
+    actors."""
 
     def __init__(
         self,
