@@ -266,3 +266,31 @@ def test_gcs_pull_rides_out_a_15s_outage_and_fails_in_bounded_time_when_frozen(
         late.fetch("d", "v", on_transfer=never.on_transfer)
     assert time.monotonic() - start < 2 * CALL_S + SLACK_S
     never.join()
+
+
+def test_a_stream_reading_on_demand_waits_through_an_outage_and_goes_on(
+    weed: SeaweedFS, tmp_path: Path, caplog: Any
+) -> None:
+    # Training on a version bigger than the local cache: the bucket goes away for 15 s in the
+    # middle of the epoch. The stream waits (saying so) and hands out every record, in order.
+    bucket = weed.server.make_bucket()
+    built = ydl.cache_dataset(
+        records(N), "d", "v", s3_storage(weed, bucket, tmp_path / "builder"),
+        chunk_bytes=CHUNK_BYTES, progress=False,
+    )  # fmt: skip
+    limit = sum(c.bytes for c in built.manifest.chunks) // 3
+    reader = s3_storage(weed, bucket, tmp_path / "node", local_cache_limit=limit)
+    ref = reader.fetch("d", "v")
+    outage = Outage(weed, "stop", OUTAGE_S, after=1)
+    labels: list[int] = []
+    with caplog.at_level("WARNING", logger="yogadl_plus"):
+        for k, batch in enumerate(ref.stream(batch_size=100)):
+            labels += batch["label"].tolist()
+            if k == 3:
+                outage.on_transfer(0)  # the server goes down now
+        done = time.monotonic()
+    outage.join()
+    assert labels == list(range(N))
+    assert done - outage.down_at >= OUTAGE_S  # the epoch waited for the server
+    said = [r.getMessage() for r in caplog.records]
+    assert any("retrying" in m for m in said), said

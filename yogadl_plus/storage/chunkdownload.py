@@ -1,6 +1,12 @@
 """Downloading the chunk files of a bucket's version, each checked against its manifest entry:
 whole, into a local copy being pulled, or in ranged parts into the bounded local cache, for a
-version read on demand."""
+version read on demand.
+
+A download that does not match its manifest entry is made again before the object is blamed
+(``checked_download``): bytes damaged on the way (a flaky network card, a proxy) come right the
+next time, and the warning says so; an object damaged in the bucket gives the same wrong bytes
+every time, and the error says that, apart from bytes that keep arriving damaged in other ways.
+"""
 
 from __future__ import annotations
 
@@ -21,7 +27,14 @@ from yogadl_plus.storage.localcache import LocalCache
 from yogadl_plus.storage.objects import ObjectStore
 from yogadl_plus.storage.parallel import in_threads, run_all
 
-__all__ = ["DAMAGED_OBJECT", "PART_BYTES", "RangedDownload", "VersionCopy", "download_chunks"]
+__all__ = [
+    "DAMAGED_OBJECT",
+    "PART_BYTES",
+    "RangedDownload",
+    "VersionCopy",
+    "checked_download",
+    "download_chunks",
+]
 
 log = logging.getLogger(__name__)
 
@@ -29,8 +42,10 @@ PART_BYTES = 8 << 20  # a ranged read of a large chunk
 _PARTS_PER_CHUNK = 4  # ranged reads of one chunk in flight at once
 # What to do about a chunk whose download does not match the manifest.
 DAMAGED_OBJECT = (
-    "the remote object is damaged: nothing was kept; rebuild the version (overwrite=True)"
+    "the object in the bucket is damaged: nothing was kept; rebuild the version (overwrite=True)"
 )
+# Downloads of a chunk that does not match its manifest entry, before it is blamed.
+DOWNLOAD_TRIES = 3
 
 OnTransfer = Callable[[int], object] | None
 
@@ -48,8 +63,7 @@ def download_chunks(
     def one(job: tuple[ChunkInfo, str]) -> None:
         info, path = job
         key = base + info.file
-        objects.download(key, path)
-        check_chunk(path, info, f"{objects.url}/{key}", DAMAGED_OBJECT)
+        checked_download(lambda: objects.download(key, path), path, info, f"{objects.url}/{key}")
         if on_transfer is not None:
             on_transfer(info.bytes)
 
@@ -64,6 +78,42 @@ def download_chunks(
             f"{sum(info.bytes for info, _ in jobs):,}",
             time.monotonic() - began,
         )
+
+
+def checked_download(download: Callable[[], None], path: str, info: ChunkInfo, where: str) -> None:
+    """``download()`` (which writes chunk ``info`` to ``path``), checked against the manifest
+    entry; made again, up to DOWNLOAD_TRIES times in all, while it does not match. Raises
+    CacheCorrupted naming ``where`` and saying which damage it is: the same wrong bytes every
+    time (the object in the bucket), or other bytes each time (on the way)."""
+    found: list[str] = []  # what each download that did not match was (its size or sha256)
+    for attempt in range(1, DOWNLOAD_TRIES + 1):
+        try:
+            download()
+            check_chunk(path, info, where, DAMAGED_OBJECT)
+        except CacheCorrupted as exc:
+            found.append(str(exc).removesuffix(DAMAGED_OBJECT).rstrip("; "))
+            if attempt < DOWNLOAD_TRIES:
+                log.warning(
+                    "%s: fetching it again (download %d of %d)", found[-1], attempt, DOWNLOAD_TRIES
+                )
+                continue
+            if len(set(found)) == 1:
+                raise CacheCorrupted(
+                    f"{found[0]}; {attempt} downloads gave these same bytes: {DAMAGED_OBJECT}"
+                ) from None
+            raise CacheCorrupted(
+                f"chunk {where} arrived damaged {attempt} times, other bytes each time: "
+                f"{' / '.join(found)}. The bytes are damaged on the way (the network, a proxy, "
+                "this machine's memory or disk); the object in the bucket may be whole. "
+                "Nothing was kept"
+            ) from None
+        if found:
+            log.warning(
+                "chunk %s arrived whole on download %d: it had been damaged on the way",
+                where,
+                attempt,
+            )
+        return
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,8 +173,9 @@ class RangedDownload:
                 raise
             raise unwritable(part, exc) from None
         try:
-            self._read_parts(key, where, info, part, part_bytes)
-            check_chunk(part, info, where, DAMAGED_OBJECT)
+            checked_download(
+                lambda: self._read_parts(key, where, info, part, part_bytes), part, info, where
+            )
             with copy.cache.space.lock():
                 os.replace(part, path)
                 stamp(path, info.sha256)  # checked as it was fetched

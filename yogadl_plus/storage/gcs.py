@@ -8,7 +8,7 @@ import os
 import warnings
 from typing import Any
 
-from yogadl_plus.errors import StorageError, TransientStorageError, missing_extra
+from yogadl_plus.errors import StorageError, TransientStorageError, YogaError, missing_extra
 from yogadl_plus.storage.objects import ObjectStore, Retries, retried
 from yogadl_plus.storage.remote import (
     DEFAULT_LEASE_TTL,
@@ -36,7 +36,7 @@ class _GCSObjects(ObjectStore):
 
     def _failure(
         self, exc: Exception, what: str, where: str, missing_is_bucket: bool = True, **_: Any
-    ) -> StorageError:
+    ) -> YogaError:
         import requests
         from google import auth
         from google.api_core import exceptions as gx
@@ -53,6 +53,8 @@ class _GCSObjects(ObjectStore):
         from urllib3.exceptions import NewConnectionError
 
         gax = auth.exceptions
+        if isinstance(exc, DataCorruption):
+            return self.arrived_damaged(where, exc)
         if isinstance(exc, gx.NotFound) and missing_is_bucket:
             return StorageError(
                 f"{where}: bucket {self.bucket_name!r} does not exist (or the object vanished "
@@ -91,12 +93,11 @@ class _GCSObjects(ObjectStore):
                 f"{where}: cannot reach {self._endpoint()} ({type(exc).__name__}): check the "
                 "endpoint (client_options, STORAGE_EMULATOR_HOST), the network and any proxy"
             )
-        # Dropped connections, read timeouts, downloads that failed their checksum.
+        # Dropped connections, read timeouts.
         cut_off = (
             requests.exceptions.ConnectionError,
             requests.exceptions.Timeout,
             requests.exceptions.ChunkedEncodingError,
-            DataCorruption,
             gax.TransportError,
         )
         return self._cut_off_or_failed(exc, what, where, cut_off)

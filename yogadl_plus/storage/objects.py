@@ -26,7 +26,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
-from yogadl_plus.errors import StorageError, TransientStorageError, YogaError
+from yogadl_plus.errors import CacheCorrupted, StorageError, TransientStorageError, YogaError
 
 __all__ = [
     "DEFAULT_RETRY_TIMEOUT",
@@ -43,7 +43,7 @@ log = logging.getLogger(__name__)
 # While a call keeps failing, a warning at its first retry and then about this often.
 _WARN_EVERY = 30.0
 
-DEFAULT_RETRY_TIMEOUT = 120.0  # seconds: rides out a restart of the store, a network blip
+DEFAULT_RETRY_TIMEOUT = 300.0  # seconds: rides out a restart of the store, a network outage
 MIN_TRY_TIMEOUT = 5.0  # a healthy server is never this long silent; a short budget stops here
 
 
@@ -182,9 +182,21 @@ class ObjectStore(ABC):
             raise self._failure(exc, what, where, **context) from exc
 
     @abstractmethod
-    def _failure(self, exc: Exception, what: str, where: str, **context: Any) -> StorageError:
+    def _failure(self, exc: Exception, what: str, where: str, **context: Any) -> YogaError:
         """The StorageError (TransientStorageError when worth another try) for a client's
-        failure during ``what`` on ``where``."""
+        failure during ``what`` on ``where``; CacheCorrupted for bytes that failed the
+        client's own checksum (``arrived_damaged``)."""
+
+    @staticmethod
+    def arrived_damaged(where: str, exc: Exception) -> CacheCorrupted:
+        """A download whose bytes do not match the checksum the store sent with them. Not
+        retried here: the caller downloads a chunk again a few times, and tells damage on the
+        way (other bytes each time) from an object damaged in the bucket (the same each time,
+        which retrying for ``retry_timeout`` would not mend)."""
+        detail = " ".join(str(exc).split())
+        return CacheCorrupted(
+            f"{where}: the bytes that arrived fail the store's checksum: {detail}"
+        )
 
     @staticmethod
     def _cut_off_or_failed(

@@ -7,7 +7,7 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
-from yogadl_plus.errors import StorageError, TransientStorageError, missing_extra
+from yogadl_plus.errors import StorageError, TransientStorageError, YogaError, missing_extra
 from yogadl_plus.storage.objects import ObjectStore, Retries, retried
 from yogadl_plus.storage.remote import (
     DEFAULT_LEASE_TTL,
@@ -56,10 +56,12 @@ class _S3Objects(ObjectStore):
             num_download_attempts=1,
         )
 
-    def _failure(self, exc: Exception, what: str, where: str, **context: Any) -> StorageError:
+    def _failure(self, exc: Exception, what: str, where: str, **context: Any) -> YogaError:
         from boto3 import exceptions as b3x
         from botocore import exceptions as bx
 
+        if isinstance(exc, bx.FlexibleChecksumError):
+            return self.arrived_damaged(where, exc)
         if isinstance(exc, b3x.S3UploadFailedError) and isinstance(exc.__context__, bx.ClientError):
             exc = exc.__context__  # boto3 raised it while handling this error of a part
         if isinstance(exc, bx.ClientError):

@@ -1,0 +1,175 @@
+"""What a bucket's faults do to a run (issue 29): they stall it, never fail it or damage it.
+
+A real SeaweedFS on 127.0.0.1 (the session's), reached through ``tests/fault_proxy.py``, which
+flips bytes of answers on the way, answers ``503 SlowDown`` or drops connections, and counts
+requests. The storages here try each request once in their client (as yogadl_plus's own default
+client does), so what rides a fault out is yogadl_plus's own retrying and checking.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from fault_proxy import FaultProxy
+from remote_helpers import records
+
+import yogadl_plus as ydl
+from yogadl_plus.storage.objects import DEFAULT_RETRY_TIMEOUT, Retries
+from yogadl_plus.errors import TransientStorageError
+
+N = 2000
+CHUNK_BYTES = 100_000
+
+
+@pytest.fixture
+def bucket(s3_server: Any) -> str:
+    return s3_server.make_bucket()
+
+
+def storage(server: Any, bucket: str, cache: Path, endpoint: str | None = None, **options: Any):
+    from botocore.config import Config
+
+    return ydl.S3Storage(
+        bucket,
+        "team",
+        local_cache=cache,
+        endpoint_url=endpoint or server.endpoint_url,
+        aws_access_key_id=server.access_key,
+        aws_secret_access_key=server.secret_key,
+        region_name=server.region,
+        config=Config(retries={"mode": "standard", "total_max_attempts": 1}),
+        **options,
+    )
+
+
+@pytest.fixture
+def built(s3_server: Any, bucket: str, tmp_path: Path) -> ydl.DataRef:
+    ref = ydl.cache_dataset(
+        records(N), "d", "v", storage(s3_server, bucket, tmp_path / "builder"),
+        chunk_bytes=CHUNK_BYTES, progress=False,
+    )  # fmt: skip
+    assert len(ref.manifest.chunks) >= 6
+    return ref
+
+
+def same_records(ref: ydl.DataRef) -> None:
+    expected = np.stack([r["x"] for r in records(N)])
+    got = ref.get_batch(np.arange(N), ["x", "label"])
+    np.testing.assert_array_equal(got["label"], np.arange(N))
+    np.testing.assert_array_equal(got["x"], expected)
+
+
+def messages(caplog: Any) -> list[str]:
+    return [r.getMessage() for r in caplog.records]
+
+
+# --- damage on the way, and in the bucket ---------------------------------------------------
+
+
+@pytest.mark.parametrize("on_demand", [False, True], ids=["pull", "on-demand"])
+def test_a_byte_flipped_on_the_way_is_fetched_again(
+    s3_server: Any, bucket: str, built: ydl.DataRef, tmp_path: Path, caplog: Any, on_demand: bool
+) -> None:
+    chunk = built.manifest.chunks[1].file
+    with FaultProxy(s3_server.endpoint_url) as proxy:
+        proxy.add("GET", chunk, "flip")
+        reader = storage(s3_server, bucket, tmp_path / "reader", proxy.url)
+        with caplog.at_level(logging.WARNING, logger="yogadl_plus"):
+            ref = reader.fetch("d", "v", on_demand=on_demand)
+            same_records(ref)
+        assert proxy.applied["flip"] == 1
+        assert proxy.count("GET", chunk) >= 2
+    said = messages(caplog)
+    assert any(chunk in m and "fetching it again (download 1 of 3)" in m for m in said), said
+    assert any("arrived whole on download 2: it had been damaged on the way" in m for m in said)
+
+
+def test_bytes_damaged_on_the_way_every_time_are_told_from_a_damaged_object(
+    s3_server: Any, bucket: str, built: ydl.DataRef, tmp_path: Path
+) -> None:
+    chunk = built.manifest.chunks[2].file
+    with FaultProxy(s3_server.endpoint_url) as proxy:
+        proxy.add("GET", chunk, "flip", times=3)  # a byte further on each time
+        reader = storage(s3_server, bucket, tmp_path / "reader", proxy.url)
+        with pytest.raises(ydl.CacheCorrupted) as caught:
+            reader.fetch("d", "v")
+    text = str(caught.value)
+    assert f"{chunk} arrived damaged 3 times, other bytes each time" in text
+    assert "damaged on the way" in text and "the object in the bucket may be whole" in text
+    assert "rebuild" not in text  # rebuilding would not help: the bucket is fine
+
+
+def test_an_object_damaged_in_the_bucket_is_blamed_after_the_same_bytes_three_times(
+    s3_server: Any, bucket: str, built: ydl.DataRef, tmp_path: Path
+) -> None:
+    victim = built.manifest.chunks[3]
+    data = bytearray(Path(built.directory, victim.file).read_bytes())
+    data[len(data) // 3] ^= 0x01
+    s3_server.client().put_object(Bucket=bucket, Key=f"team/d/v/{victim.file}", Body=bytes(data))
+    with FaultProxy(s3_server.endpoint_url) as proxy:
+        reader = storage(s3_server, bucket, tmp_path / "reader", proxy.url)
+        with pytest.raises(ydl.CacheCorrupted) as caught:
+            reader.fetch("d", "v")
+        assert proxy.count("GET", victim.file) == 3
+    text = str(caught.value)
+    assert victim.file in text and "sha256" in text
+    assert "3 downloads gave these same bytes: the object in the bucket is damaged" in text
+    assert "rebuild the version (overwrite=True)" in text
+
+
+# --- throttling and cut connections -----------------------------------------------------------
+
+
+def test_slow_down_is_backed_off_and_the_read_goes_on(
+    s3_server: Any, bucket: str, built: ydl.DataRef, tmp_path: Path, caplog: Any
+) -> None:
+    with FaultProxy(s3_server.endpoint_url) as proxy:
+        proxy.add("GET", "manifest.json", "503", times=2)
+        proxy.add("GET", ".mdb", "503", times=6)
+        proxy.add("GET", ".mdb", "drop", times=2)
+        reader = storage(s3_server, bucket, tmp_path / "reader", proxy.url)
+        with caplog.at_level(logging.WARNING, logger="yogadl_plus"):
+            same_records(reader.fetch("d", "v"))
+        assert proxy.applied == {"503": 8, "drop": 2}
+    assert any("SlowDown" in m and "retrying" in m for m in messages(caplog)), messages(caplog)
+
+
+def test_backoff_is_jittered_and_warns_every_30_s(monkeypatch: pytest.MonkeyPatch, caplog: Any):
+    # A fake clock: each sleep moves it on. The call fails for 100 s, then succeeds.
+    now = [0.0]
+    slept: list[float] = []
+    monkeypatch.setattr("yogadl_plus.storage.objects.time.monotonic", lambda: now[0])
+
+    def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        now[0] += seconds
+
+    monkeypatch.setattr("yogadl_plus.storage.objects.time.sleep", sleep)
+
+    def attempt() -> str:
+        if now[0] < 100:
+            raise TransientStorageError("s3://b/k: SlowDown")
+        return "done"
+
+    random.seed(1)
+    with caplog.at_level(logging.INFO, logger="yogadl_plus"):
+        assert Retries().call(attempt) == "done"
+    warned = [r for r in caplog.records if r.levelno == logging.WARNING]
+    # At the first retry, then about every 30 s: 0, 30, 60, 90 s.
+    assert 4 <= len(warned) <= 5, [r.getMessage() for r in warned]
+    assert all("giving up after 300 s" in r.getMessage() for r in warned)
+    capped = slept[6:]  # (0.2 s doubling reaches the 5 s cap by the 6th wait)
+    assert len(set(capped)) == len(capped) > 5  # jittered: no two waits alike
+    assert all(2.5 <= s <= 5.0 for s in capped)  # half to all of max_delay
+    assert any("succeeded after" in r.getMessage() for r in caplog.records)
+
+
+def test_reads_wait_five_minutes_by_default() -> None:
+    assert DEFAULT_RETRY_TIMEOUT >= 300 and Retries().timeout >= 300
+    s3 = ydl.S3Storage("b", "p", local_cache="/tmp/unused-ydl", endpoint_url="http://127.0.0.1:9")
+    assert s3.objects.retries.timeout >= 300
