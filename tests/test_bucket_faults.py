@@ -19,8 +19,8 @@ from fault_proxy import FaultProxy
 from remote_helpers import records
 
 import yogadl_plus as ydl
-from yogadl_plus.storage.objects import DEFAULT_RETRY_TIMEOUT, Retries
 from yogadl_plus.errors import TransientStorageError
+from yogadl_plus.storage.objects import DEFAULT_RETRY_TIMEOUT, Retries
 
 N = 2000
 CHUNK_BYTES = 100_000
