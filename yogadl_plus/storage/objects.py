@@ -43,7 +43,7 @@ log = logging.getLogger(__name__)
 # While a call keeps failing, a warning at its first retry and then about this often.
 _WARN_EVERY = 30.0
 
-DEFAULT_RETRY_TIMEOUT = 300.0  # seconds: rides out a restart of the store, a network outage
+DEFAULT_RETRY_TIMEOUT = 600.0  # seconds: a training run waits out a 5-minute outage, with room
 MIN_TRY_TIMEOUT = 5.0  # a healthy server is never this long silent; a short budget stops here
 
 
@@ -80,6 +80,10 @@ class Retries:
     def at_most(self, seconds: float) -> Retries:
         """These settings, trying for no longer than ``seconds``."""
         return dataclasses.replace(self, timeout=min(self.timeout, seconds))
+
+    def longest_call(self) -> float:
+        """The most seconds a call takes before it gives up: ``timeout`` and one more try."""
+        return self.timeout + sum(self.request_timeouts())
 
     def request_timeouts(self) -> tuple[float, float]:
         """(connect, read) timeouts of one try, in seconds."""

@@ -35,6 +35,7 @@ from yogadl_plus.storage.chunkdownload import download_chunks
 from yogadl_plus.storage.lease import BuildLease
 from yogadl_plus.storage.local import default_storage, is_leftover
 from yogadl_plus.storage.localcache import LocalCache, RemoteManifest
+from yogadl_plus.storage.manifestshare import read_once_per_machine
 from yogadl_plus.storage.objects import DEFAULT_RETRY_TIMEOUT, ObjectStore, Retries
 from yogadl_plus.storage.ondemand import ChunkFetcher, DemandSettings, check_fits
 from yogadl_plus.storage.publish import BucketBuild, BucketPublisher
@@ -138,22 +139,35 @@ class RemoteStorage(Storage):
         key = self._key(dataset_id, version, MANIFEST_NAME)
         return self.objects.token(key) is not None
 
-    def _read_manifest(self, dataset_id: str, version: str) -> tuple[bytes, str, Manifest]:
+    def _read_manifest(
+        self, dataset_id: str, version: str, shared: bool = False
+    ) -> tuple[bytes, Manifest]:
+        """The version's manifest in the bucket (its bytes, parsed); ``shared``: read once for
+        the processes of this machine that start together (storage/manifestshare.py)."""
         key = self._key(dataset_id, version, MANIFEST_NAME)
-        found = self.objects.read(key)
-        if found is None:
-            raise DatasetNotFound(
-                f"no version {version!r} of dataset {dataset_id!r} in {self.url}; "
-                f"published: {self.list() or 'none'}"
+
+        def read() -> bytes:
+            found = self.objects.read(key)
+            if found is None:
+                raise DatasetNotFound(
+                    f"no version {version!r} of dataset {dataset_id!r} in {self.url}; "
+                    f"published: {self.list() or 'none'}"
+                )
+            return found[0]
+
+        if shared:
+            data = read_once_per_machine(
+                self.local_cache.root, dataset_id, version, read, self._others_wait_s()
             )
-        data, token = found
+        else:
+            data = read()
         manifest = Manifest.parse(data, f"{self.url}/{key}")
         if (manifest.dataset_id, manifest.version) != (dataset_id, version):
             raise CacheCorrupted(
                 f"{self.url}/{key} describes {manifest.dataset_id}:{manifest.version}, "
                 f"not {dataset_id}:{version}"
             )
-        return data, token, manifest
+        return data, manifest
 
     def fetch(
         self,
@@ -217,7 +231,8 @@ class RemoteStorage(Storage):
     ) -> DataRef:
         base = self._key(dataset_id, version)
         for attempt in range(_PULL_ATTEMPTS):
-            data, _, manifest = self._read_manifest(dataset_id, version)
+            # (A second try reads the bucket itself: the version may have been rebuilt.)
+            data, manifest = self._read_manifest(dataset_id, version, shared=attempt == 0)
             wanted = _shard_chunks(len(manifest.chunks), shards)
             limit = self.local_cache.limit
             if on_demand or (
@@ -254,12 +269,8 @@ class RemoteStorage(Storage):
         base = self._key(dataset_id, version)
         check_fits(manifest.chunks, self.local_cache.limit, f"{self.url}/{base}")
         folder, pins = self.local_cache.open_on_demand(remote)
-        retries = self.objects.retries
         settings = DemandSettings.for_cache(
-            self.local_cache.limit,
-            self.max_transfers,
-            # Another process's fetch of a chunk gives up within about this (objects.py).
-            wait_s=2 * (retries.timeout + sum(retries.request_timeouts())) + 60.0,
+            self.local_cache.limit, self.max_transfers, wait_s=self._others_wait_s()
         )
         fetcher = ChunkFetcher(
             self.objects,
@@ -272,6 +283,11 @@ class RemoteStorage(Storage):
             on_fetch=on_transfer,
         )
         return DataRefOnDemand(folder, manifest, pins, fetcher)
+
+    def _others_wait_s(self) -> float:
+        """How long a process waits for another of its machine reading from the bucket (a
+        chunk, a manifest) before it calls that one stuck: two of its calls, and some."""
+        return 2 * self.objects.retries.longest_call() + 60.0
 
     def _versions(self) -> Iterator[tuple[str, str]]:
         self._check_bucket()

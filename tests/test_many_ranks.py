@@ -1,0 +1,114 @@
+"""Many ranks of one node on one local cache (issue 29): 8 processes that start together on a
+cold cache read each chunk's bytes across the network once, and the manifest once.
+
+A real SeaweedFS on 127.0.0.1 behind tests/fault_proxy.py, which counts the requests; the ranks
+are real processes, each making its own storage (as torchrun's ranks do) on one local cache.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fault_proxy import FaultProxy
+from remote_helpers import records
+
+import yogadl_plus as ydl
+
+pytestmark = pytest.mark.timeout(300)
+
+RANKS = 8
+N = 3000
+
+RANK = textwrap.dedent(
+    """
+    import json, sys, time
+    import numpy as np
+    import yogadl_plus as ydl
+
+    spec = json.loads(sys.argv[1])
+    while time.time() < spec["start_at"]:  # the ranks start together
+        time.sleep(0.001)
+    storage = ydl.S3Storage(
+        spec["bucket"], "team", local_cache=spec["cache"], endpoint_url=spec["endpoint"],
+        aws_access_key_id=spec["key"], aws_secret_access_key=spec["secret"],
+        region_name="us-east-1", local_cache_limit=spec["limit"],
+    )
+    began = time.monotonic()
+    ref = storage.fetch("d", "v")
+    rank, world = spec["rank"], spec["world"]
+    labels = []
+    for batch in ref.stream(batch_size=100, shard_rank=rank, num_shards=world):
+        labels += batch["label"].tolist()
+    print(json.dumps({"labels": labels, "seconds": time.monotonic() - began}))
+    """
+)
+
+
+def run_ranks(spec: dict[str, Any], tmp_path: Path) -> list[dict[str, Any]]:
+    script = tmp_path / "rank.py"
+    script.write_text(RANK)
+    start_at = time.time() + 3.0  # time enough for every interpreter to start
+    ranks = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                str(script),
+                json.dumps({**spec, "rank": r, "world": RANKS, "start_at": start_at}),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r in range(RANKS)
+    ]
+    outputs = []
+    for rank in ranks:
+        out, err = rank.communicate(timeout=240)
+        assert rank.returncode == 0, err[-3000:]
+        outputs.append(json.loads(out.splitlines()[-1]))
+    return outputs
+
+
+@pytest.mark.parametrize("on_demand", [False, True], ids=["pull", "on-demand"])
+def test_eight_ranks_on_a_cold_cache_read_each_chunk_and_the_manifest_once(
+    s3_server: Any, tmp_path: Path, on_demand: bool
+) -> None:
+    bucket = s3_server.make_bucket()
+    builder = s3_server.storage(bucket, "team", tmp_path / "builder")
+    built = ydl.cache_dataset(records(N), "d", "v", builder, chunk_bytes=40_000, progress=False)
+    chunks = [c.file for c in built.manifest.chunks]
+    assert len(chunks) >= 2 * RANKS
+    total = sum(c.bytes for c in built.manifest.chunks)
+    with FaultProxy(s3_server.endpoint_url) as proxy:
+        spec = {
+            "bucket": bucket,
+            "cache": str(tmp_path / "node"),
+            "endpoint": proxy.url,
+            "key": s3_server.access_key,
+            "secret": s3_server.secret_key,
+            # Reading on demand: a cache that holds half the version.
+            "limit": total // 2 if on_demand else None,
+        }
+        outputs = run_ranks(spec, tmp_path)
+        manifest_reads = proxy.count("GET", "manifest.json")
+        chunk_reads = {file: proxy.count("GET", file) for file in chunks}
+    seen = sorted(label for out in outputs for label in out["labels"])
+    assert seen == list(range(N))  # each rank its shard, every record once
+    assert manifest_reads == 1, manifest_reads
+    if on_demand:
+        # A chunk evicted and needed again is fetched again; each rank's shard reads its own
+        # chunks once, so none is fetched twice at once (the ranks wait for each other's).
+        assert sum(chunk_reads.values()) <= 2 * len(chunks), chunk_reads
+        assert all(n >= 1 for n in chunk_reads.values())
+    else:
+        assert set(chunk_reads.values()) == {1}, chunk_reads
+    assert len([p for p in (tmp_path / "node").rglob("+manifests/d/v")]) == 1
+    assert os.path.isdir(tmp_path / "node")
