@@ -90,12 +90,19 @@ class Retries:
         cap = max(self.timeout, MIN_TRY_TIMEOUT)
         return min(self.connect_timeout, cap), min(self.read_timeout, cap)
 
-    def call(self, attempt: Callable[[], T], interrupt: threading.Event | None = None) -> T:
+    def call(
+        self,
+        attempt: Callable[[], T],
+        interrupt: threading.Event | None = None,
+        store: str | None = None,
+    ) -> T:
         """``attempt()``, tried again while it raises TransientStorageError, until ``timeout``
-        has passed (or ``interrupt`` is set); then StorageError saying how long it tried."""
+        has passed (or ``interrupt`` is set); then StorageError saying how long it tried. While
+        it fails, a WARNING at its first retry and then every 30 s; with ``store`` (its URL),
+        one such warning for all the calls to that store that fail at the same time."""
         start = time.monotonic()
         tries = 0
-        warned = -math.inf
+        own = _Throttle()  # (a call of no named store speaks for itself)
         while True:
             tries += 1
             try:
@@ -103,14 +110,16 @@ class Retries:
             except TransientStorageError as exc:
                 now = time.monotonic()
                 left = self.timeout - (now - start)
-                if now - warned >= _WARN_EVERY and left > 0:
-                    warned = now
+                quiet = (own if store is None else _STORES).turn(store or "", now)
+                if quiet is not None and left > 0:
+                    others = f"; {quiet} other retries since the last warning" if quiet else ""
                     log.warning(
-                        "%s: retrying (try %d, %.0f s so far, giving up after %g s)",
+                        "%s: retrying (try %d, %.0f s so far, giving up after %g s%s)",
                         exc,
                         tries,
                         now - start,
                         self.timeout,
+                        others,
                     )
                 else:
                     log.debug("%s: retrying (try %d)", exc, tries)
@@ -129,12 +138,37 @@ class Retries:
             return result
 
 
+class _Throttle:
+    """At most one warning every _WARN_EVERY seconds per key: eight fetches in flight through
+    an outage would otherwise say the same thing eight times every 30 s."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._last: dict[str, float] = {}
+        self._quiet: dict[str, int] = {}
+
+    def turn(self, key: str, now: float) -> int | None:
+        """None: stay quiet (counted); else warn now, and how many were quiet since the last."""
+        with self._lock:
+            if now - self._last.get(key, -math.inf) < _WARN_EVERY:
+                self._quiet[key] = self._quiet.get(key, 0) + 1
+                return None
+            self._last[key] = now
+            return self._quiet.pop(key, 0)
+
+
+# The warnings of the calls to each store (by its URL), in this process.
+_STORES = _Throttle()
+
+
 def retried(method: Callable[..., T]) -> Callable[..., T]:
     """An ObjectStore method made to ride out outages, under its store's ``retries``."""
 
     @functools.wraps(method)
     def call(self: ObjectStore, *args: Any, **kwargs: Any) -> T:
-        return self.retries.call(lambda: method(self, *args, **kwargs), self.interrupt)
+        return self.retries.call(
+            lambda: method(self, *args, **kwargs), self.interrupt, store=self.url
+        )
 
     return call
 
