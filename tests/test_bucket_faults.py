@@ -173,3 +173,35 @@ def test_reads_wait_five_minutes_by_default() -> None:
     assert DEFAULT_RETRY_TIMEOUT >= 300 and Retries().timeout >= 300
     s3 = ydl.S3Storage("b", "p", local_cache="/tmp/unused-ydl", endpoint_url="http://127.0.0.1:9")
     assert s3.objects.retries.timeout >= 300
+
+
+def test_calls_to_one_store_failing_together_warn_once_every_30_s(
+    monkeypatch: pytest.MonkeyPatch, caplog: Any
+) -> None:
+    # Eight fetches through an outage, each retrying: one WARNING every 30 s for the store,
+    # naming how many retries it spoke for, not one per fetch. (A fake clock: each try takes
+    # 1 s, and each call fails 3 times.)
+    now = [1000.0]
+    monkeypatch.setattr("yogadl_plus.storage.objects.time.monotonic", lambda: now[0])
+    monkeypatch.setattr("yogadl_plus.storage.objects.time.sleep", lambda s: None)
+    tries = {k: 0 for k in range(8)}
+
+    def attempt(k: int) -> str:
+        tries[k] += 1
+        now[0] += 1.0
+        if tries[k] <= 3:
+            raise TransientStorageError(f"s3://bucket/p/chunk-{k}: cannot reach the server")
+        return "ok"
+
+    with caplog.at_level(logging.WARNING, logger="yogadl_plus"):
+        for k in range(8):  # 32 s in all
+            Retries(timeout=100).call(lambda k=k: attempt(k), store="s3://bucket/p")
+    warned = [r.getMessage() for r in caplog.records]
+    assert len(warned) == 2, warned  # at 0 and 30 s; each call alone would have said it 8 times
+    assert "chunk-0" in warned[0] and "other retries since the last warning" in warned[1]
+    # Another store speaks for itself.
+    caplog.clear()
+    tries[0] = 0
+    with caplog.at_level(logging.WARNING, logger="yogadl_plus"):
+        Retries(timeout=100).call(lambda: attempt(0), store="s3://another/p")
+    assert len(caplog.records) == 1
