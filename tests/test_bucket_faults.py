@@ -205,3 +205,33 @@ def test_calls_to_one_store_failing_together_warn_once_every_30_s(
     with caplog.at_level(logging.WARNING, logger="yogadl_plus"):
         Retries(timeout=100).call(lambda: attempt(0), store="s3://another/p")
     assert len(caplog.records) == 1
+
+
+def test_gcs_a_byte_flipped_on_the_way_is_fetched_again(
+    gcs_server: Any, tmp_path: Path, caplog: Any
+) -> None:
+    # google-cloud-storage checks the hash fake-gcs-server sends with a download: its
+    # DataCorruption is a download to make again, as a sha256 mismatch is, not a call to retry
+    # for retry_timeout.
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud import storage as gcs
+
+    bucket = gcs_server.make_bucket()
+    builder = ydl.GCSStorage(bucket, "team", local_cache=tmp_path / "b", client=gcs_server.client())
+    built = ydl.cache_dataset(
+        records(N), "d", "v", builder, chunk_bytes=CHUNK_BYTES, progress=False
+    )
+    chunk = built.manifest.chunks[1].file
+    with FaultProxy(gcs_server.endpoint) as proxy:
+        proxy.add("GET", chunk.replace("/", "%2F"), "flip")
+        client = gcs.Client(
+            project=gcs_server.project,
+            credentials=AnonymousCredentials(),
+            client_options={"api_endpoint": proxy.url},
+        )
+        reader = ydl.GCSStorage(bucket, "team", local_cache=tmp_path / "r", client=client)
+        with caplog.at_level(logging.WARNING, logger="yogadl_plus"):
+            same_records(reader.fetch("d", "v"))
+        assert proxy.applied["flip"] == 1
+    said = messages(caplog)
+    assert any("fail the store's checksum" in m and "fetching it again" in m for m in said), said
