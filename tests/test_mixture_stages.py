@@ -431,3 +431,54 @@ def test_workers_read_a_scheduled_mixture_as_the_stream_does(pool: Pool, worker_
     workers = mix.stream(**args, num_workers=2, worker_type=worker_type)
     for _ in range(3):
         assert epoch_records(workers) == epoch_records(inline)
+
+
+def test_a_state_at_the_start_of_a_global_start_stream_has_read_its_epoch(pool: Pool) -> None:
+    # An elastic resume begins part-way into an epoch: its first position is not that epoch's
+    # start, so the epoch was partly read before the rescale and may not change.
+    sources = {"a": pool(0, 13), "b": pool(1, 8)}
+    old = ydl.mix(sources, {"a": 1, "b": 1}, epoch_size=10)
+    new = ydl.mix(sources, {"a": 1, "b": 1}, epoch_size=10, schedule={2: {"a": 0, "b": 1}})
+    args = dict(shuffle=True, shuffle_seed=3, batch_size=1)
+    state = old.stream(**args, global_start=25).state()
+    with pytest.raises(ValueError, match="differs at epoch 2"):
+        new.stream(**args, global_start=25).load_state(state)
+    later = ydl.mix(sources, {"a": 1, "b": 1}, epoch_size=10, schedule={3: {"a": 0, "b": 1}})
+    later.stream(**args, global_start=25).load_state(state)
+
+
+def test_a_scheduled_state_has_a_format_older_releases_refuse(pool: Pool) -> None:
+    # A release before schedules would load the state and resume at epoch 0's weights.
+    sources = {"a": pool(0, 13), "b": pool(1, 8)}
+    plain = ydl.mix(sources, epoch_size=10).stream().state().to_dict()
+    staged = ydl.mix(sources, epoch_size=10, schedule={2: {"a": 1, "b": 0}}).stream()
+    saved = staged.state().to_dict()
+    assert plain["format"] == 2 and saved["format"] == 3
+    staged.load_state(json.loads(json.dumps(saved)))
+    with pytest.raises(ValueError, match="reads formats 2 and 3"):
+        StreamState.from_dict({**saved, "format": 4})
+
+
+def test_keras_backup_refuses_a_schedule_changed_where_it_trained(
+    pool: Pool, tmp_path: Any
+) -> None:
+    keras = pytest.importorskip("keras")
+    sources = {"a": pool(0, 13), "b": pool(1, 8)}
+
+    def stream(schedule: Any) -> ydl.Stream:
+        mix = ydl.mix(sources, {"a": 1, "b": 1}, epoch_size=10, schedule=schedule)
+        return mix.stream(shuffle=True, shuffle_seed=3, batch_size=5, fields=["src", "i"])
+
+    def fit(stream: ydl.Stream, epochs: int) -> None:
+        model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
+        model.compile("sgd", "mse")
+        backup = ydl.keras.BackupAndRestore(
+            str(tmp_path / "backup"), stream, save_freq="epoch", delete_checkpoint=False
+        )
+        data = ydl.keras.StreamSequence(stream, x="src", y="i")
+        model.fit(data, epochs=epochs, callbacks=[backup], verbose=0)
+
+    fit(stream({1: {"a": 1, "b": 0}}), epochs=3)  # backed up after epoch 2
+    with pytest.raises(ValueError, match=r"backup.*differs at epoch 1"):
+        fit(stream({1: {"a": 0, "b": 1}}), epochs=4)
+    fit(stream({1: {"a": 1, "b": 0}, 3: {"a": 0, "b": 1}}), epochs=4)  # appended: resumes

@@ -36,6 +36,8 @@ from yogadl_plus.schema import Field, Schema
 __all__ = ["Mixture", "mix"]
 
 Source = Union[DataRef, "Mixture"]
+# (Epochs are int64 in the order's arithmetic, with room for the slots of an epoch.)
+_LAST_EPOCH = 1 << 62
 
 
 def mix(
@@ -309,6 +311,8 @@ def _checked_schedule(
             raise ValueError(
                 f"schedule keys are epochs >= 1, got {first}: epoch 0's weights are weights="
             )
+        if first >= _LAST_EPOCH:
+            raise ValueError(f"schedule keys are epochs below 2**62, got {first}")
     return sorted((int(first), stage) for first, stage in schedule.items())
 
 

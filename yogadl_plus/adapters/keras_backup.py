@@ -13,6 +13,7 @@ next start finishes the switch. A crash before them leaves the old backup whole.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -146,6 +147,8 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
         metadata[KEY] = {
             "offset": offset,
             "stream": _identity(self.stream),
+            # A mixture's stages: checked as far as the backup read (StreamPlan.check_state).
+            "schedule": self.stream.state().schedule,
             "weights_sha256": file_sha256(pending_weights),
         }
         pending_metadata = os.path.join(self._folder, PENDING_METADATA)
@@ -215,6 +218,13 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
                 f"the backup in {self._folder} was made for another stream ({what}): make the "
                 "stream as the run that backed up did, or use another backup_dir"
             )
+        backed_up = dataclasses.replace(
+            self.stream.state(), offset=int(position["offset"]), schedule=position.get("schedule")
+        )
+        try:
+            self.stream.plan().check_state(backed_up)
+        except ValueError as exc:
+            raise ValueError(f"the backup in {self._folder}: {exc}") from None
         weights = os.path.join(self._folder, WEIGHTS)
         if _digest_or_none(weights) != position["weights_sha256"]:
             raise CacheCorrupted(

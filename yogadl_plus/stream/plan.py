@@ -160,17 +160,33 @@ class StreamPlan:
         """ValueError, naming what differs, if ``state``'s offset would mean other records
         here: another source, order or n-gram, or a mixture's schedule that differs in an epoch
         the state has read (a stage after it may be added or changed)."""
-        epoch, position = self.position_of(state.offset)
-        read = epoch - 1 if position == 0 else epoch  # (the last epoch the state has read from)
         try:
             state.check_loads_into(self.state_at(0))
-        except ValueError as other:
-            # Shares of epoch 0 are in the fingerprint: a schedule that differs there is said
-            # as one that differs later.
-            if state.schedule is not None:
-                self.source.check_schedule(state.schedule, read)
-            raise other
-        self.source.check_schedule(state.schedule, read)
+        except ValueError as exc:
+            # Epoch 0's shares are in the fingerprint: where nothing but the source differs, say
+            # also whether the schedules differ, and from which epoch.
+            mine = self.state_at(0).identity()
+            alike = all(state.identity()[k] == mine[k] for k in ("positions", "order", "ngram"))
+            found = self._schedule_difference(state) if alike else None
+            if found is not None:
+                raise ValueError(f"{exc} ({found})") from None
+            raise
+        found = self._schedule_difference(state)
+        if found is not None:
+            raise ValueError(found)
+
+    def _schedule_difference(self, state: StreamState) -> str | None:
+        """What differs between ``state``'s schedule and this source's, in the epochs the
+        state has read (None: nothing, or no schedule)."""
+        epoch, position = self.position_of(state.offset)
+        # The epoch the state is in; at an epoch's true start (not where a global_start put
+        # this stream's first epoch), the one before it: the state read nothing of this one.
+        whole = position == 0 and self.epoch_length(epoch) == self.positions_per_epoch
+        try:
+            self.source.check_schedule(state.schedule, epoch - 1 if whole else epoch)
+        except ValueError as exc:
+            return str(exc)
+        return None
 
     # --- counting what a face hands out, in stream.stats() ---
 

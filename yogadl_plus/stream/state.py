@@ -21,10 +21,13 @@ from typing import Any
 from yogadl_plus.checks import check_int
 from yogadl_plus.order.settings import OrderSettings
 
-__all__ = ["ADDED_ORDER_SETTINGS", "FORMAT", "StreamState", "order_identity"]
+__all__ = ["ADDED_ORDER_SETTINGS", "FORMAT", "SCHEDULED_FORMAT", "StreamState", "order_identity"]
 
 #: The format of ``to_dict``: a state of another format is refused, naming both.
 FORMAT = 2
+#: The format of a state that keeps a mixture's schedule: a release before schedules refuses
+#: it (it would resume with the weights of epoch 0), this one reads both.
+SCHEDULED_FORMAT = 3
 # The order settings a state compares: the stream's own start (start_offset) is what the
 # state's offset replaces.
 _ORDER_FIELDS = tuple(f.name for f in dataclasses.fields(OrderSettings) if f.name != "start_offset")
@@ -64,7 +67,7 @@ class StreamState:
 
     def to_dict(self) -> dict[str, Any]:
         out = {
-            "format": FORMAT,
+            "format": FORMAT if self.schedule is None else SCHEDULED_FORMAT,
             "dataset": self.dataset,
             "fingerprint": self.fingerprint,
             "positions": self.positions,
@@ -86,10 +89,11 @@ class StreamState:
         missing = [name for name in _KEYS if name not in data and name != "format"]
         if missing:
             raise ValueError(f"not a stream state: it lacks {missing} (has {sorted(data)})")
-        if data.get("format") != FORMAT:
+        if data.get("format") not in (FORMAT, SCHEDULED_FORMAT):
             raise ValueError(
                 f"this stream state has format {data.get('format')!r}, this yogadl_plus reads "
-                f"format {FORMAT} (an earlier release wrote states without one): resume at its "
+                f"formats {FORMAT} and {SCHEDULED_FORMAT} (an earlier release wrote states without "
+                "one; a later one may write others): resume at its "
                 f"offset {data['offset']!r} with start_offset=, or with the release that saved it"
             )
         order = data["order"]
