@@ -13,6 +13,7 @@ right after another.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Callable
@@ -35,19 +36,27 @@ def read_once_per_machine(
     of this machine read less than SHARED_S seconds ago. Waits at most ``wait_s`` for a process
     reading it now."""
     folder = os.path.join(root, _FOLDER, dataset_id)
-    os.makedirs(folder, exist_ok=True)
     record = os.path.join(folder, version)
-    stuck = (
-        f"{record}: another process has been reading this version's manifest from the bucket "
-        f"for {wait_s:.0f} s; is it stopped? try again"
-    )
-    with holding(record + ".lock", wait_s, stuck):
+    with contextlib.ExitStack() as held:
+        try:
+            os.makedirs(folder, exist_ok=True)
+            held.enter_context(holding(record + ".lock", wait_s, _stuck(record, wait_s)))
+        except OSError:  # (also a StorageError: one stuck holding the lock for wait_s)
+            return read()  # a cache this process may only read (mounted read-only), or stuck
         shared = _shared(record)
         if shared is not None:
             return shared
         data = read()
-        write_durably(record, f"{os.getpid()} {time.time()!r}\n".encode() + data)
+        with contextlib.suppress(OSError):  # (the others read it themselves, then)
+            write_durably(record, f"{os.getpid()} {time.time()!r}\n".encode() + data)
         return data
+
+
+def _stuck(record: str, wait_s: float) -> str:
+    return (
+        f"{record}: another process has been reading this version's manifest from the bucket "
+        f"for {wait_s:.0f} s; is it stopped? try again"
+    )
 
 
 def _shared(record: str) -> bytes | None:
