@@ -235,3 +235,15 @@ def test_gcs_a_byte_flipped_on_the_way_is_fetched_again(
         assert proxy.applied["flip"] == 1
     said = messages(caplog)
     assert any("fail the store's checksum" in m and "fetching it again" in m for m in said), said
+
+
+def test_a_manifest_damaged_on_the_way_is_read_again(
+    s3_server: Any, bucket: str, built: ydl.DataRef, tmp_path: Path, caplog: Any
+) -> None:
+    with FaultProxy(s3_server.endpoint_url) as proxy:
+        proxy.add("GET", "manifest.json", "flip")
+        reader = storage(s3_server, bucket, tmp_path / "reader", proxy.url)
+        with caplog.at_level(logging.WARNING, logger="yogadl_plus"):
+            same_records(reader.fetch("d", "v"))
+        assert proxy.applied["flip"] == 1
+    assert any("manifest.json" in m and "reading it again" in m for m in messages(caplog))

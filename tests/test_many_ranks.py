@@ -112,3 +112,50 @@ def test_eight_ranks_on_a_cold_cache_read_each_chunk_and_the_manifest_once(
         assert set(chunk_reads.values()) == {1}, chunk_reads
     assert len([p for p in (tmp_path / "node").rglob("+manifests/d/v")]) == 1
     assert os.path.isdir(tmp_path / "node")
+
+
+def test_a_version_rebuilt_in_the_bucket_is_never_read_from_a_kept_manifest(
+    s3_server: Any, tmp_path: Path
+) -> None:
+    # The node keeps the manifest it downloaded; another machine rebuilds the version; the
+    # node's next fetch, on demand or pulled, reads the new build (the token changed).
+    bucket = s3_server.make_bucket()
+    other = s3_server.storage(bucket, "team", tmp_path / "other")
+    ydl.cache_dataset(records(300), "d", "v", other, chunk_bytes=20_000, progress=False)
+    node = s3_server.storage(bucket, "team", tmp_path / "node")
+    first = node.fetch("d", "v", on_demand=True)
+    assert int(first[5]["label"]) == 5
+    rebuilt = [{**r, "label": r["label"] + 1000} for r in records(300)]
+    ydl.cache_dataset(rebuilt, "d", "v", other, overwrite=True, chunk_bytes=20_000, progress=False)
+    again = node.fetch("d", "v", on_demand=True)
+    assert int(again[5]["label"]) == 1005
+    assert int(node.fetch("d", "v", on_demand=False)[7]["label"]) == 1007
+
+
+def test_two_buckets_sharing_a_local_cache_never_take_each_others_manifest(
+    s3_server: Any, tmp_path: Path
+) -> None:
+    cache = tmp_path / "node"
+    one, two = s3_server.make_bucket(), s3_server.make_bucket()
+    for bucket, shift in ((one, 0), (two, 500)):
+        data = [{**r, "label": r["label"] + shift} for r in records(200)]
+        ydl.cache_dataset(data, "d", "v", s3_server.storage(bucket, "team", tmp_path / bucket))
+    first = s3_server.storage(one, "team", cache).fetch("d", "v", on_demand=True)
+    second = s3_server.storage(two, "team", cache).fetch("d", "v", on_demand=True)
+    assert int(first[3]["label"]) == 3 and int(second[3]["label"]) == 503
+
+
+def test_a_rebuild_on_the_node_returns_what_it_published(s3_server: Any, tmp_path: Path) -> None:
+    bucket = s3_server.make_bucket()
+    node = s3_server.storage(bucket, "team", tmp_path / "node")
+    ydl.cache_dataset(records(100), "d", "v", node, progress=False)
+    assert int(node.fetch("d", "v")[4]["label"]) == 4
+    rebuilt = [{**r, "label": r["label"] + 1000} for r in records(100)]
+    ref = ydl.cache_dataset(rebuilt, "d", "v", node, overwrite=True, progress=False)
+    assert int(ref[4]["label"]) == 1004
+    # A kept manifest damaged on disk is downloaded again, not taken.
+    (kept,) = (tmp_path / "node").rglob("+manifests/d/v")
+    kept.write_bytes(kept.read_bytes()[:-10] + b"0123456789")
+    assert int(node.fetch("d", "v")[4]["label"]) == 1004
+    node.delete("d", "v")
+    assert not list((tmp_path / "node").rglob("+manifests/d/v*"))

@@ -181,3 +181,51 @@ def test_without_ray_init_the_stream_says_to_call_it(
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
     with pytest.raises(RuntimeError, match=r"call ray.init\(\.\.\.\) first"):
         list(ref.stream(num_workers=2, worker_type="ray"))
+
+
+class _Lock:
+    """A result no pickle can send back."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.lock = threading.Lock()
+
+
+def with_a_lock(record: dict[str, Any]) -> dict[str, Any]:
+    return {"i": record["i"], "lock": _Lock()}
+
+
+def test_a_result_that_cannot_be_sent_back_is_a_transform_error(ref: ydl.DataRef) -> None:
+    stream = ref.stream(transform=with_a_lock, num_workers=2, worker_type="ray")
+    with pytest.raises(TransformError, match="the transform's result for record 0"):
+        list(stream)
+
+
+def test_a_transform_that_cannot_be_sent_is_named(ref: ydl.DataRef) -> None:
+    import threading
+
+    lock = threading.Lock()
+    stream = ref.stream(transform=lambda r: (lock, r)[1], num_workers=2, worker_type="ray")
+    with pytest.raises(TransformError, match=r"cannot be sent to Ray actors .*transform"):
+        list(stream)
+
+
+def test_dropping_an_epoch_midway_does_not_stall_the_next(ref: ydl.DataRef, caplog: Any) -> None:
+    # Units in flight when the epoch is dropped are left to finish unread: cancelling them in
+    # Ray stalled the actors' next units for about 30 s.
+    args = dict(shuffle=True, shuffle_seed=1, batch_size=50, transform=doubled)
+
+    def dropped_then_next(stream: ydl.Stream) -> list[list[int]]:
+        epoch = iter(stream)
+        next(epoch)
+        del epoch
+        return [b["i"].tolist() for b in stream]
+
+    expected = dropped_then_next(ref.stream(**args, num_workers=2))
+    stream = ref.stream(**args, num_workers=2, worker_type="ray")
+    with caplog.at_level(logging.WARNING, logger="yogadl_plus"):
+        assert dropped_then_next(stream) == expected
+    assert not [r for r in caplog.records if "waited" in r.getMessage()]
+    arrays = next(iter(stream))["x"]
+    arrays[0] = 0  # results arrive as arrays the caller may write to

@@ -60,13 +60,18 @@ def file_state(path: str) -> FileState:
 
 
 def check_chunk(
-    path: str, info: ChunkInfo, where: str | None = None, damaged: str = DAMAGED
+    path: str,
+    info: ChunkInfo,
+    where: str | None = None,
+    damaged: str = DAMAGED,
+    changed: str = "its bytes changed after it was written",
 ) -> None:
     """Raise CacheCorrupted unless the file at ``path`` has the size and sha256 of ``info``.
 
     The message names the chunk as ``where`` (default: ``path``), the place a user can act on,
-    and ends with ``damaged``: what to do about it. A file that cannot be read for another
-    reason than damage (permissions) is a StorageError saying so.
+    says what a wrong sha256 means (``changed``) and ends with ``damaged``: what to do about it.
+    A file that cannot be read for another reason than damage (permissions) is a StorageError
+    saying so.
     """
     where = where or path
     try:
@@ -84,8 +89,8 @@ def check_chunk(
         raise unreadable(where, exc) from None
     if digest != info.sha256:
         raise CacheCorrupted(
-            f"chunk {where} has sha256 {digest}, the manifest says {info.sha256}: its bytes "
-            f"changed after it was written; {damaged}"
+            f"chunk {where} has sha256 {digest}, the manifest says {info.sha256}: {changed}; "
+            f"{damaged}"
         )
 
 

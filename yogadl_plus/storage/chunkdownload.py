@@ -89,7 +89,7 @@ def checked_download(download: Callable[[], None], path: str, info: ChunkInfo, w
     for attempt in range(1, DOWNLOAD_TRIES + 1):
         try:
             download()
-            check_chunk(path, info, where, DAMAGED_OBJECT)
+            check_chunk(path, info, where, DAMAGED_OBJECT, "the download is not the chunk")
         except CacheCorrupted as exc:
             found.append(str(exc).removesuffix(DAMAGED_OBJECT).rstrip("; "))
             if attempt < DOWNLOAD_TRIES:

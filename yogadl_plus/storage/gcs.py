@@ -9,7 +9,7 @@ import warnings
 from typing import Any
 
 from yogadl_plus.errors import StorageError, TransientStorageError, YogaError, missing_extra
-from yogadl_plus.storage.objects import ObjectStore, Retries, retried
+from yogadl_plus.storage.objects import ObjectStore, Retries, again_if_damaged, retried
 from yogadl_plus.storage.remote import (
     DEFAULT_LEASE_TTL,
     DEFAULT_RETRY_TIMEOUT,
@@ -105,6 +105,7 @@ class _GCSObjects(ObjectStore):
     def _endpoint(self) -> str:
         return str(getattr(self.client, "api_endpoint", None) or "?")
 
+    @again_if_damaged
     @retried
     def read(self, key: str) -> tuple[bytes, str] | None:
         from google.api_core.exceptions import NotFound

@@ -1,72 +1,88 @@
-"""A version's manifest read from the bucket once per machine when its ranks start together.
+"""A version's manifest downloaded from the bucket once per machine, not once per rank.
 
-Eight ranks of a node that call ``storage.fetch`` at the same moment would each read the
+Eight ranks of a node that call ``storage.fetch`` at the same moment would each download the
 manifest (megabytes for a version of 10^4 chunks), and a thousand ranks of a hundred nodes would
-hit the bucket with the same request together. Instead the processes of a machine take turns
-under a lock of the local cache: the first reads the manifest and leaves its bytes there, with
-its process id and the time; another process that comes within ``SHARED_S`` seconds takes those
-bytes instead of reading them again. A process never takes its own record (a second ``fetch`` in
-one process always asks the bucket, as it did), and nothing older than ``SHARED_S`` is taken, so
-a version rebuilt in the bucket is seen as before, at most that much later by a rank that starts
-right after another.
+hit the bucket with the same download together. Instead the processes of a machine keep, in the
+local cache, the last manifest one of them downloaded and checked, with the object's URL and
+token (its ETag or generation). The others ask the bucket only for the token (a HEAD) and take
+the kept bytes while it is the same: never stale, since a version rebuilt in the bucket has a
+manifest with another token, which is downloaded anew.
+
+The first process holds a lock while it downloads, so that the others wait for its download
+rather than make their own, but only for ``WAIT_S``: in an outage each process then rides it
+out on its own, at the same time, rather than one after the other.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import os
-import time
 from collections.abc import Callable
 
 from yogadl_plus.files import write_durably
 from yogadl_plus.storage.cachefiles import holding
 
-__all__ = ["SHARED_S", "read_once_per_machine"]
+__all__ = ["WAIT_S", "forget", "read_once_per_machine"]
 
-#: How long after one process read a manifest the others of its machine take that read.
-SHARED_S = 10.0
-# Where the records are, under the local cache's root ('+': no dataset is named so).
+#: How long a process waits for another of its machine downloading the same manifest.
+WAIT_S = 60.0
+# Where the kept manifests are, under the local cache's root ('+': no dataset is named so).
 _FOLDER = "+manifests"
 
 
 def read_once_per_machine(
-    root: str, dataset_id: str, version: str, read: Callable[[], bytes], wait_s: float
+    root: str,
+    name: tuple[str, str],
+    url: str,
+    read: Callable[[], tuple[bytes, str]],
+    token: Callable[[], str | None],
+    check: Callable[[bytes], object],
 ) -> bytes:
-    """``read()`` (the bytes of the version's manifest in the bucket), or what another process
-    of this machine read less than SHARED_S seconds ago. Waits at most ``wait_s`` for a process
-    reading it now."""
-    folder = os.path.join(root, _FOLDER, dataset_id)
-    record = os.path.join(folder, version)
+    """The bytes of the manifest at ``url`` (version ``name``): those this machine kept when
+    the bucket's ``token()`` is still theirs, else ``read()`` (bytes and token), kept for the
+    others once ``check`` (which raises for a damaged manifest) passed them. A cache this process
+    cannot write (mounted read-only) is read past."""
+    record = _record(root, name)
     with contextlib.ExitStack() as held:
         try:
-            os.makedirs(folder, exist_ok=True)
-            held.enter_context(holding(record + ".lock", wait_s, _stuck(record, wait_s)))
-        except OSError:  # (also a StorageError: one stuck holding the lock for wait_s)
-            return read()  # a cache this process may only read (mounted read-only), or stuck
-        shared = _shared(record)
-        if shared is not None:
-            return shared
-        data = read()
-        with contextlib.suppress(OSError):  # (the others read it themselves, then)
-            write_durably(record, f"{os.getpid()} {time.time()!r}\n".encode() + data)
+            os.makedirs(os.path.dirname(record), exist_ok=True)
+            held.enter_context(holding(record + ".lock", WAIT_S, f"{record} is busy"))
+        except OSError:  # (also a StorageError: another process downloading it for WAIT_S)
+            return read()[0]
+        kept = _kept(record, url)
+        if kept is not None and kept[1] == token():
+            return kept[0]
+        data, current = read()
+        check(data)  # (never kept damaged: the others would take it as long as the token holds)
+        header = {"url": url, "token": current, "sha256": hashlib.sha256(data).hexdigest()}
+        with contextlib.suppress(OSError):  # (the others download it themselves, then)
+            write_durably(record, json.dumps(header).encode() + b"\n" + data)
         return data
 
 
-def _stuck(record: str, wait_s: float) -> str:
-    return (
-        f"{record}: another process has been reading this version's manifest from the bucket "
-        f"for {wait_s:.0f} s; is it stopped? try again"
-    )
+def forget(root: str, name: tuple[str, str]) -> None:
+    """Drop what this machine kept of version ``name``'s manifest (the version was removed)."""
+    record = _record(root, name)
+    for path in (record, record + ".lock"):
+        with contextlib.suppress(OSError):
+            os.remove(path)
 
 
-def _shared(record: str) -> bytes | None:
-    """The bytes another process recorded less than SHARED_S seconds ago, if any."""
+def _record(root: str, name: tuple[str, str]) -> str:
+    dataset_id, version = name
+    return os.path.join(root, _FOLDER, dataset_id, version)
+
+
+def _kept(record: str, url: str) -> tuple[bytes, str] | None:
+    """The manifest of ``url`` kept here, whole, and its token."""
     try:
         with open(record, "rb") as f:
             header, data = f.read().split(b"\n", 1)
-        pid, at = header.split()
-        if int(pid) != os.getpid() and 0 <= time.time() - float(at) < SHARED_S:
-            return data
-    except (OSError, ValueError):  # none yet, or one cut short: read the bucket
+        fields = json.loads(header)
+        if fields["url"] == url and hashlib.sha256(data).hexdigest() == fields["sha256"]:
+            return data, str(fields["token"])
+    except (OSError, ValueError, KeyError, TypeError):  # none yet, or damaged: download it
         pass
     return None

@@ -33,6 +33,7 @@ __all__ = [
     "ObjectStore",
     "Retries",
     "TransientStorageError",
+    "again_if_damaged",
     "retried",
 ]
 
@@ -161,6 +162,14 @@ class _Throttle:
 _STORES = _Throttle()
 
 
+# Reads of an object whose bytes arrive failing the store's checksum, before the call fails.
+DAMAGED_TRIES = 3
+
+
+class _ArrivedDamaged(CacheCorrupted):
+    """Bytes that failed the client's checksum on the way (``ObjectStore.arrived_damaged``)."""
+
+
 def retried(method: Callable[..., T]) -> Callable[..., T]:
     """An ObjectStore method made to ride out outages, under its store's ``retries``."""
 
@@ -169,6 +178,23 @@ def retried(method: Callable[..., T]) -> Callable[..., T]:
         return self.retries.call(
             lambda: method(self, *args, **kwargs), self.interrupt, store=self.url
         )
+
+    return call
+
+
+def again_if_damaged(method: Callable[..., T]) -> Callable[..., T]:
+    """An ObjectStore read of a small whole object (a manifest, a lease) made again when its
+    bytes arrive failing the store's checksum, up to DAMAGED_TRIES times in all. (Chunk
+    downloads are checked, and made again, by their callers: storage/chunkdownload.py.)"""
+
+    @functools.wraps(method)
+    def call(self: ObjectStore, *args: Any, **kwargs: Any) -> T:
+        for tries in range(1, DAMAGED_TRIES):
+            try:
+                return method(self, *args, **kwargs)
+            except _ArrivedDamaged as exc:
+                log.warning("%s: reading it again (%d of %d)", exc, tries, DAMAGED_TRIES)
+        return method(self, *args, **kwargs)
 
     return call
 
@@ -227,12 +253,11 @@ class ObjectStore(ABC):
 
     @staticmethod
     def arrived_damaged(where: str, exc: Exception) -> CacheCorrupted:
-        """A download whose bytes do not match the checksum the store sent with them. Not
-        retried here: the caller downloads a chunk again a few times, and tells damage on the
-        way (other bytes each time) from an object damaged in the bucket (the same each time,
-        which retrying for ``retry_timeout`` would not mend)."""
+        """A download whose bytes do not match the checksum the store sent with them: read
+        again a few times (``again_if_damaged``, chunkdownload.py), not for ``retry_timeout``:
+        an object damaged in the bucket gives the same bytes every time."""
         detail = " ".join(str(exc).split())
-        return CacheCorrupted(
+        return _ArrivedDamaged(
             f"{where}: the bytes that arrived fail the store's checksum: {detail}"
         )
 

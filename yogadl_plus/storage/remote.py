@@ -35,7 +35,7 @@ from yogadl_plus.storage.chunkdownload import download_chunks
 from yogadl_plus.storage.lease import BuildLease
 from yogadl_plus.storage.local import default_storage, is_leftover
 from yogadl_plus.storage.localcache import LocalCache, RemoteManifest
-from yogadl_plus.storage.manifestshare import read_once_per_machine
+from yogadl_plus.storage.manifestshare import forget, read_once_per_machine
 from yogadl_plus.storage.objects import DEFAULT_RETRY_TIMEOUT, ObjectStore, Retries
 from yogadl_plus.storage.ondemand import ChunkFetcher, DemandSettings, check_fits
 from yogadl_plus.storage.publish import BucketBuild, BucketPublisher
@@ -142,32 +142,42 @@ class RemoteStorage(Storage):
     def _read_manifest(
         self, dataset_id: str, version: str, shared: bool = False
     ) -> tuple[bytes, Manifest]:
-        """The version's manifest in the bucket (its bytes, parsed); ``shared``: read once for
-        the processes of this machine that start together (storage/manifestshare.py)."""
+        """The version's manifest in the bucket (its bytes, parsed); ``shared``: downloaded once
+        for the processes of this machine (storage/manifestshare.py)."""
         key = self._key(dataset_id, version, MANIFEST_NAME)
 
-        def read() -> bytes:
+        def read() -> tuple[bytes, str]:
             found = self.objects.read(key)
             if found is None:
                 raise DatasetNotFound(
                     f"no version {version!r} of dataset {dataset_id!r} in {self.url}; "
                     f"published: {self.list() or 'none'}"
                 )
-            return found[0]
+            return found
 
-        if shared:
-            data = read_once_per_machine(
-                self.local_cache.root, dataset_id, version, read, self._others_wait_s()
-            )
-        else:
-            data = read()
-        manifest = Manifest.parse(data, f"{self.url}/{key}")
-        if (manifest.dataset_id, manifest.version) != (dataset_id, version):
-            raise CacheCorrupted(
-                f"{self.url}/{key} describes {manifest.dataset_id}:{manifest.version}, "
-                f"not {dataset_id}:{version}"
-            )
-        return data, manifest
+        where = f"{self.url}/{key}"
+
+        def parsed(data: bytes) -> Manifest:
+            manifest = Manifest.parse(data, where)
+            if (manifest.dataset_id, manifest.version) != (dataset_id, version):
+                raise CacheCorrupted(
+                    f"{where} describes {manifest.dataset_id}:{manifest.version}, "
+                    f"not {dataset_id}:{version}"
+                )
+            return manifest
+
+        if not shared:
+            data = read()[0]
+            return data, parsed(data)
+        data = read_once_per_machine(
+            self.local_cache.root,
+            (dataset_id, version),
+            where,
+            read,
+            lambda: self.objects.token(key),
+            parsed,
+        )
+        return data, parsed(data)
 
     def fetch(
         self,
@@ -231,8 +241,7 @@ class RemoteStorage(Storage):
     ) -> DataRef:
         base = self._key(dataset_id, version)
         for attempt in range(_PULL_ATTEMPTS):
-            # (A second try reads the bucket itself: the version may have been rebuilt.)
-            data, manifest = self._read_manifest(dataset_id, version, shared=attempt == 0)
+            data, manifest = self._read_manifest(dataset_id, version, shared=True)
             wanted = _shard_chunks(len(manifest.chunks), shards)
             limit = self.local_cache.limit
             if on_demand or (
@@ -354,6 +363,7 @@ class RemoteStorage(Storage):
         base = self._key(dataset_id, version)
         self.publisher.delete([k for k, _ in self.objects.keys(base) if not k.endswith(LEASE_NAME)])
         self.local_cache.remove(dataset_id, version)
+        forget(self.local_cache.root, (dataset_id, version))
 
 
 def _shard_chunks(num_chunks: int, shards: tuple[int, int] | None) -> list[int]:

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from yogadl_plus.errors import StorageError, TransientStorageError, YogaError, missing_extra
-from yogadl_plus.storage.objects import ObjectStore, Retries, retried
+from yogadl_plus.storage.objects import ObjectStore, Retries, again_if_damaged, retried
 from yogadl_plus.storage.remote import (
     DEFAULT_LEASE_TTL,
     DEFAULT_RETRY_TIMEOUT,
@@ -111,6 +111,7 @@ class _S3Objects(ObjectStore):
                 return None
             raise
 
+    @again_if_damaged
     @retried
     def read(self, key: str) -> tuple[bytes, str] | None:
         with self._errors("read", key):

@@ -21,9 +21,10 @@ from __future__ import annotations
 
 import logging
 import os
+import pickle
 from typing import Any
 
-from yogadl_plus.errors import WorkerDied
+from yogadl_plus.errors import TransformError, WorkerDied
 from yogadl_plus.stream.workers.base import Task, Workers
 
 __all__ = ["RayWorkers"]
@@ -61,7 +62,14 @@ class RayWorkers(Workers):
         self.owner = os.getpid()
         self._ray = ray
         self._actor_class = ray.remote(_Actor)
-        self._task = ray.put(task)  # (serialized once, for every actor)
+        self._local_task = task
+        try:
+            self._task = ray.put(task)  # (serialized once, for every actor)
+        except Exception as exc:
+            raise TransformError(
+                "the stream's reader cannot be sent to Ray actors (its transform, predicate or "
+                f"skip list must pickle, as for worker_type='process' with spawn): {exc}"
+            ) from exc
         self._actors = [self._start() for _ in range(num_workers)]
         self._turn = 0
 
@@ -78,7 +86,7 @@ class RayWorkers(Workers):
         waited = 0.0
         while True:
             try:
-                return ray.get(ticket.ref, timeout=_WARN_EVERY)
+                return pickle.loads(ray.get(ticket.ref, timeout=_WARN_EVERY))
             except ray.exceptions.GetTimeoutError:
                 waited += _WARN_EVERY
                 log.warning(
@@ -106,23 +114,23 @@ class RayWorkers(Workers):
         have replaced it already)."""
         ray = self._ray
         try:
-            ray.get(self._actors[k].ping.remote())
+            ray.get(self._actors[k].ping.remote(), timeout=_WARN_EVERY)
             return
+        except ray.exceptions.GetTimeoutError:
+            return  # alive, busy with the units before: result() warns while it waits
         except ray.exceptions.RayActorError:
             pass
         log.warning("a Ray worker died (%s): starting another; its units run again", exc)
         self._actors[k] = self._start()
 
     def _describe(self, unit: Any) -> str:
-        task = self._ray.get(self._task)
-        return str(task.describe(unit))
+        return str(self._local_task.describe(unit))
 
     def cancel(self, tickets: list[_Ticket]) -> None:
+        # Dropped, not ray.cancel()ed: cancelling an actor's queued tasks stalled its next ones
+        # for about 30 s. The actors finish these few units (at most ``prefetch``) unread.
         for ticket in tickets:
-            try:
-                self._ray.cancel(ticket.ref)
-            except Exception:  # (an actor's task that already ran, or a dead actor's)
-                log.debug("could not cancel a Ray worker's unit", exc_info=True)
+            ticket.ref = None
 
     def stop(self) -> None:
         if self.closed:
@@ -145,8 +153,14 @@ class _Actor:
     def __init__(self, task: Task) -> None:
         self.task = task
 
-    def run(self, unit: Any) -> Any:
-        return self.task(unit)
+    def run(self, unit: Any) -> bytes:
+        # Pickled here, not by Ray: a result that cannot be sent back is a TransformError
+        # naming the record, and the caller gets arrays it may write to.
+        result = self.task(unit)
+        try:
+            return pickle.dumps(result, pickle.HIGHEST_PROTOCOL)
+        except Exception as exc:
+            raise self.task.unpicklable(unit, result, exc) from exc
 
     def ping(self) -> bool:
         return True
