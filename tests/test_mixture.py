@@ -1191,3 +1191,26 @@ def test_small_sources_follow_the_one_keyed_shuffle_whatever_the_blocks():
     key = source_seed(11, "small")
     for epoch, position, record in zip(sequence // 7, sequence % 7, small[2]):
         assert Permutation(7, key, int(epoch))[int(position)] == record
+
+
+def test_a_damaged_chunk_of_one_source_fails_a_mixtures_batches_naming_it(
+    storage: ydl.LocalStorage,
+) -> None:
+    # Mixture batches read every source in one pass: a damaged chunk is still the
+    # CacheCorrupted naming it, never other records.
+    from damage import chunk_path, flip_byte
+
+    good = ydl.cache_dataset(
+        {"src": np.zeros(400, np.int64), "i": np.arange(400)}, "dm-a", "v", storage,
+        progress=False,
+    )  # fmt: skip
+    bad = ydl.cache_dataset(
+        {"src": np.ones(400, np.int64), "i": np.arange(400)}, "dm-b", "v", storage,
+        progress=False,
+    )  # fmt: skip
+    mix = ydl.mix({"a": good, "b": bad})
+    assert len(list(mix.stream(shuffle=True, shuffle_seed=2, batch_size=64))) == 13
+    bad.close()  # (its chunks are opened, and checked, again on the next read)
+    flip_byte(chunk_path(bad), 5000)
+    with pytest.raises(ydl.CacheCorrupted, match="dm-b"):
+        list(mix.stream(shuffle=True, shuffle_seed=2, batch_size=64))
