@@ -96,6 +96,7 @@ class _PoolRunner:
                 pending = [t for t in tasks if t.number not in results]
                 charged = sum(map(len, failures.values()))
                 pool = ProcessPoolExecutor(min(self.slots, len(pending)), mp_context=context)
+                broken_with: int | None = None  # parts started when this pool broke
                 try:
                     running = {pool.submit(_pool_part, t, started): t for t in pending}
                     while running:
@@ -106,7 +107,13 @@ class _PoolRunner:
                             if error is None:
                                 results[task.number] = future.result()
                                 done(results[task.number].records)
-                            elif _charge(started, task, error, failures[task.number]):
+                                continue
+                            if isinstance(error, BrokenProcessPool) and broken_with is None:
+                                broken_with = sum(
+                                    int(n) not in results for n in os.listdir(started)
+                                )
+                            alone = broken_with is None or broken_with <= 1
+                            if _charge(started, task, error, failures[task.number], alone):
                                 running[pool.submit(_pool_part, task, started)] = task
                 finally:
                     pool.shutdown(wait=True, cancel_futures=True)
@@ -129,10 +136,19 @@ def _pool_part(task: PartTask, started: str) -> PartResult:
 
 
 def _charge(
-    started: str, task: PartTask, error: BaseException, failures: list[BaseException]
+    started: str,
+    task: PartTask,
+    error: BaseException,
+    failures: list[BaseException],
+    alone: bool = True,
 ) -> bool:
     """Count a failed attempt against its part; raise when the build must end. True: submit
-    the part again to this pool (False: the pool broke, the next pool runs it)."""
+    the part again to this pool (False: the pool broke, the next pool runs it).
+
+    A broken pool ends every part running in it, and which one's worker died cannot be told
+    when several were (``alone`` False): each such part is charged, but a part ends the build
+    only after ATTEMPTS breaks it alone ran into, or ATTEMPTS times as many shared ones (it
+    would have died in every one of them)."""
     marker = os.path.join(started, str(task.number))
     had_started = os.path.exists(marker)
     if had_started:
@@ -142,8 +158,9 @@ def _charge(
             return False  # queued when another part's worker died: not its fault
     elif not isinstance(error, RETRIED):
         raise error
-    failures.append(error)
-    if len(failures) >= ATTEMPTS:
+    failures.append(error if alone else _Shared(error))
+    alone_ones = sum(not isinstance(f, _Shared) for f in failures)
+    if alone_ones >= ATTEMPTS or len(failures) >= ATTEMPTS * ATTEMPTS:
         if not isinstance(error, BrokenProcessPool):
             raise error
         raise WorkerDied(
@@ -151,6 +168,10 @@ def _charge(
             "times (killed, or out of memory? try fewer workers=)"
         ) from error
     return not isinstance(error, BrokenProcessPool)
+
+
+class _Shared(Exception):
+    """A break of the pool that several started parts were in: any of them may have died."""
 
 
 def _fresh_processes() -> multiprocessing.context.BaseContext:
