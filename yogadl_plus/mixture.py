@@ -199,7 +199,7 @@ class Mixture(RecordSource):
         """What a stream's state names this mixture by: its sources (dataset:version, and its
         share of epoch 0) and a digest of their builds and shares; any change to a source's
         build, a weight of epoch 0 or the epoch size changes the digest. A schedule's later
-        stages are not in it: a state keeps them (``schedule_of_state``) and is checked against
+        stages are not in it: a state keeps them (``schedule_of_state``) and is compared with
         them up to its own epoch, so stages can be appended during a run."""
         described = ", ".join(
             f"{name}={source.identity()[0]}*{count}"
@@ -214,17 +214,18 @@ class Mixture(RecordSource):
         """Every stage of this mixture and its inner ones (None where none has a schedule)."""
         return self.mix_order.schedule() if self.mix_order.scheduled else None
 
-    def check_schedule(self, saved: Mapping[str, Any] | None, epoch: int) -> None:
-        """ValueError naming the first epoch, up to ``epoch`` (the last one a saved state has
-        read from), in which ``saved`` (a state's ``schedule``; None: no stage after epoch 0)
-        deals other shares than this mixture."""
+    def schedule_difference(self, saved: Mapping[str, Any] | None, epoch: int) -> str | None:
+        """What a state whose ``schedule`` is ``saved`` (None: no stage after epoch 0) would
+        resume into, if this mixture deals any epoch up to ``epoch`` (the last one the state
+        has read from) otherwise: the message naming the first such epoch; None if none."""
         found = self.mix_order.first_change(saved or {}, epoch) if epoch >= 0 else None
-        if found is not None:
-            raise ValueError(
-                f"this state was saved from a mixture whose schedule differs at {found}, which "
-                f"the state has read already (it is in epoch {epoch}): a schedule may change "
-                "only at epochs after the state's"
-            )
+        if found is None:
+            return None
+        return (
+            f"this state was saved from a mixture whose schedule differs at {found}, which "
+            f"the state has read already (it is in epoch {epoch}): a schedule may change "
+            "only at epochs after the state's"
+        )
 
     def place(self, epoch: int, positions: np.ndarray, shuffle: bool, seed: int) -> Placement:
         """Where slots ``positions`` of epoch ``epoch`` read: per leaf (its number in

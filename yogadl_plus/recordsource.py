@@ -126,10 +126,10 @@ class RecordSource(ABC):
         """What a stream's state keeps of a schedule of shares (a Mixture's): None, none."""
         return None
 
-    def check_schedule(self, saved: Mapping[str, Any] | None, epoch: int) -> None:
-        """ValueError if ``saved`` (a state's schedule) deals epochs up to ``epoch`` otherwise
-        than this source: a source without a schedule has nothing to check (the identity
-        names it whole)."""
+    def schedule_difference(self, saved: Mapping[str, Any] | None, epoch: int) -> str | None:
+        """Where ``saved`` (a state's schedule) deals epochs up to ``epoch`` otherwise than
+        this source, as a message (None: nowhere). A source without a schedule has nothing to
+        compare: its identity names it whole."""
         return None
 
     @property

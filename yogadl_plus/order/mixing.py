@@ -88,9 +88,12 @@ class MixOrder:
 
     def items_before(self, j: int, epoch: int) -> int:
         """Items of source ``j``'s own sequence read in the epochs before ``epoch``."""
-        k = self._stage_of(epoch)
+        return int(self._before_in(self._stage_of(epoch), j, epoch))
+
+    def _before_in(self, k: int, j: int, epochs: Any) -> Any:
+        """``items_before`` for ``epochs`` (one, or an array) all in stage ``k``."""
         first, counts = self.stages[k]
-        return int(self._before[k][j]) + (epoch - first) * counts[j]
+        return int(self._before[k][j]) + (epochs - first) * counts[j]
 
     def _stage_of(self, epoch: int) -> int:
         return int(np.searchsorted(self._firsts, epoch, side="right")) - 1
@@ -174,7 +177,7 @@ class MixOrder:
             stage = np.searchsorted(self._firsts, epochs, side="right") - 1
             runs = [(k, epochs[at], slots[at], where[at]) for k, at in _by_value(stage)]
         for k, own_epochs, own_slots, own_where in runs:
-            first, counts = self.stages[k]
+            counts = self.stages[k][1]
             source, rank = self._interleaves[k].source_and_rank(own_slots)
             leaf = first_leaf
             for j, part in enumerate(self.parts):
@@ -183,7 +186,7 @@ class MixOrder:
                     # The source's own sequence: its items of mixture epoch e come after those
                     # of the epochs before, through its own epochs in turn.
                     own = own_epochs if isinstance(own_epochs, int) else own_epochs[chosen]
-                    sequence = int(self._before[k][j]) + (own - first) * counts[j] + rank[chosen]
+                    sequence = self._before_in(k, j, own) + rank[chosen]
                     self._place_source(j, leaf, sequence, shuffle, seed, own_where[chosen], found)
                 leaf += _leaves_of(part)
 

@@ -20,6 +20,7 @@ import hashlib
 import json
 import os
 from collections.abc import Callable
+from typing import TypeVar
 
 from yogadl_plus.files import write_durably
 from yogadl_plus.storage.cachefiles import holding
@@ -28,6 +29,7 @@ __all__ = ["WAIT_S", "forget", "read_once_per_machine"]
 
 #: How long a process waits for another of its machine downloading the same manifest.
 WAIT_S = 60.0
+M = TypeVar("M")
 # Where the kept manifests are, under the local cache's root ('+': no dataset is named so).
 _FOLDER = "+manifests"
 
@@ -38,28 +40,29 @@ def read_once_per_machine(
     url: str,
     read: Callable[[], tuple[bytes, str]],
     token: Callable[[], str | None],
-    check: Callable[[bytes], object],
-) -> bytes:
-    """The bytes of the manifest at ``url`` (version ``name``): those this machine kept when
-    the bucket's ``token()`` is still theirs, else ``read()`` (bytes and token), kept for the
-    others once ``check`` (which raises for a damaged manifest) passed them. A cache this process
-    cannot write (mounted read-only) is read past."""
+    parse: Callable[[bytes], M],
+) -> tuple[bytes, M]:
+    """The bytes of the manifest at ``url`` (version ``name``), and ``parse`` of them (which
+    raises for a damaged manifest): the bytes this machine kept when the bucket's ``token()``
+    is still theirs, else ``read()`` (bytes and token), kept for the others once they parsed.
+    A cache this process cannot write (mounted read-only) is read past."""
     record = _record(root, name)
     with contextlib.ExitStack() as held:
         try:
             os.makedirs(os.path.dirname(record), exist_ok=True)
             held.enter_context(holding(record + ".lock", WAIT_S, f"{record} is busy"))
         except OSError:  # (also a StorageError: another process downloading it for WAIT_S)
-            return read()[0]
+            data = read()[0]
+            return data, parse(data)
         kept = _kept(record, url)
         if kept is not None and kept[1] == token():
-            return kept[0]
+            return kept[0], parse(kept[0])
         data, current = read()
-        check(data)  # (never kept damaged: the others would take it as long as the token holds)
+        parsed = parse(data)  # (never kept damaged: the others would take it while it holds)
         header = {"url": url, "token": current, "sha256": hashlib.sha256(data).hexdigest()}
         with contextlib.suppress(OSError):  # (the others download it themselves, then)
             write_durably(record, json.dumps(header).encode() + b"\n" + data)
-        return data
+        return data, parsed
 
 
 def forget(root: str, name: tuple[str, str]) -> None:

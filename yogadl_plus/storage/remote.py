@@ -169,7 +169,7 @@ class RemoteStorage(Storage):
         if not shared:
             data = read()[0]
             return data, parsed(data)
-        data = read_once_per_machine(
+        return read_once_per_machine(
             self.local_cache.root,
             (dataset_id, version),
             where,
@@ -177,7 +177,6 @@ class RemoteStorage(Storage):
             lambda: self.objects.token(key),
             parsed,
         )
-        return data, parsed(data)
 
     def fetch(
         self,
@@ -294,8 +293,8 @@ class RemoteStorage(Storage):
         return DataRefOnDemand(folder, manifest, pins, fetcher)
 
     def _others_wait_s(self) -> float:
-        """How long a process waits for another of its machine reading from the bucket (a
-        chunk, a manifest) before it calls that one stuck: two of its calls, and some."""
+        """How long a process waits for another of its machine fetching a chunk from the
+        bucket before it calls that one stuck: two of its calls, and some."""
         return 2 * self.objects.retries.longest_call() + 60.0
 
     def _versions(self) -> Iterator[tuple[str, str]]:

@@ -160,13 +160,14 @@ class StreamPlan:
         """ValueError, naming what differs, if ``state``'s offset would mean other records
         here: another source, order or n-gram, or a mixture's schedule that differs in an epoch
         the state has read (a stage after it may be added or changed)."""
+        here = self.state_at(0)
         try:
-            state.check_loads_into(self.state_at(0))
+            state.check_loads_into(here)
         except ValueError as exc:
             # Epoch 0's shares are in the fingerprint: where nothing but the source differs, say
             # also whether the schedules differ, and from which epoch.
-            mine = self.state_at(0).identity()
-            alike = all(state.identity()[k] == mine[k] for k in ("positions", "order", "ngram"))
+            mine, saved = here.identity(), state.identity()
+            alike = all(saved[k] == mine[k] for k in ("positions", "order", "ngram"))
             found = self._schedule_difference(state) if alike else None
             if found is not None:
                 raise ValueError(f"{exc} ({found})") from None
@@ -182,11 +183,7 @@ class StreamPlan:
         # The epoch the state is in; at an epoch's true start (not where a global_start put
         # this stream's first epoch), the one before it: the state read nothing of this one.
         whole = position == 0 and self.epoch_length(epoch) == self.positions_per_epoch
-        try:
-            self.source.check_schedule(state.schedule, epoch - 1 if whole else epoch)
-        except ValueError as exc:
-            return str(exc)
-        return None
+        return self.source.schedule_difference(state.schedule, epoch - 1 if whole else epoch)
 
     # --- counting what a face hands out, in stream.stats() ---
 
