@@ -17,19 +17,24 @@ import struct
 import numpy as np
 
 from yogadl_plus.cache.keys import IDENTITY_KEY, KEY_BYTES
+from yogadl_plus.cache.lmdbformat import (
+    DB,
+    DB_OFFSET,
+    F_BIGDATA,
+    INVALID_PAGE,
+    MAGIC,
+    META,
+    NODE,
+    P_BRANCH,
+    P_LEAF,
+    P_META,
+    PAGE_HEADER,
+    TXNID_OFFSET,
+)
 from yogadl_plus.errors import UnexpectedLayout
 
 __all__ = ["PageMap", "page_map"]
 
-_PAGE_HEADER = 16  # PAGEHDRSZ: pgno (8), pad (2), flags (2), lower (2), upper (2)
-_P_BRANCH, _P_LEAF, _P_META = 0x01, 0x02, 0x08
-_F_BIGDATA = 0x01  # a leaf node whose value lives on overflow pages
-_MAGIC = 0xBEEFC0DE
-_INVALID_PAGE = 2**64 - 1
-_META = struct.Struct("<IIQQ")  # magic, version, fixed address, map size
-_DB = struct.Struct("<IHHQQQQQ")  # pad (page size in the free DB), flags, depth, branch, leaf,
-# overflow pages, entries, root
-_NODE = struct.Struct("<HHHH")  # lo, hi, flags, key size
 # Leaf pages read to map overflow values at most (beyond, whole leaf pages are the spans).
 _MAX_LEAF_PAGES = 1 << 14
 
@@ -85,14 +90,14 @@ class _Walk:
 
     def run(self, records: int) -> PageMap:
         first = os.pread(self.fd, 4096, 0)
-        self.page_size = _DB.unpack_from(first, _PAGE_HEADER + _META.size)[0]
+        self.page_size = DB.unpack_from(first, DB_OFFSET)[0]
         if self.page_size < 512 or self.page_size & (self.page_size - 1):
             raise UnexpectedLayout("page size")
         size = os.fstat(self.fd).st_size
         self.file_pages = size // self.page_size
         metas = [self._meta(os.pread(self.fd, self.page_size, n * self.page_size)) for n in (0, 1)]
         _, root, depth, overflow = max(m for m in metas if m is not None)
-        if root == _INVALID_PAGE or depth < 1:
+        if root == INVALID_PAGE or depth < 1:
             raise UnexpectedLayout("empty tree")
         # Walk the branch levels down to the leaves, in key order.
         # Each level: the first local index under each page, and the page numbers.
@@ -113,15 +118,15 @@ class _Walk:
         return PageMap(self.page_size, leaf_first, leaf_pgno, (offsets, lengths))
 
     def _meta(self, page: bytes) -> tuple[int, int, int, int] | None:
-        if len(page) < _PAGE_HEADER + _META.size + 2 * _DB.size + 16:
+        if len(page) < PAGE_HEADER + META.size + 2 * DB.size + 16:
             return None
         flags = struct.unpack_from("<H", page, 10)[0]
-        magic = _META.unpack_from(page, _PAGE_HEADER)[0]
-        if not flags & _P_META or magic != _MAGIC:
+        magic = META.unpack_from(page, PAGE_HEADER)[0]
+        if not flags & P_META or magic != MAGIC:
             raise UnexpectedLayout("not an LMDB meta page")
-        main = _DB.unpack_from(page, _PAGE_HEADER + _META.size + _DB.size)
+        main = DB.unpack_from(page, DB_OFFSET + DB.size)
         depth, overflow, root = main[2], main[5], main[7]
-        txnid = struct.unpack_from("<Q", page, _PAGE_HEADER + _META.size + 2 * _DB.size + 8)[0]
+        txnid = struct.unpack_from("<Q", page, TXNID_OFFSET)[0]
         return txnid, root, depth, overflow
 
     def _node_count(self, page: bytes, kind: int) -> int:
@@ -129,7 +134,7 @@ class _Walk:
         flags, lower = struct.unpack_from("<HH", page, 10)
         if not flags & kind:
             raise UnexpectedLayout("page of another kind")
-        count = (lower - _PAGE_HEADER) >> 1
+        count = (lower - PAGE_HEADER) >> 1
         if not 0 <= count <= self.page_size // 2:
             raise UnexpectedLayout("node count")
         return int(count)
@@ -138,10 +143,10 @@ class _Walk:
         """(lo, hi, flags, key, data offset) of each node of a branch or leaf page."""
         nodes = []
         for i in range(self._node_count(page, kind)):
-            at = struct.unpack_from("<H", page, _PAGE_HEADER + 2 * i)[0]
-            lo, hi, node_flags, key_size = _NODE.unpack_from(page, at)
-            key = page[at + _NODE.size : at + _NODE.size + key_size]
-            nodes.append((lo, hi, node_flags, key, at + _NODE.size + key_size))
+            at = struct.unpack_from("<H", page, PAGE_HEADER + 2 * i)[0]
+            lo, hi, node_flags, key_size = NODE.unpack_from(page, at)
+            key = page[at + NODE.size : at + NODE.size + key_size]
+            nodes.append((lo, hi, node_flags, key, at + NODE.size + key_size))
         return nodes
 
     def _children(self, pgno: int, first_key: int) -> tuple[np.ndarray, np.ndarray]:
@@ -150,11 +155,11 @@ class _Walk:
         tens of thousands of leaves, and a node at a time took ~90 ms per 288 MiB chunk."""
         raw = self.read_page(pgno)
         page = np.frombuffer(raw, dtype=np.uint8)
-        count = self._node_count(raw, _P_BRANCH)
-        at = np.frombuffer(raw, dtype="<u2", count=count, offset=_PAGE_HEADER).astype(np.int64)
-        if count and (at.min() < _PAGE_HEADER or at.max() + _NODE.size > self.page_size):
+        count = self._node_count(raw, P_BRANCH)
+        at = np.frombuffer(raw, dtype="<u2", count=count, offset=PAGE_HEADER).astype(np.int64)
+        if count and (at.min() < PAGE_HEADER or at.max() + NODE.size > self.page_size):
             raise UnexpectedLayout("node outside its page")
-        words = page[at[:, None] + np.arange(_NODE.size)].astype(np.int64)
+        words = page[at[:, None] + np.arange(NODE.size)].astype(np.int64)
         lo, hi, node_flags, key_size = (
             words[:, 2 * k] | words[:, 2 * k + 1] << 8 for k in range(4)
         )
@@ -162,9 +167,9 @@ class _Walk:
         # A record's key is KEY_BYTES big-endian bytes; others (the identity, columns) are not
         # records. The first node's key is implicit: its subtree starts where the page's does.
         is_record = key_size == KEY_BYTES
-        if (at[is_record] + _NODE.size + KEY_BYTES > self.page_size).any():
+        if (at[is_record] + NODE.size + KEY_BYTES > self.page_size).any():
             raise UnexpectedLayout("key outside its page")
-        keys = page[np.minimum(at[:, None] + _NODE.size + np.arange(KEY_BYTES), self.page_size - 1)]
+        keys = page[np.minimum(at[:, None] + NODE.size + np.arange(KEY_BYTES), self.page_size - 1)]
         first = np.zeros(count, dtype=np.int64)
         for byte in range(KEY_BYTES):
             first = first << 8 | keys[:, byte].astype(np.int64)
@@ -175,14 +180,14 @@ class _Walk:
 
     def _leaf_spans(self, pgno: int, offsets: np.ndarray, lengths: np.ndarray) -> None:
         page = self.read_page(pgno)
-        for lo, hi, flags, key, data_at in self._nodes(page, _P_LEAF):
+        for lo, hi, flags, key, data_at in self._nodes(page, P_LEAF):
             local = _local(key)
-            if local is None or local >= len(offsets) or not flags & _F_BIGDATA:
+            if local is None or local >= len(offsets) or not flags & F_BIGDATA:
                 continue
             value_page = struct.unpack_from("<Q", page, data_at)[0]
             if not 2 <= value_page < self.file_pages:
                 raise UnexpectedLayout("overflow page outside the file")
-            offsets[local] = value_page * self.page_size + _PAGE_HEADER
+            offsets[local] = value_page * self.page_size + PAGE_HEADER
             lengths[local] = lo | hi << 16
 
 

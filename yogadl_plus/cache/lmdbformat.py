@@ -1,0 +1,38 @@
+"""LMDB 0.9's on-disk layout (lmdb.h, mdb.c; data format version 1), as the two readers of a
+chunk's pages without LMDB use it: read-ahead (cache/pages.py) and gathered rows
+(cache/pagemap.py). Both treat anything else as a file they do not read (UnexpectedLayout)."""
+
+from __future__ import annotations
+
+import struct
+
+__all__ = [
+    "DB",
+    "DB_OFFSET",
+    "F_BIGDATA",
+    "INVALID_PAGE",
+    "MAGIC",
+    "META",
+    "NODE",
+    "PAGE_HEADER",
+    "P_BRANCH",
+    "P_LEAF",
+    "P_LEAF2",
+    "P_META",
+    "P_SUBPAGE",
+    "TXNID_OFFSET",
+]
+
+PAGE_HEADER = 16  # PAGEHDRSZ: pgno (8), pad (2), flags (2), lower (2), upper (2)
+P_BRANCH, P_LEAF, P_META, P_LEAF2, P_SUBPAGE = 0x01, 0x02, 0x08, 0x20, 0x40
+F_BIGDATA = 0x01  # a leaf node whose value lives on overflow pages (the node holds its pgno)
+MAGIC = 0xBEEFC0DE
+INVALID_PAGE = 2**64 - 1
+META = struct.Struct("<IIQQ")  # after the page header of pages 0 and 1: magic, version, fixed
+# address, map size; then the free DB's and the main DB's DB, then the last page and the txnid
+DB = struct.Struct("<IHHQQQQQ")  # pad (page size, in the free DB's), flags, depth, branch,
+# leaf, overflow pages, entries, root
+NODE = struct.Struct("<HHHH")  # lo, hi (a leaf's value size; a branch's child pgno with flags),
+# flags, key size; then the key, then the value
+DB_OFFSET = PAGE_HEADER + META.size  # the free DB's; the main DB's follows it
+TXNID_OFFSET = PAGE_HEADER + META.size + 2 * DB.size + 8
