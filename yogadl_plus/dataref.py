@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from yogadl_plus.cache.demand import ChunkSource
-from yogadl_plus.cache.fixed import Allocate
+from yogadl_plus.cache.fixed import Allocate, Values
 from yogadl_plus.cache.layout import RecordLayout
 from yogadl_plus.cache.manifest import ChunkInfo, Manifest
 from yogadl_plus.cache.reader import ChunkSet
@@ -154,15 +154,21 @@ class DataRef(RecordSource):
         where big arrays are made (``RecordLayout.decode_columns``)."""
         if self.has_columns(fields):
             return {f.name: self._chunks.gather(f.name, f.dtype, indices) for f in fields}
-        return self._layout.decode_columns(self._chunks.get_many(indices), fields, allocate)
+        return self._layout.decode_columns(self.read_values(indices), fields, allocate)
 
     def has_columns(self, fields: Sequence[Field]) -> bool:
         """True when every one of ``fields`` is kept as a whole-chunk column."""
         return bool(fields) and self._columns.issuperset(f.name for f in fields)
 
-    def read_values(self, indices: np.ndarray) -> list[memoryview]:
+    def read_values(self, indices: np.ndarray) -> Values:
         """The raw record values at checked indices, valid in this thread until its next read
-        transaction ends; decode them with ``layout``."""
+        transaction ends; decode them with ``layout``. Records of small fixed fields only come
+        as the rows of a new array (cache/pagemap.py), others as views into the chunks."""
+        size = self._layout.row_bytes
+        if size:
+            rows = self._chunks.rows(indices, size)
+            if rows is not None:
+                return rows
         return self._chunks.get_many(indices)
 
     @property
@@ -267,6 +273,6 @@ class DataRefOnDemand(DataRef):
         with self._reading():
             return super().read_columns(*args)
 
-    def read_values(self, *args: Any) -> list[memoryview]:
+    def read_values(self, *args: Any) -> Values:
         with self._reading():
             return super().read_values(*args)

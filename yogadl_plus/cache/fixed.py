@@ -16,10 +16,14 @@ from yogadl_plus.cache.rowcopy import copy_rows
 from yogadl_plus.errors import CacheCorrupted
 from yogadl_plus.schema import Field
 
-__all__ = ["Allocate", "FixedColumns"]
+__all__ = ["Allocate", "FixedColumns", "Values"]
 
 # np.empty's contract: where big decoded arrays are made.
 Allocate = Callable[[tuple[int, ...], Any], np.ndarray]
+#: Record values as read: views into a chunk's map (valid in the reading thread until its next
+#: read), or, for records of fixed fields only, the rows of a uint8 array gathered from the
+#: chunks (cache/pagemap.py), one record a row.
+Values = Sequence[memoryview | bytes] | np.ndarray
 
 # Unselected bytes a bulk copy may carry along before per-field copies become cheaper.
 _SPAN_SLACK_BYTES = 4096
@@ -80,10 +84,7 @@ class FixedColumns:
         return plan
 
     def decode(
-        self,
-        values: Sequence[memoryview | bytes],
-        fields: tuple[Field, ...],
-        allocate: Allocate,
+        self, values: Values, fields: tuple[Field, ...], allocate: Allocate
     ) -> dict[str, np.ndarray]:
         n = len(values)
         lo, hi, dtype, whole = self._plan(fields)
@@ -93,6 +94,8 @@ class FixedColumns:
             and n * (hi - lo) >= _GATHER_INTO_ARRAY_BYTES
         ):
             return {f.name: self._one(values, f, allocate) for f in fields}
+        if isinstance(values, np.ndarray):
+            return self._from_rows(values, fields, lo, hi, dtype)
         # A record that is all selected fixed fields is copied as is, without slicing.
         buffer = bytearray().join(values if whole else [v[lo:hi] for v in values])
         if len(buffer) != n * (hi - lo):
@@ -107,14 +110,25 @@ class FixedColumns:
         rows = np.frombuffer(buffer, dtype, n)
         return {f.name: np.ascontiguousarray(rows[f.name]) for f in fields}
 
-    def _one(
-        self,
-        values: Sequence[memoryview | bytes],
-        f: Field,
-        allocate: Allocate,
-    ) -> np.ndarray:
+    def _from_rows(
+        self, rows: np.ndarray, fields: tuple[Field, ...], lo: int, hi: int, dtype: np.dtype
+    ) -> dict[str, np.ndarray]:
+        """``decode`` of gathered rows (whole records of fixed fields only, one a row)."""
+        n = len(rows)
+        span = rows if lo == 0 and hi == rows.shape[1] else np.ascontiguousarray(rows[:, lo:hi])
+        if len(fields) == 1 and hi - lo == fields[0].nbytes:
+            f = fields[0]
+            return {f.name: span.view(f.dtype).reshape(_stacked(n, f))}
+        structured = span.view(dtype).reshape(n)
+        return {f.name: np.ascontiguousarray(structured[f.name]) for f in fields}
+
+    def _one(self, values: Values, f: Field, allocate: Allocate) -> np.ndarray:
         start, stop = self.offset[f.name], self.offset[f.name] + f.nbytes
         n = len(values)
+        if isinstance(values, np.ndarray):  # (gathered rows: sizes right by construction)
+            out = allocate(_stacked(n, f), f.dtype)
+            out.reshape(n, -1).view(np.uint8)[...] = values[:, start:stop]
+            return out
         if n * f.nbytes < _GATHER_INTO_ARRAY_BYTES:
             buffer = bytearray().join([v[start:stop] for v in values])
             if len(buffer) != n * f.nbytes:

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from yogadl_plus import codecs
-from yogadl_plus.cache.fixed import Allocate, FixedColumns
+from yogadl_plus.cache.fixed import Allocate, FixedColumns, Values
 from yogadl_plus.cache.recycle import ArrayRecycler
 from yogadl_plus.errors import SchemaError
 from yogadl_plus.schema import Field, Schema
@@ -32,6 +32,10 @@ from yogadl_plus.schema import Field, Schema
 __all__ = ["MAX_RECORD_BYTES", "RecordLayout"]
 
 _U32 = struct.Struct("<I")
+# Records of fixed fields only, at most this big, are read as rows gathered from the chunk files
+# (cache/pagemap.py): a get per record is then most of a batch's time. Bigger ones cost their
+# copy, not their get.
+_GATHERED_RECORD_BYTES = 4096
 #: The most bytes one record's value may take: LMDB refuses larger values (MDB_MAXDATASIZE), and
 #: the layout's uint32 end offsets could not point past it.
 MAX_RECORD_BYTES = 2**32 - 1
@@ -81,6 +85,8 @@ class RecordLayout:
         self._decoders = {f.name: self._field_decoder(f) for f in schema}
         plain = not self.variable and not self.bitmap_bytes
         self._fixed_columns = FixedColumns(self.offset, self.fixed_end, plain)
+        #: The size of every record value where batches are read as gathered rows, else 0.
+        self.row_bytes = self.fixed_end if plain and self.fixed_end <= _GATHERED_RECORD_BYTES else 0
         # Big batch arrays reuse the memory of those the caller dropped (see cache/recycle.py).
         self.recycler = ArrayRecycler()
 
@@ -284,7 +290,7 @@ class RecordLayout:
 
     def decode_columns(
         self,
-        values: Sequence[memoryview | bytes],
+        values: Values,
         fields: Sequence[Field],
         allocate: Allocate | None = None,
     ) -> dict[str, Any]:

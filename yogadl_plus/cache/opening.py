@@ -29,15 +29,21 @@ from yogadl_plus.cache.integrity import (
     trusted,
     verify_and_stamp,
 )
-from yogadl_plus.cache.keys import IDENTITY_KEY
+from yogadl_plus.cache.keys import IDENTITY_KEY, record_key
 from yogadl_plus.cache.manifest import ChunkInfo, Manifest, schema_digest
+from yogadl_plus.cache.pagemap import ValueMap, map_values
 from yogadl_plus.cache.writer import chunk_identity
 from yogadl_plus.errors import CacheCorrupted, unreadable
 
 if TYPE_CHECKING:
     from yogadl_plus.cache.demand import Held
 
-__all__ = ["OpenChunks"]
+__all__ = ["MAPPED_RECORDS_KEPT", "OpenChunks"]
+
+#: The records whose value offsets a version's open chunks keep mapped at most (4 bytes each in
+#: chunks under 4 GiB: 256 MiB, 64 chunks of a million small records); beyond, the maps made
+#: longest ago are dropped and made again when used.
+MAPPED_RECORDS_KEPT = 1 << 26
 
 # What LMDB says when opening a chunk fails for the process's sake, not the file's.
 _OS_REASONS = {
@@ -65,6 +71,10 @@ class OpenChunks:
         self.envs: list[lmdb.Environment | None] = [None] * len(self.chunks)
         # The state each open chunk's file was checked in, and the open chunks' numbers.
         self._states: list[FileState | None] = [None] * len(self.chunks)
+        # Each open chunk's ValueMap once made (False: it has none), dropped with the chunk,
+        # and the records of those made, oldest first.
+        self._maps: list[ValueMap | bool | None] = [None] * len(self.chunks)
+        self._mapped: dict[int, int] = {}
         self._open_numbers: list[int] = []
         # Shared environments this object holds.
         self._held: list[FileKey] = []
@@ -83,6 +93,42 @@ class OpenChunks:
                 if env is None:
                     env = self.open(number)[1]
         return env
+
+    def value_map(self, number: int) -> ValueMap | None:
+        """Where the values of chunk ``number``'s records lie in its file (cache/pagemap.py),
+        made on first use, the chunk opened (and so checked) first; None where it has none
+        (values of several sizes, a layout of pages this library does not read)."""
+        found = self._maps[number]
+        if found is None:
+            env, state = self.env(number), self._states[number]
+            if state is None:  # (let go of by another thread just now)
+                return None
+            path = os.path.join(self.directory, self.chunks[number].file)
+            try:
+                with env.begin(buffers=False) as txn:
+                    made = map_values(
+                        path, state, self.chunks[number].records, lambda i: txn.get(record_key(i))
+                    )
+            except lmdb.Error:
+                made = None  # (the chunk's gets say what is wrong with it)
+            with self.lock:
+                if self.envs[number] is not env:  # let go of meanwhile: not this file's map
+                    return None
+                found = self._maps[number] = made if made is not None else False
+                self._keep_maps_bounded(number)
+        return found if isinstance(found, ValueMap) else None
+
+    def _keep_maps_bounded(self, newest: int) -> None:
+        """The maps made longest ago go (made again when used) while those kept hold over
+        MAPPED_RECORDS_KEPT records' offsets. Under ``self.lock``."""
+        self._mapped.pop(newest, None)
+        self._mapped[newest] = self.chunks[newest].records
+        total = sum(self._mapped.values())
+        for number in list(self._mapped):
+            if total <= MAPPED_RECORDS_KEPT or number == newest:
+                break
+            total -= self._mapped.pop(number)
+            self._maps[number] = None
 
     def open(self, number: int) -> tuple[FileKey, lmdb.Environment]:
         """Check chunk ``number`` (size, contents, identity) and open it: its file's key and
@@ -230,6 +276,8 @@ class OpenChunks:
         by key). Under ``self.lock``."""
         self.envs[number] = None
         self._states[number] = None
+        self._maps[number] = None
+        self._mapped.pop(number, None)
         if number in self._open_numbers:
             self._open_numbers.remove(number)
 
@@ -255,4 +303,6 @@ class OpenChunks:
     def _forget_all(self) -> None:
         self.envs = [None] * len(self.chunks)
         self._states = [None] * len(self.chunks)
+        self._maps = [None] * len(self.chunks)
+        self._mapped = {}
         self._open_numbers = []

@@ -33,6 +33,7 @@ from yogadl_plus.cache.integrity import DAMAGED
 from yogadl_plus.cache.keys import column_key, record_key, record_keys
 from yogadl_plus.cache.manifest import ChunkInfo, Manifest
 from yogadl_plus.cache.opening import OpenChunks
+from yogadl_plus.cache.pagemap import gather_rows
 from yogadl_plus.cache.readahead import ReadAhead
 from yogadl_plus.errors import CacheCorrupted, YogaError
 
@@ -236,13 +237,10 @@ class ChunkSet:
         """The value of one record; valid until this thread's transaction ends."""
         if time.monotonic() >= self._next_check:
             self.check_files()
-        if len(self.chunks) == 1:
-            number, local = 0, index
-        else:
-            number = int(np.searchsorted(self.starts, index, side="right")) - 1
-            local = index - int(self.starts[number])
+        single = len(self.chunks) == 1
+        number = 0 if single else int(np.searchsorted(self.starts, index, side="right")) - 1
         try:
-            value = self.txn(number).get(record_key(local))
+            value = self.txn(number).get(record_key(index - int(self.starts[number])))
         except lmdb.Error as exc:
             raise self._failed(number, exc, f"record {index}") from None
         if value is None:
@@ -274,6 +272,14 @@ class ChunkSet:
                 f"records {missing[:10]} of {self.name} are missing from its chunks"
             )
         return cast(list[memoryview], values)
+
+    def rows(self, indices: np.ndarray, size: int) -> np.ndarray | None:
+        """Records ``indices`` as rows gathered from the files (cache/pagemap.py), or None."""
+        if self._demand is not None:
+            return None
+        self.check_files()
+        chunk, local = self.chunk_of(indices) if len(self.chunks) > 1 else (None, indices)
+        return gather_rows(chunk, local, size, self._opened.value_map)
 
     def _get_run(self, start: int, count: int) -> list[Value | None]:
         """The values of records start .. start+count-1, walking a cursor instead of seeking."""

@@ -36,7 +36,7 @@ from yogadl_plus.stream.stats import (
 )
 
 if TYPE_CHECKING:
-    from yogadl_plus.cache.fixed import Allocate
+    from yogadl_plus.cache.fixed import Allocate, Values
     from yogadl_plus.dataref import DataRef
     from yogadl_plus.ngram import NGram
     from yogadl_plus.order.placement import Placement
@@ -103,7 +103,7 @@ class LeafReader:
 
     def kept_values(
         self, indices: np.ndarray, work: Work | None = None
-    ) -> tuple[np.ndarray | None, list[memoryview]]:
+    ) -> tuple[np.ndarray | None, Values]:
         """The raw values of the records at ``indices`` that are not skipped and that the
         predicate keeps, and which of ``indices`` those are (None: all of them). The
         predicate's seconds (with decoding its fields) are added to ``work``."""
@@ -116,7 +116,7 @@ class LeafReader:
 
     def _tested_values(
         self, indices: np.ndarray, work: Work | None
-    ) -> tuple[np.ndarray | None, list[memoryview]]:
+    ) -> tuple[np.ndarray | None, Values]:
         if self.predicate is None:
             return None, self.dataref.read_values(indices)
         if self.dataref.has_columns(self._predicate_fields):
@@ -133,7 +133,7 @@ class LeafReader:
         keep = np.flatnonzero(self.predicate.include_batch(tested, len(values)))
         if work is not None:
             work[PREDICATES] += perf_counter() - began
-        return keep, [values[j] for j in keep]
+        return keep, _taken(values, keep)
 
     def read_ahead(self, indices: np.ndarray) -> None:
         """The records of these indices will be read soon (``DataRef.read_ahead``); n-gram
@@ -269,26 +269,13 @@ class SourceReader:
         began = perf_counter()
         work = new_work()
         kept = []
-        values: list[memoryview] = []
+        runs: list[Values] = []
         for part in placement.parts:
             keep, run = self.readers[part[0]].kept_values(part[2], work)
             offsets = placement.offsets(part)
             kept.append(offsets if keep is None else offsets[keep])
-            values += run
-        order = np.concatenate(kept) if kept else np.zeros(0, np.int64)
-        if len(placement.parts) > 1:
-            if len(order) == len(placement):  # (every position kept: a scatter sorts them)
-                by_position = np.empty_like(order)
-                by_position[order] = np.arange(len(order))
-                order = np.arange(len(order))
-            else:
-                by_position = np.argsort(order, kind="stable")
-                order = order[by_position]
-            values = (
-                list(operator.itemgetter(*by_position.tolist())(values))
-                if len(values) > 1
-                else values
-            )
+            runs.append(run)
+        values, order = _in_position_order(runs, kept, len(placement))
         ends = order + start + 1
         reader = self._decoder
         read = perf_counter()
@@ -387,3 +374,49 @@ def _not_sent_back(where: str, error: Exception) -> TransformError:
         f"{error}): return picklable values (numbers, strings, numpy arrays, and lists or "
         "dicts of them), or use worker_type='thread'"
     )
+
+
+def _taken(values: Values, at: np.ndarray) -> Values:
+    """The values at positions ``at`` of ``values``, in that order."""
+    if isinstance(values, np.ndarray):
+        return values[at]
+    if len(at) == 1:
+        return [values[int(at[0])]]
+    return list(operator.itemgetter(*at.tolist())(values)) if len(at) else []
+
+
+def _in_position_order(
+    runs: list[Values], kept: list[np.ndarray], n: int
+) -> tuple[Values, np.ndarray]:
+    """The values of ``runs`` (one per part of a unit of ``n`` positions, read at its offsets
+    ``kept``) in position order, and those offsets in order. Rows gathered for every position
+    are put in place, a scatter per part; other values are sorted by position."""
+    order = np.concatenate(kept) if kept else np.zeros(0, np.int64)
+    if len(runs) < 2:
+        return (runs[0] if runs else []), order
+    if len(order) == n:  # (every position kept: a scatter sorts them)
+        arrays = [run for run in runs if isinstance(run, np.ndarray)]
+        if len(arrays) == len(runs) and len({run.shape[1] for run in arrays}) == 1:
+            rows = np.empty((n, arrays[0].shape[1]), np.uint8)
+            for run, at in zip(arrays, kept):
+                rows[at] = run
+            return rows, np.arange(n)
+        by_position = np.empty_like(order)
+        by_position[order] = np.arange(n)
+        order = np.arange(n)
+    else:
+        by_position = np.argsort(order, kind="stable")
+        order = order[by_position]
+    return _taken(_joined(runs), by_position), order
+
+
+def _joined(runs: list[Values]) -> Values:
+    """The values of ``runs`` one after the other: one array where every run is gathered
+    rows of one size."""
+    arrays = [run for run in runs if isinstance(run, np.ndarray)]
+    if runs and len(arrays) == len(runs) and len({run.shape[1] for run in arrays}) == 1:
+        return np.concatenate(arrays)
+    values: list[memoryview | bytes] = []
+    for run in runs:
+        values += list(run) if isinstance(run, np.ndarray) else run
+    return values

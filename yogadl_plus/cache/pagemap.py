@@ -1,0 +1,215 @@
+"""Batches of equal-size records copied out of a chunk file in one numpy gather.
+
+A get costs about 0.9 us in py-lmdb, whatever the value's size: for records of a few hundred
+bytes that is nearly all of a shuffled batch's time. But every value lies at a fixed place in the
+chunk file, and a chunk never changes once written (docs/guarantees.md). So on first use the
+chunk's B-tree is read once, level by level, with numpy (a few hundredths of a second for a
+million records), giving the offset of each record's value in the file; a batch is then one
+fancy index over the file mapped read-only, about 13x faster than its gets.
+
+The pages are read as LMDB 0.9 lays them out (``mdb.c``: ``MDB_meta``, ``MDB_page``,
+``MDB_node``; data format version 1). Anything else (another magic, version, page size, byte
+order, a DUPSORT tree, an entry or page count that does not match the meta page, a value outside
+the file, a key out of place, a sample that differs from LMDB's own get) gives no map, and the
+chunk is read by gets as before: a map is an optimisation, never a second source of truth. It is
+built only from a file whose state is the one the chunk was checked in.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, cast
+
+import numpy as np
+
+from yogadl_plus.cache.integrity import FileState, same_bytes
+from yogadl_plus.cache.keys import KEY_BYTES
+from yogadl_plus.cache.lmdbformat import (
+    DB,
+    DB_OFFSET,
+    F_BIGDATA,
+    MAGIC,
+    NODE,
+    P_BRANCH,
+    P_LEAF,
+    P_LEAF2,
+    P_SUBPAGE,
+    PAGE_HEADER,
+    TXNID_OFFSET,
+)
+from yogadl_plus.errors import UnexpectedLayout
+
+__all__ = ["ValueMap", "gather_rows", "map_values"]
+
+_DATA_VERSION = 1
+
+# Records whose values a map is checked against LMDB's own gets before it is used.
+_SAMPLES = 16
+# A batch is gathered when it reads at most one chunk for this many records: each chunk costs a
+# few numpy calls, each record read by a get about 0.9 us.
+_RECORDS_PER_CHUNK = 8
+
+
+@dataclass(frozen=True)
+class ValueMap:
+    """Where each record of one chunk file lies: ``offsets[i]`` is the first byte of record
+    ``i``'s value in the file; every value is ``size`` bytes."""
+
+    offsets: np.ndarray
+    size: int
+    _rows: np.ndarray  # one item of ``size`` bytes starting at each byte of the mapped file
+
+    def gather(self, local: np.ndarray) -> np.ndarray:
+        """The values of records ``local`` (indices inside the chunk), as rows of a new
+        ``(len(local), size)`` uint8 array."""
+        return self._rows[self.offsets[local]].view(np.uint8).reshape(len(local), self.size)
+
+
+def gather_rows(
+    chunk: np.ndarray | None,
+    local: np.ndarray,
+    size: int,
+    value_map: Callable[[int], ValueMap | None],
+) -> np.ndarray | None:
+    """The values of records ``local[i]`` of chunks ``chunk[i]`` (None: all of chunk 0), each
+    ``size`` bytes, as the rows of one new uint8 array: one gather per chunk, through
+    ``value_map(number)``. None where a chunk has no map of that size, or where the batch reads
+    so many chunks that gets cost less."""
+    if chunk is None:
+        numbers, which = [0], np.zeros(0, np.int64)
+    else:
+        found, which = np.unique(chunk, return_inverse=True)
+        if len(found) * _RECORDS_PER_CHUNK > len(local):
+            return None
+        numbers = found.tolist()
+    maps = [value_map(number) for number in numbers]
+    if any(m is None or m.size != size for m in maps):
+        return None
+    if len(maps) == 1:
+        return cast(ValueMap, maps[0]).gather(local)
+    out = np.empty((len(local), size), np.uint8)
+    by_chunk = np.argsort(which, kind="stable")
+    start = 0
+    for found_map, stop in zip(maps, np.cumsum(np.bincount(which)).tolist()):
+        at = by_chunk[start:stop]
+        out[at] = cast(ValueMap, found_map).gather(local[at])
+        start = stop
+    return out
+
+
+def map_values(path: str, state: FileState, records: int, get: Any) -> ValueMap | None:
+    """The map of records ``0 .. records-1`` of the chunk file at ``path``, whose values must
+    all have one size, or None where it cannot be made (the chunk is then read by gets).
+    ``state``: the file's state when the chunk was checked (a file in another state is not
+    mapped); ``get(i)``: LMDB's value of record i, for a sample checked against the map."""
+    try:
+        with open(path, "rb") as f:
+            st = os.fstat(f.fileno())
+            now = FileState(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+            if not same_bytes(now, state) or st.st_size == 0:
+                return None
+            mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    except (OSError, ValueError):
+        return None
+    try:
+        offsets, sizes = _record_values(mapped, records)
+    except (UnexpectedLayout, IndexError, ValueError, struct.error):
+        return None
+    if records == 0:
+        return None
+    size = int(sizes[0])
+    if size == 0 or (sizes != size).any():
+        return None
+    rows = np.ndarray(
+        (len(mapped) - size + 1,), dtype=np.dtype((np.void, size)), buffer=mapped, strides=(1,)
+    )
+    value_map = ValueMap(offsets, size, rows)
+    sample = np.unique(np.linspace(0, records - 1, _SAMPLES).astype(np.int64))
+    gathered = value_map.gather(sample)
+    for row, i in zip(gathered, sample.tolist()):
+        value = get(i)
+        if value is None or bytes(value) != row.tobytes():
+            return None
+    return value_map
+
+
+def _record_values(mapped: mmap.mmap, records: int) -> tuple[np.ndarray, np.ndarray]:
+    """(offset, size) of the values of records ``0 .. records-1``, walking the main B-tree
+    from the root named by the newer meta page."""
+    data = np.frombuffer(mapped, np.uint8)
+    words = np.frombuffer(mapped, "<u2", len(mapped) // 2)
+    psize = DB.unpack_from(mapped, DB_OFFSET)[0]
+    if psize < 512 or psize & (psize - 1) or 2 * psize > len(mapped):
+        raise UnexpectedLayout(f"page size {psize}")
+    txnids = [struct.unpack_from("<Q", mapped, p * psize + TXNID_OFFSET)[0] for p in (0, 1)]
+    meta = psize if txnids[1] > txnids[0] else 0
+    magic, version = struct.unpack_from("<II", mapped, meta + PAGE_HEADER)
+    if magic != MAGIC or version != _DATA_VERSION:
+        raise UnexpectedLayout("not an LMDB 0.9 file of this byte order")
+    _, db_flags, depth, *counted, root = DB.unpack_from(mapped, meta + DB_OFFSET + DB.size)
+    if db_flags or depth < 1:
+        raise UnexpectedLayout("a tree with flags, or empty")
+    stated = tuple(counted)  # branch, leaf, overflow pages, entries
+    pages = np.array([root], np.int64)
+    branch_pages = 0
+    for _ in range(depth - 1):
+        nodes = _nodes(words, pages, psize, P_BRANCH)
+        branch_pages += len(pages)
+        # A branch node's data is its child's page number, in the node's first 6 bytes.
+        pages = _u16(words, nodes) | _u16(words, nodes + 2) << 16 | _u16(words, nodes + 4) << 32
+    nodes = _nodes(words, pages, psize, P_LEAF)
+    sizes = _u16(words, nodes) | _u16(words, nodes + 2) << 16
+    flags = _u16(words, nodes + 4)
+    key_sizes = _u16(words, nodes + 6)
+    values = nodes + NODE.size + key_sizes
+    big = (flags & F_BIGDATA) != 0
+    if big.any():
+        at = values[big]
+        pgno = sum(data[at + k].astype(np.int64) << (8 * k) for k in range(8))
+        values[big] = pgno * psize + PAGE_HEADER
+    overflow_pages = int((((PAGE_HEADER - 1) + sizes[big]) // psize + 1).sum())
+    counts = (branch_pages, len(pages), overflow_pages, len(nodes))
+    if counts != stated:
+        raise UnexpectedLayout(f"counted {counts}, the meta page says {stated}")
+    if len(nodes) < records or (flags[:records] & ~F_BIGDATA).any():
+        raise UnexpectedLayout("records missing, or nodes of other kinds")
+    if (key_sizes[:records] != KEY_BYTES).any():
+        raise UnexpectedLayout("keys of another size")
+    keys = nodes[:records, None] + NODE.size + np.arange(KEY_BYTES)
+    numbers = (data[keys].astype(np.int64) << (8 * np.arange(KEY_BYTES - 1, -1, -1))).sum(1)
+    if (numbers != np.arange(records)).any():
+        raise UnexpectedLayout("record keys out of place")
+    offsets, sizes = values[:records], sizes[:records]
+    if (offsets < 0).any() or (offsets + sizes > len(mapped)).any():
+        raise UnexpectedLayout("a value outside the file")
+    # (Half the memory in files under 4 GiB: a million records' offsets take 4 MB.)
+    return offsets.astype(np.uint32 if len(mapped) < 1 << 32 else np.int64), sizes
+
+
+def _nodes(words: np.ndarray, pages: np.ndarray, psize: int, kind: int) -> np.ndarray:
+    """The byte offsets in the file of the nodes of ``pages`` (all of ``kind``), in order."""
+    if (pages < 2).any() or ((pages + 1) * psize > 2 * len(words)).any():
+        raise UnexpectedLayout("a page outside the file")
+    starts = pages * psize
+    flags = _u16(words, starts + 10)
+    if ((flags & (P_BRANCH | P_LEAF | P_LEAF2 | P_SUBPAGE)) != kind).any():
+        raise UnexpectedLayout("a page of another kind than its level")
+    counts = (_u16(words, starts + 12) - PAGE_HEADER) >> 1
+    if (counts < 1).any():
+        raise UnexpectedLayout("an empty page")
+    page_of = np.repeat(starts, counts)
+    slot = np.arange(len(page_of)) - np.repeat(np.cumsum(counts) - counts, counts)
+    offsets = _u16(words, page_of + PAGE_HEADER + 2 * slot)
+    inside = (offsets >= PAGE_HEADER) & (offsets <= psize - NODE.size) & (offsets % 2 == 0)
+    if not inside.all():
+        raise UnexpectedLayout("a node outside its page")
+    return page_of + offsets
+
+
+def _u16(words: np.ndarray, at: np.ndarray) -> np.ndarray:
+    """The little-endian 16-bit words at even byte offsets ``at``, as int64."""
+    return words[at >> 1].astype(np.int64)
