@@ -25,6 +25,12 @@ figure is the best (shortest) epoch over --rounds rounds, stream construction in
 round the page cache is warmed (every chunk file read) and the rows run one after the other, the
 plain row first in odd rounds and last in even ones. The consumer counts the items and drops them.
 The ratio is mixture / plain; the issue's target is >= 0.9x.
+
+A last mode times the order's arithmetic alone (where every position of an epoch reads, in the
+blocks a stream places at once, nothing read). A mixture's order does more than a plain one: the
+interleave of its sources and each source's own permutation. The last table bounds mixture /
+plain for batches by that extra work alone: plain / (plain + extra), as if reading and merging a
+mixture's records cost no more than a plain stream's.
 """
 
 from __future__ import annotations
@@ -57,6 +63,7 @@ WEIGHTS: dict[str, dict[str, float] | None] = {
     "3:1": {"A": 3, "B": 1},
 }
 MODES = ("records", f"batches of {BATCH}")
+ARITHMETIC = "where each position reads (no reading)"
 
 
 # --- data ---
@@ -110,6 +117,17 @@ def epoch_seconds(source: Any, batched: bool) -> tuple[float, int]:
     return time.perf_counter() - start, count
 
 
+def arithmetic_seconds(source: Any) -> float:
+    """Seconds to work out where every position of a shuffled epoch reads (the order's
+    arithmetic alone, in the blocks the stream places at once), reading nothing."""
+    units = source.stream(shuffle=True, shuffle_seed=0, batch_size=BATCH).plan().units
+    n, block = len(source), source.place_block
+    start = time.perf_counter()
+    for first in range(0, n, block):
+        units.placed(0, first, min(n, first + block))
+    return time.perf_counter() - start
+
+
 def check(refs: dict[str, ydl.DataRef], mixtures: dict[str, ydl.Mixture]) -> None:
     """Untimed: each stream's epoch holds what it should (one batched epoch each)."""
     n = len(refs["plain"])
@@ -143,7 +161,8 @@ def run(case: str, n: int, rounds: int, root: str) -> dict[str, dict[str, list[f
     check(refs, mixtures)
     rows: dict[str, Any] = {"plain": refs["plain"]}
     rows.update({f"mix {label}": mix for label, mix in mixtures.items()})
-    rates: dict[str, dict[str, list[float]]] = {mode: {row: [] for row in rows} for mode in MODES}
+    modes = (*MODES, ARITHMETIC)
+    rates: dict[str, dict[str, list[float]]] = {mode: {row: [] for row in rows} for mode in modes}
     for round_ in range(rounds):
         for ref in refs.values():
             warm(ref.directory)
@@ -156,6 +175,8 @@ def run(case: str, n: int, rounds: int, root: str) -> dict[str, dict[str, list[f
                 seconds, count = epoch_seconds(make, batched)
                 assert count == n, (row, mode, count, n)
                 rates[mode][row].append(n / seconds)
+        for row in order:
+            rates[ARITHMETIC][row].append(n / arithmetic_seconds(rows[row]))
         print(f"{case}: round {round_ + 1}/{rounds} done", file=sys.stderr)
     for ref in refs.values():
         ref.close()
@@ -175,14 +196,37 @@ def table(results: dict[str, dict[str, dict[str, list[float]]]], sizes: dict[str
             plain = max(rows["plain"])
             for row, values in rows.items():
                 best = max(values)
-                if row == "plain":
+                if row == "plain" or mode == ARITHMETIC:
                     ratio, target = "", ""
                 else:
                     ratio = f"{best / plain:.2f}x"
                     target = target_cell(f">= {TARGET}x", best / plain >= TARGET)
                 label = f"{case} ({sizes[case]:,})"
                 lines.append(f"| {label} | {mode} | {row} | {best:,.0f} | {ratio} | {target} |")
-    return "\n".join(lines)
+    return "\n".join([*lines, "", *ceilings(results, sizes)])
+
+
+def ceilings(
+    results: dict[str, dict[str, dict[str, list[float]]]], sizes: dict[str, int]
+) -> list[str]:
+    """How close a mixture's batches can come to the plain stream's given the extra arithmetic
+    of its order alone (its sources' own permutations, the interleave): plain / (plain + extra),
+    as if reading and merging a mixture's records cost no more than a plain stream's."""
+    lines = [
+        f"| data | row | extra arithmetic per epoch (s) | plain epoch, {MODES[1]} (s) | "
+        "mixture / plain at most |",
+        "| --- | --- | ---: | ---: | ---: |",
+    ]
+    for case, rates in results.items():
+        n = sizes[case]
+        plain = n / max(rates[MODES[1]]["plain"])
+        base = n / max(rates[ARITHMETIC]["plain"])
+        for row, values in rates[ARITHMETIC].items():
+            if row != "plain":
+                extra = n / max(values) - base
+                bound = plain / (plain + max(extra, 0.0))
+                lines.append(f"| {case} | {row} | {extra:.4f} | {plain:.4f} | {bound:.2f}x |")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
