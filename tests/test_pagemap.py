@@ -10,6 +10,7 @@ import mmap
 import os
 import shutil
 import struct
+import threading
 import time
 from pathlib import Path
 
@@ -239,7 +240,8 @@ def test_damage_is_still_found_before_a_gathered_record_is_served(tmp_path: Path
 def test_maps_kept_are_bounded_and_made_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     ref = small_ref(tmp_path, 8000, chunk_bytes=1 << 16)
     per_chunk = ref.manifest.chunks[0].records
-    monkeypatch.setattr(opening, "MAPPED_RECORDS_KEPT", 2 * per_chunk)
+    monkeypatch.setattr(opening, "MAPPED_RECORDS_KEPT", 3 * per_chunk)
+    monkeypatch.setattr(opening, "MAPPED_CHUNKS_KEPT", 2)
     made = []
     real = pagemap.map_values
 
@@ -254,3 +256,81 @@ def test_maps_kept_are_bounded_and_made_again(tmp_path: Path, monkeypatch: pytes
     chunks = len(ref.manifest.chunks)
     assert len(made) == 2 * chunks  # each epoch made every map again: 2 are kept
     assert made[:chunks] == made[chunks:]
+
+
+def test_an_empty_version_and_an_empty_batch(tmp_path: Path) -> None:
+    schema = ydl.Schema([ydl.Field("x", np.float32, (4,))])
+    empty = ydl.cache_dataset(iter([]), "e", "v1", storage(tmp_path), progress=False, schema=schema)
+    assert empty.get_batch([])["x"].shape == (0, 4)
+    assert small_ref(tmp_path / "s", 100).get_batch([])["x"].shape == (0, 8)
+
+
+def test_a_predicate_that_changes_its_input_changes_no_record(tmp_path: Path) -> None:
+    ref = small_ref(tmp_path, 1000)
+
+    def even(x: np.ndarray) -> np.ndarray:
+        x -= 1000  # (its own copy, as with values read by gets)
+        return x[:, 0] % 2 == 0
+
+    kept = ref.stream(batch_size=8, predicate=predicates.in_lambda(["x"], even, vectorized=True))
+    batch = next(iter(kept))
+    np.testing.assert_array_equal(batch["x"][:, 0], batch["i"])
+
+
+def test_close_in_another_thread_leaves_a_gathering_thread_its_files(tmp_path: Path) -> None:
+    ref = small_ref(tmp_path, 4000, chunk_bytes=1 << 16)
+    read, finish = threading.Event(), threading.Event()
+
+    def gather() -> None:
+        ref.get_batch(np.arange(0, 4000, 3))
+        read.set()
+        finish.wait(10)
+        ref.get_batch(np.arange(0, 4000, 3))  # (its files must still be there)
+
+    thread = threading.Thread(target=gather)
+    thread.start()
+    read.wait(10)
+    ref.close()  # another thread reads: its handles stay
+    assert all(env is not None for env in ref._chunks._opened.envs)
+    finish.set()
+    thread.join()
+
+
+def craft(tmp_path: Path, name: str, n: int, size: int) -> tuple[str, bytearray, int, tuple]:
+    path = str(tmp_path / name)
+    env = lmdb.open(path, subdir=False, map_size=1 << 30)
+    with env.begin(write=True) as txn:
+        for i in range(n):
+            txn.put(record_key(i), np.full(size, i % 251, np.uint8).tobytes(), append=True)
+    env.close()
+    data = bytearray(Path(path).read_bytes())
+    txnids = [struct.unpack_from("<Q", data, p * 4096 + 144)[0] for p in (0, 1)]
+    meta = 4096 if txnids[1] > txnids[0] else 0
+    return path, data, meta, struct.unpack_from("<IHHQQQQQ", data, meta + 16 + 24 + 48)
+
+
+def node_offsets(data: bytearray, page: int) -> list[int]:
+    lower = struct.unpack_from("<H", data, page * 4096 + 12)[0]
+    at = page * 4096 + 16
+    return [
+        page * 4096 + struct.unpack_from("<H", data, at + 2 * i)[0]
+        for i in range((lower - 16) // 2)
+    ]
+
+
+def test_crafted_pages_give_no_map(tmp_path: Path) -> None:
+    """Page numbers that would wrap around when multiplied, and a branch that points back at
+    itself under a deep tree, are refused before they are followed (not a MemoryError)."""
+    path, data, _, db = craft(tmp_path, "overflow.mdb", 40, 96 << 10)
+    leaf = node_offsets(data, db[7])
+    third = struct.unpack_from("<Q", data, leaf[3] + 12)[0]
+    struct.pack_into("<Q", data, leaf[1] + 12, third + (1 << 52))
+    Path(path).write_bytes(data)
+    assert pagemap.map_values(path, file_state(path), 40, lambda i: b"") is None
+    path, data, meta, db = craft(tmp_path, "loop.mdb", 20000, 24)
+    root = db[7]
+    for node in node_offsets(data, root):
+        struct.pack_into("<HHH", data, node, root & 0xFFFF, (root >> 16) & 0xFFFF, root >> 32)
+    struct.pack_into("<H", data, meta + 16 + 24 + 48 + 6, 12)  # 12 levels deep
+    Path(path).write_bytes(data)
+    assert pagemap.map_values(path, file_state(path), 20000, lambda i: b"") is None

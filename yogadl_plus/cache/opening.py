@@ -38,12 +38,14 @@ from yogadl_plus.errors import CacheCorrupted, unreadable
 if TYPE_CHECKING:
     from yogadl_plus.cache.demand import Held
 
-__all__ = ["MAPPED_RECORDS_KEPT", "OpenChunks"]
+__all__ = ["MAPPED_CHUNKS_KEPT", "MAPPED_RECORDS_KEPT", "OpenChunks"]
 
 #: The records whose value offsets a version's open chunks keep mapped at most (4 bytes each in
 #: chunks under 4 GiB: 256 MiB, 64 chunks of a million small records); beyond, the maps made
 #: longest ago are dropped and made again when used.
 MAPPED_RECORDS_KEPT = 1 << 26
+#: The chunks whose value maps a version keeps at most: each holds a file descriptor of its own.
+MAPPED_CHUNKS_KEPT = 16
 
 # What LMDB says when opening a chunk fails for the process's sake, not the file's.
 _OS_REASONS = {
@@ -94,10 +96,18 @@ class OpenChunks:
                     env = self.open(number)[1]
         return env
 
-    def value_map(self, number: int) -> ValueMap | None:
-        """Where the values of chunk ``number``'s records lie in its file (cache/pagemap.py),
-        made on first use, the chunk opened (and so checked) first; None where it has none
-        (values of several sizes, a layout of pages this library does not read)."""
+    def value_maps(self, numbers: list[int]) -> list[ValueMap | None] | None:
+        """Where the values of the records of chunks ``numbers`` lie in their files
+        (cache/pagemap.py), each made on first use, the chunk opened (and so checked) first;
+        None for a chunk without one (values of several sizes, pages laid out otherwise), and
+        None for all where their records are more than the maps kept may hold (a batch over
+        that many chunks would make maps only to drop them)."""
+        records = sum(self.chunks[n].records for n in numbers)
+        if records > MAPPED_RECORDS_KEPT or len(numbers) > MAPPED_CHUNKS_KEPT:
+            return None
+        return [self._value_map(number) for number in numbers]
+
+    def _value_map(self, number: int) -> ValueMap | None:
         found = self._maps[number]
         if found is None:
             env, state = self.env(number), self._states[number]
@@ -111,21 +121,26 @@ class OpenChunks:
                     )
             except lmdb.Error:
                 made = None  # (the chunk's gets say what is wrong with it)
+            except OSError:
+                return None  # (out of descriptors or memory: tried again next time)
             with self.lock:
-                if self.envs[number] is not env:  # let go of meanwhile: not this file's map
-                    return None
+                if self.envs[number] is not env or self._states[number] != state:
+                    return None  # let go of, or changed, meanwhile: not this file's map
                 found = self._maps[number] = made if made is not None else False
                 self._keep_maps_bounded(number)
+        elif found:
+            self._mapped[number] = self._mapped.pop(number, 0)  # (used last: dropped last)
         return found if isinstance(found, ValueMap) else None
 
     def _keep_maps_bounded(self, newest: int) -> None:
-        """The maps made longest ago go (made again when used) while those kept hold over
-        MAPPED_RECORDS_KEPT records' offsets. Under ``self.lock``."""
+        """The maps used longest ago go (made again when used) while those kept hold over
+        MAPPED_RECORDS_KEPT records' offsets or MAPPED_CHUNKS_KEPT chunks. Under ``self.lock``."""
         self._mapped.pop(newest, None)
         self._mapped[newest] = self.chunks[newest].records
         total = sum(self._mapped.values())
         for number in list(self._mapped):
-            if total <= MAPPED_RECORDS_KEPT or number == newest:
+            within = total <= MAPPED_RECORDS_KEPT and len(self._mapped) <= MAPPED_CHUNKS_KEPT
+            if within or number == newest:
                 break
             total -= self._mapped.pop(number)
             self._maps[number] = None
@@ -233,6 +248,7 @@ class OpenChunks:
             # The same file, written to or touched: served only if its bytes are still right.
             try:
                 self._states[number] = verify_and_stamp(path, self.chunks[number], where)
+                self._maps[number] = None  # (made again from the file as it is now)
                 return
             except CacheCorrupted:
                 self.forget(number)

@@ -26,7 +26,7 @@ from typing import Any, cast
 
 import numpy as np
 
-from yogadl_plus.cache.integrity import FileState, same_bytes
+from yogadl_plus.cache.integrity import FileState
 from yogadl_plus.cache.keys import KEY_BYTES
 from yogadl_plus.cache.lmdbformat import (
     DB,
@@ -49,6 +49,8 @@ _DATA_VERSION = 1
 
 # Records whose values a map is checked against LMDB's own gets before it is used.
 _SAMPLES = 16
+# Deeper than any tree of 2^32 records in pages of 512 bytes: a file claiming more is damaged.
+_MAX_DEPTH = 32
 # A batch is gathered when it reads at most one chunk for this many records: each chunk costs a
 # few numpy calls, each record read by a get about 0.9 us.
 _RECORDS_PER_CHUNK = 8
@@ -73,12 +75,12 @@ def gather_rows(
     chunk: np.ndarray | None,
     local: np.ndarray,
     size: int,
-    value_map: Callable[[int], ValueMap | None],
+    value_maps: Callable[[list[int]], list[ValueMap | None] | None],
 ) -> np.ndarray | None:
     """The values of records ``local[i]`` of chunks ``chunk[i]`` (None: all of chunk 0), each
     ``size`` bytes, as the rows of one new uint8 array: one gather per chunk, through
-    ``value_map(number)``. None where a chunk has no map of that size, or where the batch reads
-    so many chunks that gets cost less."""
+    ``value_maps(numbers)``. None where a chunk has no map of that size, or where the batch
+    reads so many chunks that gets cost less."""
     if chunk is None:
         numbers, which = [0], np.zeros(0, np.int64)
     else:
@@ -86,8 +88,8 @@ def gather_rows(
         if len(found) * _RECORDS_PER_CHUNK > len(local):
             return None
         numbers = found.tolist()
-    maps = [value_map(number) for number in numbers]
-    if any(m is None or m.size != size for m in maps):
+    maps = value_maps(numbers)
+    if maps is None or any(m is None or m.size != size for m in maps):
         return None
     if len(maps) == 1:
         return cast(ValueMap, maps[0]).gather(local)
@@ -106,18 +108,18 @@ def map_values(path: str, state: FileState, records: int, get: Any) -> ValueMap 
     all have one size, or None where it cannot be made (the chunk is then read by gets).
     ``state``: the file's state when the chunk was checked (a file in another state is not
     mapped); ``get(i)``: LMDB's value of record i, for a sample checked against the map."""
-    try:
-        with open(path, "rb") as f:
-            st = os.fstat(f.fileno())
-            now = FileState(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-            if not same_bytes(now, state) or st.st_size == 0:
-                return None
-            mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-    except (OSError, ValueError):
-        return None
+    with open(path, "rb") as f:  # (an OSError: no map this time; the caller tries again)
+        st = os.fstat(f.fileno())
+        now = FileState(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        if now != state or st.st_size == 0:
+            return None
+        # (The map keeps a descriptor of its own: ChunkSet allows 3 per chunk.)
+        mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    if hasattr(mmap, "MADV_RANDOM"):  # as LMDB's own maps: no read-ahead around a gather
+        mapped.madvise(mmap.MADV_RANDOM)
     try:
         offsets, sizes = _record_values(mapped, records)
-    except (UnexpectedLayout, IndexError, ValueError, struct.error):
+    except (UnexpectedLayout, IndexError, ValueError, struct.error, MemoryError):
         return None
     if records == 0:
         return None
@@ -154,6 +156,8 @@ def _record_values(mapped: mmap.mmap, records: int) -> tuple[np.ndarray, np.ndar
     if db_flags or depth < 1:
         raise UnexpectedLayout("a tree with flags, or empty")
     stated = tuple(counted)  # branch, leaf, overflow pages, entries
+    if depth > _MAX_DEPTH:
+        raise UnexpectedLayout(f"a tree {depth} levels deep")
     pages = np.array([root], np.int64)
     branch_pages = 0
     for _ in range(depth - 1):
@@ -161,6 +165,8 @@ def _record_values(mapped: mmap.mmap, records: int) -> tuple[np.ndarray, np.ndar
         branch_pages += len(pages)
         # A branch node's data is its child's page number, in the node's first 6 bytes.
         pages = _u16(words, nodes) | _u16(words, nodes + 2) << 16 | _u16(words, nodes + 4) << 32
+        if branch_pages > stated[0] or len(pages) > stated[0] + stated[1]:
+            raise UnexpectedLayout("more pages in the tree than the meta page counts")
     nodes = _nodes(words, pages, psize, P_LEAF)
     sizes = _u16(words, nodes) | _u16(words, nodes + 2) << 16
     flags = _u16(words, nodes + 4)
@@ -169,8 +175,10 @@ def _record_values(mapped: mmap.mmap, records: int) -> tuple[np.ndarray, np.ndar
     big = (flags & F_BIGDATA) != 0
     if big.any():
         at = values[big]
-        pgno = sum(data[at + k].astype(np.int64) << (8 * k) for k in range(8))
-        values[big] = pgno * psize + PAGE_HEADER
+        pgno = sum(data[at + k].astype(np.uint64) << np.uint64(8 * k) for k in range(8))
+        if (pgno < 2).any() or (pgno >= len(mapped) // psize).any():  # (before multiplying)
+            raise UnexpectedLayout("an overflow page outside the file")
+        values[big] = pgno.astype(np.int64) * psize + PAGE_HEADER
     overflow_pages = int((((PAGE_HEADER - 1) + sizes[big]) // psize + 1).sum())
     counts = (branch_pages, len(pages), overflow_pages, len(nodes))
     if counts != stated:
@@ -192,7 +200,7 @@ def _record_values(mapped: mmap.mmap, records: int) -> tuple[np.ndarray, np.ndar
 
 def _nodes(words: np.ndarray, pages: np.ndarray, psize: int, kind: int) -> np.ndarray:
     """The byte offsets in the file of the nodes of ``pages`` (all of ``kind``), in order."""
-    if (pages < 2).any() or ((pages + 1) * psize > 2 * len(words)).any():
+    if (pages < 2).any() or (pages >= 2 * len(words) // psize).any():  # (before multiplying)
         raise UnexpectedLayout("a page outside the file")
     starts = pages * psize
     flags = _u16(words, starts + 10)

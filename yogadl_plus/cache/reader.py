@@ -32,7 +32,7 @@ from yogadl_plus.cache.demand import ChunksOnDemand, ChunkSource
 from yogadl_plus.cache.integrity import DAMAGED
 from yogadl_plus.cache.keys import column_key, record_key, record_keys
 from yogadl_plus.cache.manifest import ChunkInfo, Manifest
-from yogadl_plus.cache.opening import OpenChunks
+from yogadl_plus.cache.opening import MAPPED_CHUNKS_KEPT, OpenChunks
 from yogadl_plus.cache.pagemap import gather_rows
 from yogadl_plus.cache.readahead import ReadAhead
 from yogadl_plus.errors import CacheCorrupted, YogaError
@@ -72,8 +72,8 @@ class ChunkSet:
         self.chunks: list[ChunkInfo] = list(manifest.chunks)
         self.starts = np.cumsum([0] + [c.records for c in self.chunks], dtype=np.int64)
         self.num_records = int(self.starts[-1])
-        # Each open chunk holds a descriptor, and one more while it is read ahead.
-        lifecycle.allow_open_files(2 * len(self.chunks))
+        # Per chunk: its descriptor, one while it is read ahead; one per value map kept.
+        lifecycle.allow_open_files(2 * len(self.chunks) + min(len(self.chunks), MAPPED_CHUNKS_KEPT))
         self._opened = OpenChunks(directory, manifest)
         # Reading on demand, chunks are opened (and let go of) by the working-set strategy.
         self._demand = ChunksOnDemand(self._opened, source) if source is not None else None
@@ -191,10 +191,9 @@ class ChunkSet:
 
     def columns(self) -> frozenset[str]:
         """Fields that every chunk also holds as a whole column array."""
-        if not self.chunks:
-            return frozenset()
         # Chunks of one build hold the same columns: intersect each distinct list once.
-        return frozenset.intersection(*map(frozenset, {c.columns for c in self.chunks}))
+        distinct = [frozenset(names) for names in {c.columns for c in self.chunks}]
+        return frozenset.intersection(*distinct) if distinct else frozenset()
 
     def column(self, number: int, name: str, dtype: np.dtype) -> np.ndarray:
         """Chunk ``number``'s column of ``name``: a read-only view into the map, valid while
@@ -275,11 +274,12 @@ class ChunkSet:
 
     def rows(self, indices: np.ndarray, size: int) -> np.ndarray | None:
         """Records ``indices`` as rows gathered from the files (cache/pagemap.py), or None."""
-        if self._demand is not None:
+        if self._demand is not None or not self.chunks:
             return None
         self.check_files()
+        self._thread_txns()  # (a reader of the files: close() in another thread leaves them)
         chunk, local = self.chunk_of(indices) if len(self.chunks) > 1 else (None, indices)
-        return gather_rows(chunk, local, size, self._opened.value_map)
+        return gather_rows(chunk, local, size, self._opened.value_maps)
 
     def _get_run(self, start: int, count: int) -> list[Value | None]:
         """The values of records start .. start+count-1, walking a cursor instead of seeking."""

@@ -129,7 +129,7 @@ class LeafReader:
             return keep, self.dataref.read_values(indices[keep])
         values = self.dataref.read_values(indices)
         began = perf_counter()
-        tested = self.dataref.layout.decode_columns(values, self._predicate_fields)
+        tested = _apart(self.dataref.layout.decode_columns(values, self._predicate_fields), values)
         keep = np.flatnonzero(self.predicate.include_batch(tested, len(values)))
         if work is not None:
             work[PREDICATES] += perf_counter() - began
@@ -374,6 +374,19 @@ def _not_sent_back(where: str, error: Exception) -> TransformError:
         f"{error}): return picklable values (numbers, strings, numpy arrays, and lists or "
         "dicts of them), or use worker_type='thread'"
     )
+
+
+def _apart(columns: dict[str, Any], values: Values) -> dict[str, Any]:
+    """``columns`` with each array that views the gathered rows ``values`` copied: a predicate
+    may change what it is given, never the records handed out after it."""
+    if not isinstance(values, np.ndarray):
+        return columns
+    return {
+        name: column.copy()
+        if isinstance(column, np.ndarray) and np.may_share_memory(column, values)
+        else column
+        for name, column in columns.items()
+    }
 
 
 def _taken(values: Values, at: np.ndarray) -> Values:
