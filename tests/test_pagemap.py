@@ -251,11 +251,33 @@ def test_maps_kept_are_bounded_and_made_again(tmp_path: Path, monkeypatch: pytes
 
     monkeypatch.setattr(opening, "map_values", counted)
     for _ in range(2):
-        for batch in ref.stream(batch_size=256):  # chunk after chunk
+        for batch in ref.stream(batch_size=64):  # chunk after chunk, 20 batches each
             np.testing.assert_array_equal(batch["x"][:, 0], batch["i"])
     chunks = len(ref.manifest.chunks)
     assert len(made) == 2 * chunks  # each epoch made every map again: 2 are kept
     assert made[:chunks] == made[chunks:]
+    # Readers taking turns over more chunks than are kept: a map that went before serving a few
+    # reads is not made again (its chunk reads by gets), rather than made for every batch.
+    made.clear()
+    starts = np.cumsum([0] + [c.records for c in ref.manifest.chunks])
+    for _ in range(20):
+        for chunk in range(3):
+            batch = ref.get_batch(np.arange(starts[chunk], starts[chunk] + 64))
+            np.testing.assert_array_equal(batch["x"][:, 0], batch["i"])
+    assert len(made) <= 3
+
+
+def test_an_empty_batch_of_records_decoded_field_by_field(tmp_path: Path) -> None:
+    """Records of exactly 4 KiB in two fields are copied one field at a time."""
+    records = ({"a": np.int8(i), "b": np.full(4095, i, np.uint8)} for i in range(50))
+    ref = ydl.cache_dataset(records, "ds", "v1", storage(tmp_path), progress=False)
+    assert ref.layout.row_bytes == 4096
+    empty = ref.get_batch([])
+    assert empty["a"].shape == (0,) and empty["b"].shape == (0, 4095)
+    assert ref.get_batch([7])["b"][0, 0] == 7
+    none = predicates.in_lambda(["a"], lambda a: a < 0, vectorized=True)
+    with pytest.warns(RuntimeWarning, match="kept none"):
+        assert list(ref.stream(batch_size=8, predicate=none)) == []
 
 
 def test_an_empty_version_and_an_empty_batch(tmp_path: Path) -> None:

@@ -127,7 +127,8 @@ class FixedColumns:
         n = len(values)
         if isinstance(values, np.ndarray):  # (gathered rows: sizes right by construction)
             out = allocate(_stacked(n, f), f.dtype)
-            out.reshape(n, -1).view(np.uint8)[...] = values[:, start:stop]
+            if n:
+                out.reshape(n, -1).view(np.uint8)[...] = values[:, start:stop]
             return out
         if n * f.nbytes < _GATHER_INTO_ARRAY_BYTES:
             buffer = bytearray().join([v[start:stop] for v in values])

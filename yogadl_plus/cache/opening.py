@@ -38,7 +38,7 @@ from yogadl_plus.errors import CacheCorrupted, unreadable
 if TYPE_CHECKING:
     from yogadl_plus.cache.demand import Held
 
-__all__ = ["MAPPED_CHUNKS_KEPT", "MAPPED_RECORDS_KEPT", "OpenChunks"]
+__all__ = ["MAPPED_CHUNKS_KEPT", "MAPPED_RECORDS_KEPT", "USES_TO_MAKE_AGAIN", "OpenChunks"]
 
 #: The records whose value offsets a version's open chunks keep mapped at most (4 bytes each in
 #: chunks under 4 GiB: 256 MiB, 64 chunks of a million small records); beyond, the maps made
@@ -46,6 +46,8 @@ __all__ = ["MAPPED_CHUNKS_KEPT", "MAPPED_RECORDS_KEPT", "OpenChunks"]
 MAPPED_RECORDS_KEPT = 1 << 26
 #: The chunks whose value maps a version keeps at most: each holds a file descriptor of its own.
 MAPPED_CHUNKS_KEPT = 16
+#: The reads a map must have served before it went for its chunk to be mapped again.
+USES_TO_MAKE_AGAIN = 8
 
 # What LMDB says when opening a chunk fails for the process's sake, not the file's.
 _OS_REASONS = {
@@ -76,7 +78,7 @@ class OpenChunks:
         # Each open chunk's ValueMap once made (False: it has none), dropped with the chunk,
         # and the records of those made, oldest first.
         self._maps: list[ValueMap | bool | None] = [None] * len(self.chunks)
-        self._mapped: dict[int, int] = {}
+        self._mapped: dict[int, list[int]] = {}  # number -> [records, reads since made]
         self._open_numbers: list[int] = []
         # Shared environments this object holds.
         self._held: list[FileKey] = []
@@ -127,23 +129,30 @@ class OpenChunks:
                 if self.envs[number] is not env or self._states[number] != state:
                     return None  # let go of, or changed, meanwhile: not this file's map
                 found = self._maps[number] = made if made is not None else False
-                self._keep_maps_bounded(number)
+                if made is not None:
+                    self._keep_maps_bounded(number)
         elif found:
-            self._mapped[number] = self._mapped.pop(number, 0)  # (used last: dropped last)
+            with self.lock:  # (used last: dropped last)
+                kept = self._mapped.pop(number, None)
+                if kept is not None:
+                    kept[1] += 1
+                    self._mapped[number] = kept
         return found if isinstance(found, ValueMap) else None
 
     def _keep_maps_bounded(self, newest: int) -> None:
-        """The maps used longest ago go (made again when used) while those kept hold over
-        MAPPED_RECORDS_KEPT records' offsets or MAPPED_CHUNKS_KEPT chunks. Under ``self.lock``."""
-        self._mapped.pop(newest, None)
-        self._mapped[newest] = self.chunks[newest].records
-        total = sum(self._mapped.values())
+        """The maps used longest ago go while those kept hold over MAPPED_RECORDS_KEPT records'
+        offsets or MAPPED_CHUNKS_KEPT chunks: made again when used, unless they went before
+        serving USES_TO_MAKE_AGAIN reads (readers taking turns over more chunks than are kept
+        would make maps for every batch; those chunks are read by gets). Under ``self.lock``."""
+        self._mapped[newest] = [self.chunks[newest].records, 0]
+        total = sum(records for records, _ in self._mapped.values())
         for number in list(self._mapped):
             within = total <= MAPPED_RECORDS_KEPT and len(self._mapped) <= MAPPED_CHUNKS_KEPT
             if within or number == newest:
                 break
-            total -= self._mapped.pop(number)
-            self._maps[number] = None
+            records, uses = self._mapped.pop(number)
+            total -= records
+            self._maps[number] = None if uses >= USES_TO_MAKE_AGAIN else False
 
     def open(self, number: int) -> tuple[FileKey, lmdb.Environment]:
         """Check chunk ``number`` (size, contents, identity) and open it: its file's key and
