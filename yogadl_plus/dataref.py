@@ -164,12 +164,7 @@ class DataRef(RecordSource):
         """The raw record values at checked indices, valid in this thread until its next read
         transaction ends; decode them with ``layout``. Records of small fixed fields only come
         as the rows of a new array (cache/pagemap.py), others as views into the chunks."""
-        size = self._layout.row_bytes
-        if size:
-            rows = self._chunks.rows(indices, size)
-            if rows is not None:
-                return rows
-        return self._chunks.get_many(indices)
+        return self._chunks.get_many(indices, self._layout.row_bytes)
 
     @property
     def layout(self) -> RecordLayout:

@@ -82,24 +82,28 @@ def gather_rows(
     ``value_maps(numbers)``. None where a chunk has no map of that size, or where the batch
     reads so many chunks that gets cost less."""
     if chunk is None:
-        numbers, which = [0], np.zeros(0, np.int64)
-    else:
-        found, which = np.unique(chunk, return_inverse=True)
-        if len(found) * _RECORDS_PER_CHUNK > len(local):
+        maps = value_maps([0])
+        if maps is None or maps[0] is None or maps[0].size != size:
             return None
-        numbers = found.tolist()
-    maps = value_maps(numbers)
+        return maps[0].gather(local)
+    if not len(local):
+        return np.empty((0, size), np.uint8)
+    # (A batch over too many chunks is told in a plain sort, the cheapest test: gets serve it.)
+    ordered = np.sort(chunk)
+    if (np.count_nonzero(ordered[1:] != ordered[:-1]) + 1) * _RECORDS_PER_CHUNK > len(local):
+        return None
+    by_chunk = np.argsort(chunk, kind="stable")  # each chunk's records in a run
+    ordered = chunk[by_chunk]
+    firsts = np.flatnonzero(np.concatenate(([True], ordered[1:] != ordered[:-1])))
+    maps = value_maps(ordered[firsts].tolist())
     if maps is None or any(m is None or m.size != size for m in maps):
         return None
     if len(maps) == 1:
         return cast(ValueMap, maps[0]).gather(local)
     out = np.empty((len(local), size), np.uint8)
-    by_chunk = np.argsort(which, kind="stable")
-    start = 0
-    for found_map, stop in zip(maps, np.cumsum(np.bincount(which)).tolist()):
+    for found, start, stop in zip(maps, firsts.tolist(), [*firsts[1:].tolist(), len(local)]):
         at = by_chunk[start:stop]
-        out[at] = cast(ValueMap, found_map).gather(local[at])
-        start = stop
+        out[at] = cast(ValueMap, found).gather(local[at])
     return out
 
 

@@ -29,6 +29,7 @@ import numpy as np
 
 from yogadl_plus import lifecycle
 from yogadl_plus.cache.demand import ChunksOnDemand, ChunkSource
+from yogadl_plus.cache.fixed import Values
 from yogadl_plus.cache.integrity import DAMAGED
 from yogadl_plus.cache.keys import column_key, record_key, record_keys
 from yogadl_plus.cache.manifest import ChunkInfo, Manifest
@@ -236,10 +237,13 @@ class ChunkSet:
         """The value of one record; valid until this thread's transaction ends."""
         if time.monotonic() >= self._next_check:
             self.check_files()
-        single = len(self.chunks) == 1
-        number = 0 if single else int(np.searchsorted(self.starts, index, side="right")) - 1
+        if len(self.chunks) == 1:
+            number, local = 0, index
+        else:
+            number = int(np.searchsorted(self.starts, index, side="right")) - 1
+            local = index - int(self.starts[number])
         try:
-            value = self.txn(number).get(record_key(index - int(self.starts[number])))
+            value = self.txn(number).get(record_key(local))
         except lmdb.Error as exc:
             raise self._failed(number, exc, f"record {index}") from None
         if value is None:
@@ -247,18 +251,24 @@ class ChunkSet:
             raise CacheCorrupted(f"record {index} is missing from chunk {where}")
         return cast(memoryview, value)
 
-    def get_many(self, indices: np.ndarray) -> list[memoryview]:
-        """The values of many records, in the order given."""
+    def get_many(self, indices: np.ndarray, row_bytes: int = 0) -> Values:
+        """The values of many records, in the order given; records of ``row_bytes`` bytes each
+        as rows gathered from the chunk files where they can be (cache/pagemap.py)."""
         self.check_files()
-        values: list[Value | None]
         n = len(indices)
+        single = len(self.chunks) == 1
+        chunk, local = (None, indices) if single else self.chunk_of(np.asarray(indices, np.int64))
+        if row_bytes and self._demand is None and self.chunks:
+            self._thread_txns()  # (a reader of the files: close() in another thread leaves them)
+            rows = gather_rows(chunk, local, row_bytes, self._opened.value_maps)
+            if rows is not None:
+                return rows
         try:
             if n > 2 and indices[-1] - indices[0] == n - 1 and (np.diff(indices) == 1).all():
                 values = self._get_run(int(indices[0]), n)
-            elif len(self.chunks) == 1:
-                values = list(map(self.txn(0).get, record_keys(indices)))
+            elif chunk is None:
+                values = list(map(self.txn(0).get, record_keys(local)))
             else:
-                chunk, local = self.chunk_of(np.asarray(indices, dtype=np.int64))
                 # Only the chunks this batch touches are opened.
                 gets = {int(c): self.txn(int(c)).get for c in np.unique(chunk)}
                 values = [gets[c](key) for c, key in zip(chunk.tolist(), record_keys(local))]
@@ -271,15 +281,6 @@ class ChunkSet:
                 f"records {missing[:10]} of {self.name} are missing from its chunks"
             )
         return cast(list[memoryview], values)
-
-    def rows(self, indices: np.ndarray, size: int) -> np.ndarray | None:
-        """Records ``indices`` as rows gathered from the files (cache/pagemap.py), or None."""
-        if self._demand is not None or not self.chunks:
-            return None
-        self.check_files()
-        self._thread_txns()  # (a reader of the files: close() in another thread leaves them)
-        chunk, local = self.chunk_of(indices) if len(self.chunks) > 1 else (None, indices)
-        return gather_rows(chunk, local, size, self._opened.value_maps)
 
     def _get_run(self, start: int, count: int) -> list[Value | None]:
         """The values of records start .. start+count-1, walking a cursor instead of seeking."""

@@ -407,9 +407,9 @@ def _in_position_order(
     order = np.concatenate(kept) if kept else np.zeros(0, np.int64)
     if len(runs) < 2:
         return (runs[0] if runs else []), order
+    arrays = _rows_alike(runs)
     if len(order) == n:  # (every position kept: a scatter sorts them)
-        arrays = [run for run in runs if isinstance(run, np.ndarray)]
-        if len(arrays) == len(runs) and len({run.shape[1] for run in arrays}) == 1:
+        if arrays is not None:
             rows = np.empty((n, arrays[0].shape[1]), np.uint8)
             for run, at in zip(arrays, kept):
                 rows[at] = run
@@ -420,16 +420,17 @@ def _in_position_order(
     else:
         by_position = np.argsort(order, kind="stable")
         order = order[by_position]
-    return _taken(_joined(runs), by_position), order
+    if arrays is not None:
+        return np.concatenate(arrays)[by_position], order
+    values: list[memoryview | bytes] = []
+    for part in runs:
+        values += list(part) if isinstance(part, np.ndarray) else part
+    return _taken(values, by_position), order
 
 
-def _joined(runs: list[Values]) -> Values:
-    """The values of ``runs`` one after the other: one array where every run is gathered
-    rows of one size."""
+def _rows_alike(runs: list[Values]) -> list[np.ndarray] | None:
+    """``runs`` where every one is gathered rows of one size, else None."""
     arrays = [run for run in runs if isinstance(run, np.ndarray)]
     if runs and len(arrays) == len(runs) and len({run.shape[1] for run in arrays}) == 1:
-        return np.concatenate(arrays)
-    values: list[memoryview | bytes] = []
-    for run in runs:
-        values += list(run) if isinstance(run, np.ndarray) else run
-    return values
+        return arrays
+    return None
