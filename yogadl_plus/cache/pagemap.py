@@ -117,7 +117,7 @@ def map_values(path: str, state: FileState, records: int, get: Any) -> ValueMap 
         now = FileState(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
         if now != state or st.st_size == 0:
             return None
-        # (The map keeps a descriptor of its own: ChunkSet allows 3 per chunk.)
+        # (The map keeps a descriptor of its own: ChunkSet allows one per map kept.)
         mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     if hasattr(mmap, "MADV_RANDOM"):  # as LMDB's own maps: no read-ahead around a gather
         mapped.madvise(mmap.MADV_RANDOM)
