@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import re
 import shutil
@@ -231,6 +232,11 @@ def test_documentation_snippets_run(page, tmp_path, request, monkeypatch):
             code = code.replace("/tmp/yogadl-docs", str(tmp_path))
             namespace: dict = {}
             exec(compile(code, f"{page.name}", "exec"), namespace)
+            del namespace
+            # What a page left behind (a DataLoader iterator it broke out of, with its worker
+            # processes and queues) is collected here, in its own test: otherwise a later page
+            # collects it, and an error while it shuts down is reported against that page.
+            gc.collect()
     finally:
         stop_spark()  # a page's Spark, and its JVM: the next page starts one with its own env
 
