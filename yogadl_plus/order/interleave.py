@@ -66,28 +66,40 @@ class Interleave:
     ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
         """(source, rank within that source) of each slot, as int64 arrays of slots' shape."""
         flat = np.asarray(slots, dtype=np.int64).reshape(-1)
+        source = np.empty_like(flat)
+        rank = np.empty_like(flat)
+        for j, (at, ranks) in enumerate(self.deal(flat)):
+            source[at] = j
+            rank[at] = ranks
+        shape = np.shape(slots)
+        return source.reshape(shape), rank.reshape(shape)
+
+    def deal(
+        self, slots: npt.ArrayLike
+    ) -> list[tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]]:
+        """Per source, which of ``slots`` (a 1-d array) it gets, as ascending indices into
+        ``slots``, and the rank of each among that source's slots: a mixture reads each
+        source's share of a run of slots from this, without a pass per source over them."""
+        flat = np.asarray(slots, dtype=np.int64)
         if flat.size and (flat.min() < 0 or flat.max() >= self.total):
             bad = int(flat.min()) if flat.min() < 0 else int(flat.max())
             raise IndexError(f"slot {bad} is out of range [0, {self.total})")
-        source = np.empty_like(flat)
-        rank = np.empty_like(flat)
-        self._split(flat, np.arange(flat.size), self._sources, source, rank)
-        shape = np.shape(slots)
-        return source.reshape(shape), rank.reshape(shape)
+        empty = np.zeros(0, np.int64)
+        dealt = [(empty, empty)] * len(self.counts)
+        self._split(flat, None, self._sources, dealt)
+        return dealt
 
     def _split(
         self,
         slots: npt.NDArray[np.int64],
-        where: npt.NDArray[np.int64],
+        where: npt.NDArray[np.int64] | None,
         sources: list[int],
-        source: npt.NDArray[np.int64],
-        rank: npt.NDArray[np.int64],
+        dealt: list[tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]],
     ) -> None:
-        """Fill ``source``/``rank`` at ``where`` for ``slots`` of the part dealt to ``sources``
-        (``slots`` count within that part)."""
+        """Deal ``slots`` of the part given to ``sources`` (``slots`` count within that part;
+        ``where``: their indices in the slots dealt, None for all of them in order)."""
         if len(sources) == 1:
-            source[where] = sources[0]
-            rank[where] = slots
+            dealt[sources[0]] = (np.arange(len(slots)) if where is None else where, slots)
             return
         half = len(sources) // 2
         left = sum(self.counts[j] for j in sources[:half])
@@ -96,13 +108,13 @@ class Interleave:
         # floor(s * left / total), that is where (s * left) mod total >= total - left.
         before, remainder = _floor_divmod(slots, left, total)
         goes_left = remainder >= total - left
-        if len(sources) == 2:  # (both sides are sources: no subsets to make)
-            source[where] = np.where(goes_left, sources[0], sources[1])
-            rank[where] = np.where(goes_left, before, slots - before)
-            return
-        self._split(before[goes_left], where[goes_left], sources[:half], source, rank)
-        goes_right = ~goes_left
-        self._split((slots - before)[goes_right], where[goes_right], sources[half:], source, rank)
+        at_left = np.flatnonzero(goes_left)
+        at_right = np.flatnonzero(~goes_left)
+        self._split(
+            before[at_left], at_left if where is None else where[at_left], sources[:half], dealt
+        )
+        right = slots[at_right] - before[at_right]
+        self._split(right, at_right if where is None else where[at_right], sources[half:], dealt)
 
 
 def _floor_divmod(
@@ -111,7 +123,10 @@ def _floor_divmod(
     """``divmod(x * a, b)`` exactly, for 0 <= x <= b: in int64 where ``b * a`` fits, else
     with Python's integers (epochs past about 3 * 10^9 slots)."""
     if b * a <= _INT64_MAX:
-        return np.divmod(x * a, b)
+        product = x * a
+        # (numpy divides by one number with multiplications, libdivide: twice as fast as divmod.)
+        quotient = product // b
+        return quotient, product - quotient * b
     pairs = [divmod(v * a, b) for v in x.tolist()]
     return (
         np.array([q for q, _ in pairs], dtype=np.int64).reshape(x.shape),

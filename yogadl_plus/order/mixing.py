@@ -149,16 +149,17 @@ class MixOrder:
         leaf's record for each. With ``shuffle``, each source walks its epochs in the order of
         a permutation keyed by ``seed`` and the source's name."""
         found: Found = {}
-        where = np.arange(len(slots))
-        self._place(int(epoch), np.asarray(slots, np.int64), shuffle, seed, 0, where, found)
+        self._place(int(epoch), np.asarray(slots, np.int64), shuffle, seed, 0, None, found)
         parts: list[Part] = []
         for leaf, pieces in sorted(found.items()):
+            if len(pieces) == 1:
+                parts.append((leaf, *pieces[0]))
+                continue
+            # (From several epochs of an inner mixture.)
             offsets = np.concatenate([w for w, _ in pieces])
             records = np.concatenate([r for _, r in pieces])
-            if len(pieces) > 1:  # (from several epochs of an inner mixture)
-                ascending = np.argsort(offsets, kind="stable")
-                offsets, records = offsets[ascending], records[ascending]
-            parts.append((leaf, offsets, records))
+            ascending = np.argsort(offsets, kind="stable")
+            parts.append((leaf, offsets[ascending], records[ascending]))
         return Placement(len(slots), parts)
 
     def _place(
@@ -168,27 +169,31 @@ class MixOrder:
         shuffle: bool,
         seed: int,
         first_leaf: int,
-        where: np.ndarray,
+        where: np.ndarray | None,
         found: Found,
     ) -> None:
+        """Place ``slots`` of ``epochs`` (one for all, or one per slot) at offsets ``where``
+        (None: ``0 .. len(slots) - 1``), this mixture's first leaf numbered ``first_leaf``."""
         if isinstance(epochs, int):
             runs = [(self._stage_of(epochs), epochs, slots, where)]
         else:  # (an inner mixture's slots may span its epochs, and so its stages)
             stage = np.searchsorted(self._firsts, epochs, side="right") - 1
-            runs = [(k, epochs[at], slots[at], where[at]) for k, at in _by_value(stage)]
+            runs = [
+                (k, epochs[at], slots[at], np.flatnonzero(at) if where is None else where[at])
+                for k, at in _by_value(stage)
+            ]
         for k, own_epochs, own_slots, own_where in runs:
             counts = self.stages[k][1]
-            source, rank = self._interleaves[k].source_and_rank(own_slots)
             leaf = first_leaf
-            for j, part in enumerate(self.parts):
-                chosen = source == j
-                if counts[j] and chosen.any():
+            for j, (at, rank) in enumerate(self._interleaves[k].deal(own_slots)):
+                if counts[j] and len(at):
                     # The source's own sequence: its items of mixture epoch e come after those
                     # of the epochs before, through its own epochs in turn.
-                    own = own_epochs if isinstance(own_epochs, int) else own_epochs[chosen]
-                    sequence = self._before_in(k, j, own) + rank[chosen]
-                    self._place_source(j, leaf, sequence, shuffle, seed, own_where[chosen], found)
-                leaf += _leaves_of(part)
+                    own = own_epochs if isinstance(own_epochs, int) else own_epochs[at]
+                    sequence = self._before_in(k, j, own) + rank
+                    offsets = at if own_where is None else own_where[at]
+                    self._place_source(j, leaf, sequence, shuffle, seed, offsets, found)
+                leaf += _leaves_of(self.parts[j])
 
     def _place_source(
         self,
@@ -226,7 +231,8 @@ class MixOrder:
         if isinstance(epochs, int):  # (most blocks of slots read one epoch of each source)
             if size <= TABLE_MAX:
                 return self._tables(j, key, size, [epochs])[0, positions]
-            return self._permutation(j, key, epochs).indices(positions)
+            # (In range by construction: the checks of ``indices`` would cost two passes.)
+            return self._permutation(j, key, epochs).permute(positions.astype(np.uint64))
         unique, inverse = np.unique(epochs, return_inverse=True)
         if size <= TABLE_MAX:
             # A small source up-sampled goes through an epoch every few slots, and a block of a
@@ -235,7 +241,7 @@ class MixOrder:
         out = np.empty_like(positions)
         for k, epoch in enumerate(unique.tolist()):
             at = inverse == k
-            out[at] = self._permutation(j, key, epoch).indices(positions[at])
+            out[at] = self._permutation(j, key, epoch).permute(positions[at].astype(np.uint64))
         return out
 
     def _tables(self, j: int, key: int, size: int, epochs: list[int]) -> np.ndarray:

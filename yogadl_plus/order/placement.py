@@ -66,9 +66,17 @@ class Placement:
             leaf, _, records = self.parts[0]
             epoch = self.epoch
             return [Placement.whole(records[start : start + step], leaf, epoch) for start in starts]
-        # Each part is cut once for all runs (a searchsorted per run would cost per run).
+        # Each part is cut once for all runs (a searchsorted per run would cost per run), and
+        # its offsets made relative to their runs in one pass: each run's are then a slice.
         cuts = [
-            (leaf, where, records, [] if where is None else np.searchsorted(where, starts).tolist())
+            (leaf, where, records, [])
+            if where is None
+            else (
+                leaf,
+                where % step,
+                records,
+                [*np.searchsorted(where, starts).tolist(), len(where)],
+            )
             for leaf, where, records in self.parts
         ]
         runs = []
@@ -79,10 +87,9 @@ class Placement:
                 if where is None:
                     parts.append((leaf, None, records[start:stop]))
                     continue
-                low = at[k]
-                high = at[k + 1] if k + 1 < len(starts) else len(where)
+                low, high = at[k], at[k + 1]
                 if high > low:
-                    parts.append((leaf, where[low:high] - start, records[low:high]))
+                    parts.append((leaf, where[low:high], records[low:high]))
             runs.append(Placement(stop - start, parts, self.epoch))
         return runs
 

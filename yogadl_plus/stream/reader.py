@@ -410,10 +410,13 @@ def _in_position_order(
     arrays = _rows_alike(runs)
     if len(order) == n:  # (every position kept: a scatter sorts them)
         if arrays is not None:
-            rows = np.empty((n, arrays[0].shape[1]), np.uint8)
+            # Rows as single items of their size: a scatter of one copy per row, where uint8
+            # rows would loop over each row's bytes.
+            row = np.dtype((np.void, arrays[0].shape[1]))
+            rows = np.empty(n, row)
             for run, at in zip(arrays, kept):
-                rows[at] = run
-            return rows, np.arange(n)
+                rows[at] = run.view(row)[:, 0]
+            return rows.view(np.uint8).reshape(n, row.itemsize), np.arange(n)
         by_position = np.empty_like(order)
         by_position[order] = np.arange(n)
         order = np.arange(n)
