@@ -276,7 +276,8 @@ class SourceReader:
             kept.append(offsets if keep is None else offsets[keep])
             runs.append(run)
         values, order = _in_position_order(runs, kept, len(placement))
-        ends = order + start + 1
+        n = len(placement)
+        ends = np.arange(start + 1, start + n + 1) if order is None else order + start + 1
         reader = self._decoder
         read = perf_counter()
         work[READING] += read - began - work[PREDICATES]
@@ -400,23 +401,24 @@ def _taken(values: Values, at: np.ndarray) -> Values:
 
 def _in_position_order(
     runs: list[Values], kept: list[np.ndarray], n: int
-) -> tuple[Values, np.ndarray]:
+) -> tuple[Values, np.ndarray | None]:
     """The values of ``runs`` (one per part of a unit of ``n`` positions, read at its offsets
-    ``kept``) in position order, and those offsets in order. Rows gathered for every position
-    are put in place, a scatter per part; other values are sorted by position."""
-    order = np.concatenate(kept) if kept else np.zeros(0, np.int64)
+    ``kept``) in position order, and those offsets in order (None: all ``n``, in order). Rows
+    gathered for every position are put in place, a scatter per part; other values are sorted
+    by position."""
     if len(runs) < 2:
-        return (runs[0] if runs else []), order
+        return (runs[0] if runs else []), (kept[0] if kept else np.zeros(0, np.int64))
     arrays = _rows_alike(runs)
+    if arrays is not None and sum(map(len, kept)) == n:
+        # Rows as single items of their size: a scatter of one copy per row, where uint8
+        # rows would loop over each row's bytes.
+        row = np.dtype((np.void, arrays[0].shape[1]))
+        rows = np.empty(n, row)
+        for run, at in zip(arrays, kept):
+            rows[at] = run.view(row)[:, 0]
+        return rows.view(np.uint8).reshape(n, row.itemsize), None
+    order = np.concatenate(kept)
     if len(order) == n:  # (every position kept: a scatter sorts them)
-        if arrays is not None:
-            # Rows as single items of their size: a scatter of one copy per row, where uint8
-            # rows would loop over each row's bytes.
-            row = np.dtype((np.void, arrays[0].shape[1]))
-            rows = np.empty(n, row)
-            for run, at in zip(arrays, kept):
-                rows[at] = run.view(row)[:, 0]
-            return rows.view(np.uint8).reshape(n, row.itemsize), np.arange(n)
         by_position = np.empty_like(order)
         by_position[order] = np.arange(n)
         order = np.arange(n)
@@ -434,6 +436,7 @@ def _in_position_order(
 def _rows_alike(runs: list[Values]) -> list[np.ndarray] | None:
     """``runs`` where every one is gathered rows of one size, else None."""
     arrays = [run for run in runs if isinstance(run, np.ndarray)]
-    if runs and len(arrays) == len(runs) and len({run.shape[1] for run in arrays}) == 1:
-        return arrays
-    return None
+    if not runs or len(arrays) < len(runs):
+        return None
+    width = arrays[0].shape[1]
+    return arrays if all(run.shape[1] == width for run in arrays) else None
