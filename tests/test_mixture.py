@@ -1193,6 +1193,29 @@ def test_small_sources_follow_the_one_keyed_shuffle_whatever_the_blocks():
         assert Permutation(7, key, int(epoch))[int(position)] == record
 
 
+@pytest.mark.parametrize("slots_of_big", [2600, 40_000], ids=["two-epochs", "many-epochs"])
+def test_a_big_source_read_across_its_epochs_follows_each_epochs_own_shuffle(
+    slots_of_big: int,
+) -> None:
+    # A block of shuffled slots reads a big source across two of its epochs (up-sampled a
+    # little), or across many (up-sampled 30 times): each epoch's positions are found apart,
+    # and every record is Permutation(size, key, epoch)'s at its position, as defined.
+    from yogadl_plus.order import MixOrder, Permutation
+    from yogadl_plus.order.mixing import source_seed
+
+    order = MixOrder(["other", "big"], [5000, 1300], [1000, slots_of_big])
+    slots = np.random.default_rng(4).permutation(order.epoch_size)[:6000]
+    (big,) = [p for p in order.place(3, slots, True, 11).parts if p[0] == 1]
+    sequence = 3 * slots_of_big + Interleave(order.counts).source_and_rank(slots[big[1]])[1]
+    epochs = sequence // 1300
+    assert len(np.unique(epochs)) >= (2 if slots_of_big < 5000 else 20)
+    key = source_seed(11, "big")
+    for epoch in np.unique(epochs).tolist():
+        at = epochs == epoch
+        expected = Permutation(1300, key, epoch).indices(sequence[at] % 1300)
+        assert big[2][at].tolist() == expected.tolist()
+
+
 def test_a_damaged_chunk_of_one_source_fails_a_mixtures_batches_naming_it(
     storage: ydl.LocalStorage,
 ) -> None:

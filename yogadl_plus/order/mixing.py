@@ -30,6 +30,9 @@ __all__ = ["MixOrder", "Schedule", "source_seed"]
 
 # The per-source permutations a MixOrder keeps made (a block of slots reads a few source epochs).
 _PERMUTATIONS_KEPT = 64
+# A block of slots that reads fewer than this many epochs of a source finds each epoch's
+# positions by a pass over them; more, by sorting them.
+_EPOCHS_BY_PASSES = 4
 # The entries of small sources' tables it keeps (8 bytes each): every epoch of an up-sampled
 # source that a mixture's epoch reads, many times over.
 _TABLE_ENTRIES_KEPT = 1 << 21
@@ -233,15 +236,25 @@ class MixOrder:
                 return self._tables(j, key, size, [epochs])[0, positions]
             # (In range by construction: the checks of ``indices`` would cost two passes.)
             return self._permutation(j, key, epochs).permute(positions.astype(np.uint64))
-        unique, inverse = np.unique(epochs, return_inverse=True)
         if size <= TABLE_MAX:
             # A small source up-sampled goes through an epoch every few slots, and a block of a
             # shuffled mixture's slots reads every one of them: their tables are kept.
+            unique, inverse = np.unique(epochs, return_inverse=True)
             return self._tables(j, key, size, unique.tolist())[inverse, positions]
+        # A big source's block mostly spans two of its epochs (a shuffled block of slots reads
+        # across an epoch's end): a pass per epoch finds its positions, where a sort of them
+        # costs more. Up-sampled many times over, it may span many: then they are sorted.
+        first, last = int(epochs.min()), int(epochs.max())
+        if last - first < _EPOCHS_BY_PASSES:
+            spans = [(e, np.flatnonzero(epochs == e)) for e in range(first, last + 1)]
+        else:
+            unique, inverse = np.unique(epochs, return_inverse=True)
+            spans = [(e, np.flatnonzero(inverse == k)) for k, e in enumerate(unique.tolist())]
         out = np.empty_like(positions)
-        for k, epoch in enumerate(unique.tolist()):
-            at = inverse == k
-            out[at] = self._permutation(j, key, epoch).permute(positions[at].astype(np.uint64))
+        for epoch, at in spans:
+            if len(at):
+                permutation = self._permutation(j, key, epoch)
+                out[at] = permutation.permute(positions[at].astype(np.uint64))
         return out
 
     def _tables(self, j: int, key: int, size: int, epochs: list[int]) -> np.ndarray:
@@ -316,7 +329,8 @@ def _own_epochs(sequence: np.ndarray, size: int) -> tuple[int | np.ndarray, np.n
     low, high = int(sequence.min()) // size, int(sequence.max()) // size
     if low == high:
         return low, sequence - low * size
-    return np.divmod(sequence, size)
+    epochs = sequence // size  # (by one number: libdivide, twice as fast as np.divmod)
+    return epochs, sequence - epochs * size
 
 
 def _leaves_of(part: int | MixOrder) -> int:
