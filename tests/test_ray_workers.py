@@ -12,6 +12,8 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -229,3 +231,26 @@ def test_dropping_an_epoch_midway_does_not_stall_the_next(ref: ydl.DataRef, capl
     assert not [r for r in caplog.records if "waited" in r.getMessage()]
     arrays = next(iter(stream))["x"]
     arrays[0] = 0  # results arrive as arrays the caller may write to
+
+
+def test_a_stream_dropped_on_rays_own_thread_stops_its_workers_without_hanging(
+    tmp_path: Path,
+) -> None:
+    # Before: its pool's finalizer called ray.kill on Ray's event-loop thread, which that call
+    # waits for: Ray never served again, and ray.shutdown() hung at the end of the suite. In a
+    # process of its own (a cluster of its own), so that a hang cannot take this one down.
+    job = Path(__file__).parent / "ray_drop_job.py"
+    process = subprocess.Popen(
+        [sys.executable, str(job), str(tmp_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        out, _ = process.communicate(timeout=180)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)  # the job and the Ray processes it started
+        out, _ = process.communicate()
+        pytest.fail(f"the job hung:\n{out[-3000:]}")
+    assert process.returncode == 0 and out.rstrip().endswith("ok"), out[-3000:]

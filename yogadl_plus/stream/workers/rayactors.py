@@ -22,6 +22,8 @@ from __future__ import annotations
 import logging
 import os
 import pickle
+import threading
+import time
 from typing import Any
 
 from yogadl_plus.errors import TransformError, WorkerDied
@@ -72,6 +74,7 @@ class RayWorkers(Workers):
             ) from exc
         self._actors = [self._start() for _ in range(num_workers)]
         self._turn = 0
+        self._killing: threading.Thread | None = None
 
     def _start(self) -> Any:
         return self._actor_class.remote(self._task)
@@ -136,15 +139,35 @@ class RayWorkers(Workers):
         if self.closed:
             return
         self.closed = True
-        for actor in self._actors:
-            try:
-                self._ray.kill(actor, no_restart=True)
-            except Exception:  # (a cluster already shut down)
-                log.debug("could not end a Ray worker", exc_info=True)
+        # ray.kill waits for Ray's own event loop. A stream dropped while Ray's loop runs
+        # Python (a garbage collection runs finalizers on whichever thread allocates) would
+        # stop its workers there: the loop waited for itself, and the driver hung for good,
+        # down to ray.shutdown(). So the actors are killed on a thread of their own, which
+        # finish() waits for.
+        killing = threading.Thread(
+            target=_kill, args=(self._ray, list(self._actors)), name="yogadl-plus-ray-stop"
+        )
+        killing.daemon = True
+        try:
+            killing.start()
+        except RuntimeError:  # (no new threads while the interpreter shuts down)
+            _kill(self._ray, self._actors)
+            return
+        self._killing = killing
 
     def finish(self, deadline: float) -> None:
-        # ray.kill ends an actor, stuck or not: nothing to wait for.
-        return None
+        # ray.kill ends an actor, stuck or not: only the kills themselves are waited for.
+        if self._killing is not None:
+            self._killing.join(max(0.0, deadline - time.monotonic()))
+
+
+def _kill(ray: Any, actors: list[Any]) -> None:
+    """End the Ray actors ``actors``, stuck in a unit or not."""
+    for actor in actors:
+        try:
+            ray.kill(actor, no_restart=True)
+        except Exception:  # (a cluster already shut down)
+            log.debug("could not end a Ray worker", exc_info=True)
 
 
 class _Actor:
