@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 import pytest
+from servers import start_local_ray
 
 import yogadl_plus as ydl
 
@@ -34,14 +35,6 @@ def ray_cluster():
     # on their path.
     path = os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])
     ray.shutdown()  # one a documentation snippet started, without this runtime environment
-    ray.init(
-        address="local",
-        num_cpus=2,
-        runtime_env={"env_vars": {"PYTHONPATH": path}},
-        include_dashboard=False,
-        _node_ip_address="127.0.0.1",
-        log_to_driver=False,
-        logging_level="warning",
-    )
+    start_local_ray(ray, runtime_env={"env_vars": {"PYTHONPATH": path}})
     yield ray
     ray.shutdown()

@@ -13,6 +13,7 @@ import time
 
 import numpy as np
 import ray
+from servers import start_local_ray
 
 import yogadl_plus as ydl
 
@@ -24,14 +25,7 @@ def later() -> int:
 
 
 def main(folder: str) -> None:
-    ray.init(
-        address="local",
-        num_cpus=2,
-        include_dashboard=False,
-        _node_ip_address="127.0.0.1",
-        log_to_driver=False,
-        logging_level="warning",
-    )
+    start_local_ray(ray)
     records = ({"x": np.float32(i)} for i in range(1000))
     ref = ydl.cache_dataset(records, "d", "v1", ydl.LocalStorage(folder), progress=False)
     holder = [ref.stream(batch_size=10, num_workers=2, worker_type="ray")]

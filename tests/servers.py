@@ -56,7 +56,15 @@ from typing import Any
 
 import pytest
 
-__all__ = ["FakeGCS", "GCSServer", "S3Server", "SeaweedFS", "free_ports", "seaweedfs"]
+__all__ = [
+    "FakeGCS",
+    "GCSServer",
+    "S3Server",
+    "SeaweedFS",
+    "free_ports",
+    "seaweedfs",
+    "start_local_ray",
+]
 
 _START_TIMEOUT_S = 60.0
 _STOP_TIMEOUT_S = 10.0
@@ -105,6 +113,20 @@ def free_ports(n: int, grpc_offset: int | None = None) -> list[int]:
     finally:
         for s in socks:
             s.close()
+
+
+def start_local_ray(ray: Any, **extra: Any) -> None:
+    """Start a local Ray cluster of 2 CPUs, bound to 127.0.0.1, for this process (``extra``:
+    more ``ray.init`` arguments); Ray's own logs stay out of the test output."""
+    ray.init(
+        address="local",
+        num_cpus=2,
+        include_dashboard=False,
+        _node_ip_address="127.0.0.1",
+        log_to_driver=False,
+        logging_level="warning",
+        **extra,
+    )
 
 
 def _log_tail(log: Path) -> str:
