@@ -30,9 +30,9 @@ __all__ = ["MixOrder", "Schedule", "source_seed"]
 
 # The per-source permutations a MixOrder keeps made (a block of slots reads a few source epochs).
 _PERMUTATIONS_KEPT = 64
-# A block of slots that reads fewer than this many epochs of a source finds each epoch's
-# positions by a pass over them; more, by sorting them.
-_EPOCHS_BY_PASSES = 4
+# Values (a source's epochs in a block of slots, a stage's) spanning fewer than this many are
+# found by a pass per value over them; more, by sorting them first (np.unique).
+_VALUES_BY_PASSES = 4
 # The entries of small sources' tables it keeps (8 bytes each): every epoch of an up-sampled
 # source that a mixture's epoch reads, many times over.
 _TABLE_ENTRIES_KEPT = 1 << 21
@@ -242,19 +242,11 @@ class MixOrder:
             unique, inverse = np.unique(epochs, return_inverse=True)
             return self._tables(j, key, size, unique.tolist())[inverse, positions]
         # A big source's block mostly spans two of its epochs (a shuffled block of slots reads
-        # across an epoch's end): a pass per epoch finds its positions, where a sort of them
-        # costs more. Up-sampled many times over, it may span many: then they are sorted.
-        first, last = int(epochs.min()), int(epochs.max())
-        if last - first < _EPOCHS_BY_PASSES:
-            spans = [(e, np.flatnonzero(epochs == e)) for e in range(first, last + 1)]
-        else:
-            unique, inverse = np.unique(epochs, return_inverse=True)
-            spans = [(e, np.flatnonzero(inverse == k)) for k, e in enumerate(unique.tolist())]
+        # across an epoch's end), and up-sampled many times over, many.
         out = np.empty_like(positions)
-        for epoch, at in spans:
-            if len(at):
-                permutation = self._permutation(j, key, epoch)
-                out[at] = permutation.permute(positions[at].astype(np.uint64))
+        for epoch, at in _by_value(epochs):
+            permutation = self._permutation(j, key, epoch)
+            out[at] = permutation.permute(positions[at].astype(np.uint64))
         return out
 
     def _tables(self, j: int, key: int, size: int, epochs: list[int]) -> np.ndarray:
@@ -319,7 +311,12 @@ def _in_force(stages: Sequence[tuple[int, tuple[int, ...]]], epoch: int) -> tupl
 
 
 def _by_value(values: np.ndarray) -> list[tuple[int, np.ndarray]]:
-    """Each distinct value of ``values`` and where it is (a mask)."""
+    """Each distinct value of ``values`` (a non-empty int array) and where it is (a mask): a
+    pass per value where they span few, else the values found by a sort first."""
+    first, last = int(values.min()), int(values.max())
+    if last - first < _VALUES_BY_PASSES:
+        masks = [(v, values == v) for v in range(first, last + 1)]
+        return [(v, at) for v, at in masks if at.any()]
     return [(v, values == v) for v in np.unique(values).tolist()]
 
 

@@ -275,8 +275,8 @@ class SourceReader:
             offsets = placement.offsets(part)
             kept.append(offsets if keep is None else offsets[keep])
             runs.append(run)
-        values, order = _in_position_order(runs, kept, len(placement))
         n = len(placement)
+        values, order = _in_position_order(runs, kept, n)
         ends = np.arange(start + 1, start + n + 1) if order is None else order + start + 1
         reader = self._decoder
         read = perf_counter()
