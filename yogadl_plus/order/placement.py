@@ -104,15 +104,18 @@ class Placement:
             parts: list[Part] = []
             epochs: list[int | np.ndarray] = []
             for n, (leaf, where, records, at) in enumerate(cuts):
-                low, high = (start, stop) if where is None else (at[k], at[k + 1])
-                if where is None or high > low:
-                    parts.append(
-                        (leaf, None if where is None else where[low:high], records[low:high])
-                    )
-                    if owns is not None:
-                        epochs.append(_cut(owns[n], low, high))
+                if where is None:
+                    low, high = start, stop
+                else:
+                    low, high = at[k], at[k + 1]
+                    if high <= low:
+                        continue
+                parts.append((leaf, None if where is None else where[low:high], records[low:high]))
+                if owns is not None:
+                    own = owns[n]
+                    epochs.append(own if isinstance(own, int) else own[low:high])
             runs.append(
-                Placement(stop - start, parts, self.epoch, epochs if owns is not None else None)
+                Placement(stop - start, parts, self.epoch, None if owns is None else epochs)
             )
         return runs
 
@@ -132,12 +135,6 @@ class Placement:
                     continue
                 parts.append((leaf, where[low:high] - start, records[low:high]))
             if owns is not None:
-                epochs.append(_cut(owns[n], low, high))
-        return Placement(
-            max(stop - start, 0), parts, self.epoch, epochs if owns is not None else None
-        )
-
-
-def _cut(epochs: int | np.ndarray, low: int, high: int) -> int | np.ndarray:
-    """The own epochs of records ``[low, high)`` of a part."""
-    return epochs if isinstance(epochs, int) else epochs[low:high]
+                own = owns[n]
+                epochs.append(own if isinstance(own, int) else own[low:high])
+        return Placement(max(stop - start, 0), parts, self.epoch, None if owns is None else epochs)
