@@ -1237,3 +1237,50 @@ def test_a_damaged_chunk_of_one_source_fails_a_mixtures_batches_naming_it(
     flip_byte(chunk_path(bad), 5000)
     with pytest.raises(ydl.CacheCorrupted, match="dm-b"):
         list(mix.stream(shuffle=True, shuffle_seed=2, batch_size=64))
+
+
+# --- the source's own epoch of each read, through cuts of a placement ---
+
+
+def reads_at(placement: Any) -> dict[int, tuple[int, int, int]]:
+    """offset -> (leaf, record, the epoch of its own source it is read in) of a Placement."""
+    out = {}
+    for k, part in enumerate(placement.parts):
+        own = np.broadcast_to(placement.record_epochs(k), len(part[2])).tolist()
+        for at, record, epoch in zip(placement.offsets(part).tolist(), part[2].tolist(), own):
+            out[at] = (part[0], record, epoch)
+    return out
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    start=st.integers(0, 20), length=st.integers(1, 25), step=st.integers(1, 9),
+    cut=st.tuples(st.integers(0, 25), st.integers(0, 25)), epoch=st.integers(0, 4),
+    shuffle=st.booleans(), nested=st.booleans(),
+)  # fmt: skip
+def test_cutting_a_placement_keeps_each_read_s_own_epoch(
+    start, length, step, cut, epoch, shuffle, nested
+) -> None:
+    from yogadl_plus.order import MixOrder
+
+    # A source of 3 records up-sampled (7 of 12 slots); nested, an inner mixture of 5 items
+    # read 7 times an epoch, whose leaves' reads come from several of its epochs at once.
+    inner = MixOrder(["p", "q"], [2, 3], [1, 4]) if nested else 3
+    order = MixOrder(["small", "big"], [inner, 10], [7, 5])
+    slots = np.arange(start, start + length) % 12
+    placement = order.place(epoch, slots, shuffle, 1)
+    whole = reads_at(placement)
+    assert sorted(whole) == list(range(length))
+    if not nested:  # item q of a source of n: record q % n (unshuffled) of its epoch q // n
+        small = [e for leaf, _, e in whole.values() if leaf == 0]
+        assert set(small) <= {(epoch * 7 + r) // 3 for r in range(7)}
+    pieces = placement.split(step)
+    assert {
+        k * step + at: read
+        for k, piece in enumerate(pieces)
+        for at, read in reads_at(piece).items()
+    } == whole
+    low, high = sorted(cut)
+    assert reads_at(placement[low:high]) == {
+        at - low: read for at, read in whole.items() if low <= at < high
+    }

@@ -4,6 +4,7 @@ errors at construction, against a schema and on unsorted timestamps."""
 from __future__ import annotations
 
 import datetime
+import itertools
 import pickle
 import tempfile
 
@@ -158,7 +159,7 @@ def test_windows_span_chunk_boundaries_and_stop_at_the_jump(ref):
     assert anchors.tolist() == list(range(1, 28)) + list(range(31, 58))
     windows = ngram.read_windows(ref, anchors)
     for k, window in zip(anchors.tolist(), windows):
-        assert set(window) == {-1, 0, 2}
+        assert list(window) == [-1, 0, 1, 2] and window[1] == {}  # (offset 1 is not named)
         assert window[-1] == {"id": k - 1}
         assert set(window[0]) == {"id", "x"} and window[0]["id"] == k
         np.testing.assert_array_equal(window[0]["x"], np.full(4, k, np.float32))
@@ -302,7 +303,8 @@ def test_read_batch_and_assemble(ref):
     ngram = NGram({0: ["id", "x"], 2: ["s"]}, 1, "ts")
     anchors = np.array([3, 40, 10])
     batch = ngram.read_batch(ref, anchors)
-    assert set(batch) == {0, 2} and set(batch[0]) == {"id", "x"} and set(batch[2]) == {"s"}
+    assert list(batch) == [0, 1, 2] and batch[1] == {}
+    assert set(batch[0]) == {"id", "x"} and set(batch[2]) == {"s"}
     assert batch[0]["id"].tolist() == [3, 40, 10]
     assert batch[0]["x"].shape == (3, 4)
     assert batch[2]["s"] == ["r5", "r42", "r12"]
@@ -415,7 +417,8 @@ def test_anchors_checks_the_schema_first():
 
 def test_field_names():
     ngram = NGram({0: ["x"], 1: ["s", "x"]}, 1, "ts")
-    assert ngram.field_names() == frozenset({"x", "s", "ts"})
+    assert ngram.field_names(schema()) == frozenset({"x", "s", "ts"})
+    assert NGram({0: ["^[xs]$"]}, 1, "^t.*").field_names(schema()) == {"x", "s", "ts"}
 
 
 # --- identity ---
@@ -459,3 +462,187 @@ def test_a_decimal_threshold_is_a_number():
         NGram({0: ["x"], 1: ["x"]}, Decimal("-1"), "ts")
     with pytest.raises(ValueError, match="real number"):
         NGram({0: ["x"], 1: ["x"]}, "0.5", "ts")
+
+
+# --- as Petastorm: every offset of the span, regular expressions for names ---
+
+
+def petastorm_windows(data, fields, delta, ts, overlap=True):
+    """Petastorm's ``NGram.form_ngram`` over one row group of record dicts, as it is written
+    there: an entry per offset of the span, holding the fields named at that offset (none at
+    an offset not named)."""
+    base = min(fields)
+    length = max(fields) - base + 1
+    out, previous_end = [], None
+    for index in range(len(data) - length + 1):
+        window = data[index : index + length]
+        if not overlap and previous_end is not None and window[0][ts] <= previous_end:
+            continue
+        if all(b[ts] - a[ts] <= delta for a, b in itertools.pairwise(window)):
+            out.append(
+                {
+                    base + k: {f: v for f, v in record.items() if f in fields.get(base + k, [])}
+                    for k, record in enumerate(window)
+                }
+            )
+            if not overlap:
+                previous_end = window[-1][ts]
+    return out
+
+
+def plain(value):
+    """numpy values as Python ones, containers walked."""
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    return value.tolist() if isinstance(value, (np.ndarray, np.generic)) else value
+
+
+GAPPED = [
+    {"ts": int(t), "a": i, "b": np.full(2, i, np.float32), "c": f"c{i}"}
+    for i, t in enumerate(np.cumsum(np.random.default_rng(3).integers(1, 4, 40)))
+]
+
+
+@pytest.fixture(scope="module")
+def gapped(tmp_path_factory):
+    return build(GAPPED, tmp_path_factory.mktemp("gapped"))
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    named=st.dictionaries(
+        st.integers(-3, 3),
+        st.lists(st.sampled_from("abc"), min_size=1, max_size=3, unique=True),
+        min_size=1,
+        max_size=3,
+    ),
+    delta=st.integers(1, 3),
+    overlap=st.booleans(),
+)
+def test_windows_are_petastorms_with_an_empty_dict_at_each_offset_not_named(
+    gapped, named, delta, overlap
+):
+    # (Timestamps strictly increase: Petastorm's no-overlap rule, on timestamps, is ours.)
+    ngram = NGram(named, delta, "ts", overlap)
+    want = petastorm_windows([plain(r) for r in GAPPED], named, delta, "ts", overlap)
+    got = [plain(w) for w in gapped.stream(ngram=ngram)]
+    assert got == want
+    assert all(list(w) == list(range(min(named), max(named) + 1)) for w in got)
+    batches = gapped.stream(ngram=ngram, batch_size=4)
+    assert [plain(w) for batch in batches for w in unbatched(ngram, batch)] == want
+
+
+def unbatched(ngram, batch):
+    """The windows of a batch of windows (its first offset is named, so holds a column)."""
+    count = len(next(iter(batch[ngram.min_offset].values())))
+    return list(ngram.iter_assembled(batch, count))
+
+
+def test_gaps_in_batches_and_worker_processes(gapped):
+    ngram = NGram({-1: ["a"], 2: ["b", "c"]}, 3, "ts")
+    args = dict(ngram=ngram, shuffle=True, shuffle_seed=1, batch_size=4)
+    inline = list(gapped.stream(**args))
+    assert inline and all(list(b) == [-1, 0, 1, 2] and b[0] == b[1] == {} for b in inline)
+    assert inline[0][2]["b"].shape == (4, 2)
+    stream = gapped.stream(**args, num_workers=2, worker_type="process")
+    workers = list(stream)
+    stream.close()
+    assert [plain(b) for b in workers] == [plain(b) for b in inline]
+
+
+def test_a_span_too_long_for_its_entries_is_refused():
+    NGram({0: ["x"], 65535: ["x"]}, 1, "ts")
+    with pytest.raises(ValueError, match=r"0 \.\. 65536 span 65537 records.*at most 65536"):
+        NGram({0: ["x"], 65536: ["x"]}, 1, "ts")
+
+
+REGEX_RECORDS = [
+    {
+        "id": i,
+        "id2": i % 7,
+        "id_float": float(i),
+        "id_odd": bool(i % 2),
+        "sensor_name": f"s{i}",
+        "partition_key": f"p{i % 3}",
+        "matrix": np.full(3, i, np.float32),
+        "a.b": i,
+        "axb": -i,
+    }
+    for i in range(20)
+]
+
+
+@pytest.fixture(scope="module")
+def named_like_petastorms(tmp_path_factory):
+    return build(REGEX_RECORDS, tmp_path_factory.mktemp("regex"), chunk_bytes=1000)
+
+
+def test_ngram_with_regex_fields(named_like_petastorms):
+    # Petastorm's test_ngram_with_regex_fields, ported: regular expressions for the fields
+    # and the timestamp field.
+    fields = {k: ["^id.*$", "sensor_name", "partition_key"] for k in (-1, 0, 1)}
+    ngram = NGram(fields, delta_threshold=10, timestamp_field="^id$")
+    expected = ("id", "id2", "id_float", "id_odd", "sensor_name", "partition_key")
+    schema_ = named_like_petastorms.schema
+    assert ngram.names(schema_) == {-1: expected, 0: expected, 1: expected}
+    assert ngram.timestamp_name(schema_) == "id"
+    windows = list(named_like_petastorms.stream(ngram=ngram))
+    assert len(windows) == 18
+    for k, window in enumerate(windows, start=1):
+        for offset, values in window.items():
+            record = REGEX_RECORDS[k + offset]
+            assert plain(values) == {name: record[name] for name in expected}
+
+
+def test_a_field_s_own_name_means_that_field_alone(named_like_petastorms):
+    schema_ = named_like_petastorms.schema
+    # "a.b" is a field: it is not the pattern that "axb" matches too.
+    assert NGram({0: ["a.b"]}, 1, "id").names(schema_) == {0: ("a.b",)}
+    assert NGram({0: ["a.?b"]}, 1, "id").names(schema_) == {0: ("a.b", "axb")}
+    # Patterns expand in the schema's order, each field once, after the names before them.
+    assert NGram({0: ["sensor_name", "id.*", "id"]}, 1, "id").names(schema_) == {
+        0: ("sensor_name", "id", "id2", "id_float", "id_odd")
+    }
+    # Whole names, as Petastorm matches them: "id*" is i, id, idd ..., "id_" no prefix.
+    assert NGram({0: ["id*"]}, 1, "id").names(schema_) == {0: ("id",)}
+    with pytest.raises(ydl.SchemaError, match=r"offset 0\) 'id_' is not in the dataset"):
+        NGram({0: ["id_"]}, 1, "id").check(schema_)
+
+
+@pytest.mark.parametrize(
+    ("fields", "timestamp", "words"),
+    [
+        ({0: ["id"], 2: ["^nope.*"]}, "id", ["'^nope.*'", "offset 2", "'sensor_name'"]),
+        ({0: ["id"]}, "^stamp$", ["timestamp_field", "'^stamp$'", "'id_odd'"]),
+        ({0: ["id"]}, "^id.*", ["timestamp_field", "'^id.*'", "matches 4 fields", "'id_float'"]),
+        ({0: ["id("]}, "id", ["'id('", "regular expression", "offset 0"]),
+    ],
+)
+def test_names_that_match_no_field_are_named_when_the_stream_is_made(
+    named_like_petastorms, fields, timestamp, words
+):
+    ngram = NGram(fields, 1, timestamp)  # (a name means nothing until there is a schema)
+    with pytest.raises(ydl.SchemaError) as info:
+        named_like_petastorms.stream(ngram=ngram)
+    for word in words:
+        assert word in str(info.value)
+
+
+def test_ngram_delta_threshold(tmp_path):
+    # Petastorm's test_ngram_delta_threshold, ported. Its reader stops after (10, 11): its
+    # windows end with a row group, as its test data's does there. Here (20, 23) is a window.
+    ids = [0, 3, 8, 10, 11, 20, 23]
+    ref = build([{"id": i, "id2": i * 2} for i in ids], tmp_path)
+    ngram = NGram({0: ["id", "id2"], 1: ["id"]}, delta_threshold=4, timestamp_field="id")
+    got = [(int(w[0]["id"]), int(w[1]["id"])) for w in ref.stream(ngram=ngram)]
+    assert got == [(0, 3), (8, 10), (10, 11), (20, 23)]
+    # test_ngram_delta_small_threshold: a threshold under every gap leaves no window.
+    assert list(ref.stream(ngram=NGram({0: ["id"], 1: ["id"]}, 0.5, "id"))) == []
+
+
+def test_shuffled_and_non_consecutive_keys(gapped):
+    # Petastorm's test_shuffled_fields and test_non_consecutive_ngram, ported: keys given out
+    # of order come in ascending order, and the offsets between them are empty.
+    window = next(iter(gapped.stream(ngram=NGram({2: ["a"], -1: ["a", "c"]}, 10, "ts"))))
+    assert list(window) == [-1, 0, 1, 2] and window[0] == window[1] == {}
+    assert int(window[2]["a"]) == int(window[-1]["a"]) + 3

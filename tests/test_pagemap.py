@@ -276,7 +276,7 @@ def test_an_empty_batch_of_records_decoded_field_by_field(tmp_path: Path) -> Non
     assert empty["a"].shape == (0,) and empty["b"].shape == (0, 4095)
     assert ref.get_batch([7])["b"][0, 0] == 7
     none = predicates.in_lambda(["a"], lambda a: a < 0, vectorized=True)
-    with pytest.warns(RuntimeWarning, match="kept none"):
+    with pytest.warns(ydl.NothingPassedWarning, match="kept none"):
         assert list(ref.stream(batch_size=8, predicate=none)) == []
 
 

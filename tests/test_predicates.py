@@ -773,18 +773,33 @@ def test_split_of_special_values() -> None:
         pred.include({"v": {"a": 1}})
 
 
-# --- what Petastorm users expect (issue 27) ---
+# --- what Petastorm users expect ---
 
 
 def test_a_predicate_that_keeps_nothing_warns_once_an_epoch(ref: ydl.DataRef) -> None:
     nothing = ydl.predicates.in_set("label", ["fish"])
     stream = ref.stream(predicate=nothing, batch_size=16)
-    with pytest.warns(RuntimeWarning, match=r"kept none of the \d+ records of epoch 0"):
+    with pytest.warns(ydl.NothingPassedWarning, match=r"kept none of the \d+ records of epoch 0"):
         assert list(stream) == []
     some = ref.stream(predicate=ydl.predicates.in_set("label", ["cat"]))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert len(list(some)) > 0
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_the_warning_is_a_user_warning_as_petastorms(ref: ydl.DataRef, workers: int) -> None:
+    # Petastorm warns a UserWarning when nothing passes: filters written for it catch ours.
+    assert issubclass(ydl.NothingPassedWarning, UserWarning)
+    assert not issubclass(ydl.NothingPassedWarning, RuntimeWarning)
+    nothing = ydl.predicates.in_lambda(["label"], lambda label: label == "fish")
+    with pytest.warns(UserWarning, match="kept none") as caught:
+        assert list(ref.stream(predicate=nothing, num_workers=workers)) == []
+    assert [type(w.message) for w in caught] == [ydl.NothingPassedWarning]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ydl.NothingPassedWarning)
+        with pytest.raises(ydl.NothingPassedWarning):
+            list(ref.stream(predicate=nothing))
 
 
 def test_a_predicate_naming_no_field_is_refused(ref: ydl.DataRef) -> None:

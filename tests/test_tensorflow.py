@@ -325,9 +325,11 @@ def test_offset_after_maps_items_consumed_to_the_exact_position_with_a_predicate
     assert stream.offset_after(epoch) == N  # the whole epoch
     # An epoch not iterated is counted from its start (a rank restarted alone).
     fresh = ref.stream(**kwargs)
-    assert fresh.offset_after(5, 4) == stream.offset_after(5, 4) == ref.stream(
-        **kwargs, start_offset=5 * N
-    ).offset_after(5, 4)
+    assert (
+        fresh.offset_after(5, 4)
+        == stream.offset_after(5, 4)
+        == ref.stream(**kwargs, start_offset=5 * N).offset_after(5, 4)
+    )
 
 
 def _passing_before(ref, kwargs, positions):
@@ -410,6 +412,23 @@ def test_ngram_items_are_nested_by_offset(storage):
     first = next(iter(ds))
     assert first[0]["v"].numpy().tolist() == [0, 10, 20, 30]
     assert first[1]["t"].numpy().tolist() == [1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("batch_size", [None, 4])
+def test_ngram_offsets_not_named_are_empty_dicts_as_the_streams(storage, batch_size):
+    # Petastorm yields an empty entry for each offset between two named ones: so do the
+    # stream and tf.data, in records and batches (through the block path too).
+    records = [{"t": np.int64(i), "v": np.float32(i) * 10} for i in range(12)]
+    ref = cache(records, storage)
+    ngram = ydl.NGram({0: ["v"], 2: ["v", "^t$"]}, delta_threshold=1, timestamp_field="t")
+    ds = make_tf_dataset(ref.stream(ngram=ngram, batch_size=batch_size))
+    assert list(ds.element_spec) == [0, 1, 2] and ds.element_spec[1] == {}
+    got = list(ds)
+    want = list(ref.stream(ngram=ngram, batch_size=batch_size))
+    assert len(got) == len(want) and all(g[1] == {} for g in got)
+    for g, w in zip(got, want):
+        assert g[2]["t"].numpy().tolist() == np.asarray(w[2]["t"]).tolist()
+        assert g[0]["v"].numpy().tolist() == np.asarray(w[0]["v"]).tolist()
 
 
 def test_nullable_fields_are_refused_and_datetimes_become_int64(storage):

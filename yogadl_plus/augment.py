@@ -5,7 +5,11 @@ record's own, so a resumed run draws the augmentations the first run drew.
 the source's name in a mixture: the same record in the same epoch gets the same augmentation
 whatever happened before it, after any resume, with any number or kind of workers, on any
 number of shards, after an elastic rescale and through every face, since none of those change
-an epoch's records, only who reads them and when. (Grain's ``RandomMapTransform`` draws from a
+an epoch's records, only who reads them and when. In a mixture the epoch is the source's own
+(``Placement.record_epochs``): a mixture's epoch reads an up-sampled source's records once in
+each of its own epochs that it walks through, and each of those copies draws its own; a source
+read once per mixture epoch (weights in proportion to the sizes) has its own epochs numbered as
+the mixture's. (Grain's ``RandomMapTransform`` draws from a
 seed and the element's position in its pipeline; NVIDIA DALI checkpoints its operators' random
 state. Here there is no state to save.)
 """
@@ -28,7 +32,7 @@ _DOMAIN = b"ydl-augment-v1"
 def random_map(fn: Callable[[Any, np.random.Generator], Any], seed: int | None = None) -> RandomMap:
     """A transform (``stream(transform=...)``) that calls ``fn(record, rng)``, ``rng`` keyed by
     ``seed`` (None: the stream's shuffle seed), the epoch, the record's index and, in a mixture,
-    its source's name. See the module's docstring."""
+    its source's name (and the epoch is that source's own). See the module's docstring."""
     return RandomMap(fn, seed)
 
 
@@ -54,8 +58,9 @@ class RandomMap:
         )
 
     def apply(self, record: Any, stream_seed: int, epoch: int, index: int, source: str) -> Any:
-        """``fn`` of ``record`` (record ``index`` of ``source``, "" for a DataRef's own) in
-        ``epoch``, with its generator; ``stream_seed`` stands in for a seed of None."""
+        """``fn`` of ``record`` (record ``index`` of ``source``, "" for a DataRef's own) read in
+        ``epoch`` (of ``source``'s own), with its generator; ``stream_seed`` stands in for a
+        seed of None."""
         return self.fn(
             record,
             generator(self.seed if self.seed is not None else stream_seed, epoch, index, source),

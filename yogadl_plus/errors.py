@@ -35,6 +35,10 @@ class CacheLimitWarning(UserWarning):
     """The local cache could not be kept under its size limit: what it holds is in use."""
 
 
+class NothingPassedWarning(UserWarning):
+    """A stream's predicate kept none of the records of a whole epoch: its epochs are empty."""
+
+
 class MissingExtra(YogaError, ImportError):
     """A face, storage or engine was used without the library it needs: the message names the
     ``pip install 'yogadl_plus[extra]'`` that brings it."""

@@ -1,9 +1,11 @@
 """NGram: windows of consecutive records whose timestamps lie close together.
 
 A window anchored at record ``k`` holds records ``k + min_offset .. k + max_offset`` in storage
-order. Which windows exist is a pure function of the timestamps, computed once per DataRef as a
+order, and yields an entry for each (an empty one for an offset not named, as Petastorm's do).
+Which windows exist is a pure function of the timestamps, computed once per DataRef as a
 sorted array of anchors; the Stream then shuffles, shards and resumes positions in that array
-exactly as it does record indices.
+exactly as it does record indices. Field names may be regular expressions, matched against the
+dataset's schema when a stream is made (``Schema.matching``).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import datetime
 import decimal
 import math
 import numbers
+import re
 import threading
 import weakref
 from collections.abc import Iterator, Mapping, Sequence
@@ -48,6 +51,8 @@ lifecycle.on_fork(after_in_child=_new_lock_after_fork)
 _TS_BLOCK = 65536
 # Offsets far beyond any dataset, small enough that anchor + offset never overflows int64.
 _MAX_OFFSET = 2**62
+# Records a window may span: it yields an entry for each (a dict, even where empty).
+_MAX_SPAN = 1 << 16
 # Units without a fixed length cannot bound a gap between two instants.
 _UNFIXED_UNITS = ("generic", "Y", "M")
 
@@ -66,17 +71,47 @@ def _check_offset(key: object) -> int:
 def _check_names(offset: int, names: object) -> tuple[str, ...]:
     if not isinstance(names, (list, tuple)) or not names:
         raise ValueError(
-            f"NGram fields[{offset}] must be a non-empty list of field names, got {names!r}"
+            f"NGram fields[{offset}] must be a non-empty list of field names (or regular "
+            f"expressions), got {names!r}"
         )
     for name in names:
         if not isinstance(name, str) or not name:
             raise ValueError(
-                f"NGram fields[{offset}] holds field names (non-empty str), got {name!r} in "
-                f"{names!r}"
+                f"NGram fields[{offset}] holds field names or regular expressions (non-empty "
+                f"str), got {name!r} in {names!r}"
             )
     if len(set(names)) != len(names):
         raise ValueError(f"NGram fields[{offset}] names a field twice: {names!r}")
     return tuple(names)
+
+
+def _check_span(offsets: tuple[int, ...]) -> int:
+    span = offsets[-1] - offsets[0] + 1
+    if span > _MAX_SPAN:
+        raise ValueError(
+            f"NGram offsets {offsets[0]} .. {offsets[-1]} span {span} records: a window yields "
+            f"an entry for each offset of its span (an empty dict for those not named), so it "
+            f"may span at most {_MAX_SPAN}"
+        )
+    return span
+
+
+def _matched(schema: Schema, name: str, what: str) -> tuple[str, ...]:
+    """The fields ``name`` stands for in ``schema`` (``Schema.matching``); SchemaError naming
+    ``what`` it is when none."""
+    try:
+        found = schema.matching(name)
+    except re.error as exc:
+        raise SchemaError(
+            f"NGram {what} {name!r} is neither a field of the dataset nor a regular expression "
+            f"({exc}); the schema has {list(schema.names)}"
+        ) from None
+    if not found:
+        raise SchemaError(
+            f"NGram {what} {name!r} is not in the dataset, nor does it match a field name as a "
+            f"regular expression; the schema has {list(schema.names)}"
+        )
+    return found
 
 
 def _check_delta(value: object) -> int | float | np.timedelta64:
@@ -112,10 +147,18 @@ class NGram:
 
     ``fields`` maps int offsets (negative and gaps allowed) to the field names yielded at that
     offset. A window anchored at record ``k`` spans records ``k + min_offset .. k + max_offset``
-    and exists only if it lies inside the dataset and every consecutive timestamp gap over that
-    whole span (also at offsets not named) is ``<= delta_threshold``; a NaN or NaT timestamp
-    makes every gap it takes part in too large. With ``timestamp_overlap=False`` the windows are
-    picked greedily in storage order so that no two share a record of their span.
+    (at most 65536 of them) and exists only if it lies inside the dataset and every consecutive
+    timestamp gap over that whole span (also at offsets not named) is ``<= delta_threshold``; a
+    NaN or NaT timestamp makes every gap it takes part in too large. A window holds every
+    offset of its span in ascending order, an offset not named as an empty dict (as Petastorm's
+    windows do). With ``timestamp_overlap=False`` the windows are picked greedily in storage
+    order so that no two share a record of their span.
+
+    A name that is no field of the dataset is a regular expression matched against the whole
+    of each field's name, as Petastorm's are (``"^id.*$"``, ``"cam_[0-9]+"``): it stands for
+    every field it matches, in the schema's order; a field's own name always means that field
+    alone. ``timestamp_field`` may be one too, if it matches exactly one field. Names are
+    matched when a stream is made, and one that matches nothing is a SchemaError.
 
     ``delta_threshold`` is an int or float for numeric timestamps, and a ``np.timedelta64`` (or
     ``datetime.timedelta``) with a fixed unit for datetime64 / timedelta64 timestamps.
@@ -148,8 +191,10 @@ class NGram:
         self.timestamp_overlap = check_bool("timestamp_overlap", timestamp_overlap)
         self.min_offset = self.offsets[0]
         self.max_offset = self.offsets[-1]
-        self.span = self.max_offset - self.min_offset + 1
+        self.span = _check_span(self.offsets)
         self._offset_array = np.array(self.offsets, dtype=np.int64)
+        # The last schema resolved against, and what each offset reads from it.
+        self._resolved: tuple[Schema, dict[int, tuple[Field, ...]]] | None = None
 
     # --- identity: NGrams key caches ---
 
@@ -218,29 +263,44 @@ class NGram:
 
     # --- what the Stream asks ---
 
-    def field_names(self) -> frozenset[str]:
-        """Every field a window needs: those named at any offset and the timestamp field."""
-        names = {self.timestamp_field}
-        for group in self.fields.values():
+    def field_names(self, schema: Schema) -> frozenset[str]:
+        """Every field of ``schema`` a window needs: those yielded at any offset and the
+        timestamp field."""
+        names = {self.timestamp_name(schema)}
+        for group in self.names(schema).values():
             names.update(group)
         return frozenset(names)
 
-    def check(self, schema: Schema) -> None:
-        """Raises SchemaError naming the field if ``schema`` lacks a field or cannot carry the
-        timestamps (a non-nullable numeric or datetime64 scalar, matching the threshold)."""
-        for offset, names in self.fields.items():
-            for name in names:
-                if name not in schema:
-                    raise SchemaError(
-                        f"NGram field {name!r} (offset {offset}) is not in the dataset; the "
-                        f"schema has {list(schema.names)}"
-                    )
-        name = self.timestamp_field
-        if name not in schema:
+    def names(self, schema: Schema) -> dict[int, tuple[str, ...]]:
+        """The names of the fields each offset yields, from ``min_offset`` to ``max_offset``:
+        each name or regular expression of ``fields`` matched against ``schema``, in order,
+        without repeats; none for an offset not named. SchemaError naming a name that
+        matches no field."""
+        out: dict[int, tuple[str, ...]] = {}
+        for offset in range(self.min_offset, self.max_offset + 1):
+            found: dict[str, None] = {}  # (ordered, without repeats)
+            for name in self.fields.get(offset, ()):
+                found.update(dict.fromkeys(_matched(schema, name, f"field (offset {offset})")))
+            out[offset] = tuple(found)
+        return out
+
+    def timestamp_name(self, schema: Schema) -> str:
+        """The field of ``schema`` that ``timestamp_field`` names (or, as a regular expression,
+        matches: SchemaError unless exactly one)."""
+        found = _matched(schema, self.timestamp_field, "timestamp_field")
+        if len(found) > 1:
             raise SchemaError(
-                f"NGram timestamp_field {name!r} is not in the dataset; the schema has "
-                f"{list(schema.names)}"
+                f"NGram timestamp_field {self.timestamp_field!r} matches {len(found)} fields "
+                f"{list(found)}: it must name one (e.g. {'^' + re.escape(found[0]) + '$'!r})"
             )
+        return found[0]
+
+    def check(self, schema: Schema) -> None:
+        """Raises SchemaError naming the field if ``schema`` lacks a field (or a regular
+        expression matches none) or cannot carry the timestamps (a non-nullable numeric or
+        datetime64 scalar, matching the threshold)."""
+        self.names(schema)
+        name = self.timestamp_name(schema)
         field = schema[name]
         kind = field.dtype.kind if field.kind == "numeric" else None
         if kind not in ("i", "u", "f", "m", "M") or field.shape != () or field.nullable:
@@ -271,7 +331,7 @@ class NGram:
         with _ANCHORS_LOCK:
             found = _ANCHORS.setdefault(dataref, {}).get(key)
         if found is None:
-            found = self._compute_anchors(dataref)
+            found = self._compute_anchors(dataref, self.timestamp_name(dataref.schema))
             found.flags.writeable = False
             with _ANCHORS_LOCK:
                 found = _ANCHORS.setdefault(dataref, {}).setdefault(key, found)
@@ -287,8 +347,14 @@ class NGram:
     # --- reading windows ---
 
     def resolve(self, schema: Schema) -> dict[int, tuple[Field, ...]]:
-        """The Field objects to read at each offset (for DataRef.read_columns)."""
-        return {o: schema.select(names) for o, names in self.fields.items()}
+        """The Field objects each offset of a window yields, from ``min_offset`` to
+        ``max_offset`` (none for an offset not named): what ``read_batch`` reads."""
+        last = self._resolved
+        if last is not None and last[0] is schema:  # (asked for every block of windows read)
+            return last[1]
+        found = {o: schema.select(names) for o, names in self.names(schema).items()}
+        self._resolved = (schema, found)
+        return found
 
     def read_windows(
         self, dataref: DataRef, anchors: np.ndarray | Sequence[int]
@@ -307,13 +373,15 @@ class NGram:
         anchors: np.ndarray | Sequence[int],
         allocate: Allocate | None = None,
     ) -> dict[int, dict[str, Any]]:
-        """The windows at ``anchors`` as one batch ``{offset: {field: stacked}}``: arrays for
-        fixed-shape numeric fields, lists for the rest (as DataRef.get_batch; ``allocate``:
-        where big arrays are made, as there)."""
+        """The windows at ``anchors`` as one batch ``{offset: {field: stacked}}``, every offset
+        of the span in order: arrays for fixed-shape numeric fields, lists for the rest (as
+        DataRef.get_batch; ``allocate``: where big arrays are made, as there); ``{}`` at an
+        offset not named."""
         records = self._checked_records(dataref, anchors)
+        at = dict(zip(self.offsets, records.T))  # (the records of the offsets named)
         return {
-            offset: dataref.read_columns(records[:, column], fields, allocate)
-            for column, (offset, fields) in enumerate(self.resolve(dataref.schema).items())
+            offset: dataref.read_columns(at[offset], fields, allocate) if fields else {}
+            for offset, fields in self.resolve(dataref.schema).items()
         }
 
     def assemble(
@@ -321,18 +389,15 @@ class NGram:
     ) -> dict[int, dict[str, Any]]:
         """Window ``j`` out of a batch ``{offset: {field: column}}`` (as read_batch returns)."""
         return {
-            offset: {name: columns_by_offset[offset][name][j] for name in names}
-            for offset, names in self.fields.items()
+            offset: {name: column[j] for name, column in columns.items()}
+            for offset, columns in columns_by_offset.items()
         }
 
     def iter_assembled(
         self, columns_by_offset: Mapping[int, Mapping[str, Any]], count: int
     ) -> Iterator[dict[int, dict[str, Any]]]:
         """Windows ``0 .. count-1`` of a batch, one dict each."""
-        groups = [
-            (offset, [(name, columns_by_offset[offset][name]) for name in names])
-            for offset, names in self.fields.items()
-        ]
+        groups = [(offset, list(columns.items())) for offset, columns in columns_by_offset.items()]
         for j in range(count):
             yield {offset: {name: column[j] for name, column in group} for offset, group in groups}
 
@@ -350,15 +415,14 @@ class NGram:
                 )
         return records
 
-    def _timestamp_blocks(self, dataref: DataRef) -> Iterator[np.ndarray]:
+    def _timestamp_blocks(self, dataref: DataRef, name: str) -> Iterator[np.ndarray]:
         n = len(dataref)
-        name = self.timestamp_field
         for start in range(0, n, _TS_BLOCK):
             stop = min(start + _TS_BLOCK, n)
             block = dataref.get_batch(np.arange(start, stop), fields=[name])[name]
             yield np.asarray(block)
 
-    def _compute_anchors(self, dataref: DataRef) -> np.ndarray:
+    def _compute_anchors(self, dataref: DataRef, timestamp: str) -> np.ndarray:
         n = len(dataref)
         span = self.span
         if n < span:
@@ -366,8 +430,8 @@ class NGram:
         if span == 1:
             bad_gaps = np.empty(0, dtype=np.int64)
         else:
-            blocks = self._timestamp_blocks(dataref)
-            bad_gaps = _bad_gaps(blocks, self.delta_threshold, self.timestamp_field)
+            blocks = self._timestamp_blocks(dataref, timestamp)
+            bad_gaps = _bad_gaps(blocks, self.delta_threshold, timestamp)
         starts = _window_starts(bad_gaps, n, span, 1 if self.timestamp_overlap else span)
         starts -= self.min_offset
         return starts

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import math
 import numbers
+import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from dataclasses import field as dataclass_field
@@ -575,6 +576,17 @@ class Schema:
         if isinstance(names, str):
             names = [names]
         return tuple(self[n] for n in names)
+
+    def matching(self, name: str) -> tuple[str, ...]:
+        """The names ``name`` stands for, as Petastorm reads a field given by a string: the
+        field of that very name if there is one (even where the name holds ``.`` or ``[``),
+        else every field whose whole name the regular expression ``name`` matches
+        (``re.fullmatch``), in the schema's order; none if none does. ``re.error`` when
+        ``name`` is neither a field's name nor a regular expression."""
+        if name in self._by_name:
+            return (name,)
+        pattern = re.compile(name)
+        return tuple(n for n in self._by_name if pattern.fullmatch(n))
 
     def to_json(self) -> list[dict[str, Any]]:
         """The schema as the manifest stores it: each field's ``to_json``."""

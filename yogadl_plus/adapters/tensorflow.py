@@ -376,7 +376,10 @@ def _template_of(plan: StreamPlan, nested: bool) -> Template:
         return _template([f.name for f in plan.fields], nested, collapse)
     groups = plan.boundary.ngram.resolve(plan.source.schema)
     return {
+        # (An offset not named yields an empty dict, as the stream's windows hold.)
         offset: _template([f.name for f in fields], nested, collapse, prefix=f"{offset}/")
+        if fields
+        else {}
         for offset, fields in groups.items()
     }
 

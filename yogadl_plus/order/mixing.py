@@ -36,8 +36,9 @@ _VALUES_BY_PASSES = 4
 # The entries of small sources' tables it keeps (8 bytes each): every epoch of an up-sampled
 # source that a mixture's epoch reads, many times over.
 _TABLE_ENTRIES_KEPT = 1 << 21
-# (leaf number, the slots' offsets in the run, the leaf's records), as found piece by piece.
-Found = dict[int, list[tuple[np.ndarray, np.ndarray]]]
+# Per leaf number: the slots' offsets in the run, the leaf's records and the epoch of its own
+# that each is read in (one for all, or an array), as found piece by piece.
+Found = dict[int, list[tuple[np.ndarray, np.ndarray, int | np.ndarray]]]
 #: Every stage of a mixture and of its inner ones, as plain data (what a stream state keeps):
 #: the path of each mixture ('' for the outermost, 'text' or 'text/code' inside) -> its stages,
 #: each [first epoch, [slots of each source]].
@@ -148,22 +149,28 @@ class MixOrder:
         return part.epoch_size if isinstance(part, MixOrder) else part
 
     def place(self, epoch: int, slots: np.ndarray, shuffle: bool, seed: int) -> Placement:
-        """Where the ``slots`` of epoch ``epoch`` read: per leaf, which of ``slots`` and that
-        leaf's record for each. With ``shuffle``, each source walks its epochs in the order of
-        a permutation keyed by ``seed`` and the source's name."""
+        """Where the ``slots`` of epoch ``epoch`` read: per leaf, which of ``slots``, that
+        leaf's record for each and the epoch of the leaf's own in which it is read (its
+        ``own_epochs``). With ``shuffle``, each source walks its epochs in the order of a
+        permutation keyed by ``seed`` and the source's name."""
         found: Found = {}
         self._place(int(epoch), np.asarray(slots, np.int64), shuffle, seed, 0, None, found)
         parts: list[Part] = []
+        own_epochs: list[int | np.ndarray] = []
         for leaf, pieces in sorted(found.items()):
             if len(pieces) == 1:
-                parts.append((leaf, *pieces[0]))
+                where, records, own = pieces[0]
+                parts.append((leaf, where, records))
+                own_epochs.append(own)
                 continue
-            # (From several epochs of an inner mixture.)
-            offsets = np.concatenate([w for w, _ in pieces])
-            records = np.concatenate([r for _, r in pieces])
+            # (From several epochs of an inner mixture, or stages of this one.)
+            offsets = np.concatenate([w for w, _, _ in pieces])
+            records = np.concatenate([r for _, r, _ in pieces])
+            owns = np.concatenate([np.broadcast_to(e, len(w)) for w, _, e in pieces])
             ascending = np.argsort(offsets, kind="stable")
             parts.append((leaf, offsets[ascending], records[ascending]))
-        return Placement(len(slots), parts)
+            own_epochs.append(owns[ascending])
+        return Placement(len(slots), parts, own_epochs=own_epochs)
 
     def _place(
         self,
@@ -222,7 +229,7 @@ class MixOrder:
             return
         if shuffle:
             positions = self._shuffled(j, own_epochs, positions, seed)
-        found.setdefault(leaf, []).append((where, positions))
+        found.setdefault(leaf, []).append((where, positions, own_epochs))
 
     def _shuffled(
         self, j: int, epochs: int | np.ndarray, positions: np.ndarray, seed: int

@@ -11,6 +11,7 @@ and gives the same result.
 
 from __future__ import annotations
 
+import itertools
 import operator
 import pickle
 from collections.abc import Callable
@@ -73,9 +74,9 @@ class LeafReader:
         if self.predicate is not None:
             self._predicate_fields = self.dataref.select(sorted(self.predicate.get_fields()))
 
-    def __call__(self, start: int, indices: np.ndarray, epoch: int = 0) -> Block:
+    def __call__(self, start: int, indices: np.ndarray, epoch: int | np.ndarray = 0) -> Block:
         """The block of the records (or windows) at ``indices``, at consecutive positions from
-        ``start``, of ``epoch``."""
+        ``start``, read in ``epoch`` (of this leaf's own: one for all, or one each)."""
         ends = np.arange(start + 1, start + 1 + len(indices), dtype=np.int64)
         began = perf_counter()
         if self.ngram is not None:
@@ -86,6 +87,7 @@ class LeafReader:
         keep, values = self.kept_values(indices, work)
         if keep is not None:
             ends, indices = ends[keep], indices[keep]
+            epoch = epoch[keep] if isinstance(epoch, np.ndarray) else epoch
         read = perf_counter()
         work[READING] += read - began - work[PREDICATES]
         columns = self.dataref.layout.decode_columns(values, self.fields, self.allocate)
@@ -153,7 +155,7 @@ class LeafReader:
         """What this reader's items are, in messages."""
         return "window anchored at record" if self.ngram is not None else "record"
 
-    def _windows(self, ends: np.ndarray, positions: np.ndarray, epoch: int) -> Block:
+    def _windows(self, ends: np.ndarray, positions: np.ndarray, epoch: int | np.ndarray) -> Block:
         assert self.ngram is not None and self.anchors is not None
         anchors = self.anchors[positions]
         if self.as_columns:
@@ -167,17 +169,20 @@ class LeafReader:
             block.work[TRANSFORMS] += perf_counter() - began
         return block
 
-    def _transformed(self, items: list[Any], indices: np.ndarray, epoch: int) -> list[Any]:
+    def _transformed(
+        self, items: list[Any], indices: np.ndarray, epoch: int | np.ndarray
+    ) -> list[Any]:
         transform = self.transform
         assert transform is not None
         seeded = transform.apply if isinstance(transform, RandomMap) else None
+        epochs = epoch.tolist() if isinstance(epoch, np.ndarray) else itertools.repeat(epoch)
         out = []
-        for item, index in zip(items, indices.tolist()):
+        for item, index, own in zip(items, indices.tolist(), epochs):
             try:
                 if seeded is None:
                     out.append(transform(item))
                 else:  # its generator: of this record (a window's anchor) in this epoch
-                    out.append(seeded(item, self.seed, epoch, self.record(index), self.name))
+                    out.append(seeded(item, self.seed, own, self.record(index), self.name))
             except Exception as exc:
                 source = f"source {self.name!r}: " if self.name else ""
                 raise TransformError(
@@ -219,7 +224,7 @@ class SourceReader:
         start, placement = unit
         single = placement.single
         if single is not None:  # (one leaf serves every position in order: its block is the unit's)
-            return self.readers[single[0]](start, single[2], placement.epoch)
+            return self.readers[single[0]](start, single[2], placement.record_epochs(0))
         if self._one_layout:
             return self._decoded_together(start, placement)
         return self._merged(start, placement)
@@ -237,8 +242,8 @@ class SourceReader:
 
     def _merged(self, start: int, placement: Placement) -> Block:
         parts = []
-        for leaf, where, indices in placement.parts:
-            block = self.readers[leaf](0, indices, placement.epoch)
+        for k, (leaf, where, indices) in enumerate(placement.parts):
+            block = self.readers[leaf](0, indices, placement.record_epochs(k))
             # The block's ends count its own positions (1 to len): back to the unit's.
             offsets = placement.offsets((leaf, where, indices))
             parts.append((self.readers[leaf].name, offsets[block.ends - 1], block))

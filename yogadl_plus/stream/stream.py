@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import numpy as np
 
 from yogadl_plus.checks import check_int
+from yogadl_plus.errors import NothingPassedWarning
 from yogadl_plus.stream.batching import take
 from yogadl_plus.stream.block import Block, as_items
 from yogadl_plus.stream.ledger import Ledger, position_after
@@ -366,9 +367,9 @@ def _check_plain_batches(boundary: BoundarySettings) -> None:
 
 
 def _finished(plan: StreamPlan, ledger: Ledger) -> None:
-    """``ledger``'s iteration reached the end of its epoch. A RuntimeWarning when the predicate
-    kept nothing of a whole epoch that had records (as Petastorm warns): every epoch is then
-    empty, which is rarely what was meant."""
+    """``ledger``'s iteration reached the end of its epoch. A NothingPassedWarning (a
+    UserWarning, as Petastorm's) when the predicate kept nothing of a whole epoch that had
+    records: every epoch is then empty, which is rarely what was meant."""
     ledger.finished = True
     predicate = plan.boundary.predicate
     if predicate is None or ledger.count or ledger.start:
@@ -379,7 +380,7 @@ def _finished(plan: StreamPlan, ledger: Ledger) -> None:
             f"the predicate {predicate!r} kept none of the {positions} records of epoch "
             f"{ledger.epoch}: this stream's epochs are empty (check the fields and values it "
             "tests)",
-            RuntimeWarning,
+            NothingPassedWarning,
             stacklevel=3,
         )
 
