@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from yogadl_plus.cache.manifest import MANIFEST_NAME, Manifest
+from yogadl_plus.cache.version_writer import build_of
 from yogadl_plus.checks import check_int
 from yogadl_plus.dataref import DataRef, DataRefOnDemand
 from yogadl_plus.errors import CacheCorrupted, DatasetNotFound, StorageError
@@ -351,7 +352,7 @@ class RemoteStorage(Storage):
             build = self._staged.get(folder)
         if build is None:
             raise ValueError(f"{folder} is not the staging folder of a build of {self.url}")
-        return UploadSink(self.objects, build.base, build.id)
+        return UploadSink(self.objects, build.base, build.id, build_of(folder))
 
     def _remove(self, dataset_id: str, version: str) -> None:
         manifest_key = self._key(dataset_id, version, MANIFEST_NAME)
