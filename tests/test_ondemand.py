@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
+import logging
 import os
 import pickle
 import subprocess
@@ -176,6 +177,30 @@ def test_a_shuffled_read_is_right_and_stays_under_the_limit(s3_spec: dict, tmp_p
     with pytest.warns(ydl.CacheLimitWarning, match="in use"):
         batch = ref.get_batch(order[:100], ["label"])
     np.testing.assert_array_equal(batch["label"], order[:100])
+
+
+def test_a_cache_over_its_limit_warns_once(
+    s3_spec: dict, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A full shuffle of a version bigger than the cache: every read goes over the limit. Before,
+    # each one printed the warning again (its numbers change, so Python's filter let it by).
+    n = 1200
+    _, limit = build(s3_spec, tmp_path, n, chunk_bytes=12_000)
+    ref = make_storage(s3_spec, tmp_path / "machine", local_cache_limit=limit).fetch("d", "v")
+    order = np.random.default_rng(3).permutation(n)
+    with (
+        warnings.catch_warnings(record=True) as caught,
+        caplog.at_level(logging.INFO, logger="yogadl_plus"),
+    ):
+        warnings.simplefilter("default")  # Python's own: once per place and message
+        for start in range(0, 400, 100):
+            batch = ref.get_batch(order[start : start + 100], ["label"])
+            np.testing.assert_array_equal(batch["label"], order[start : start + 100])
+    said = [str(w.message) for w in caught if w.category is ydl.CacheLimitWarning]
+    assert len(said) == 1, said
+    assert f"over its limit of {limit:,}" in said[0] and "needs" in said[0]
+    later = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+    assert any(f"over its limit of {limit:,}" in m for m in later), later
 
 
 def test_a_stream_fetches_ahead_and_each_chunk_once(spec: dict, tmp_path: Path) -> None:
@@ -492,8 +517,6 @@ def test_reads_going_round_a_few_chunks_keep_them_open(s3_spec: dict, tmp_path: 
 def test_a_reader_waiting_long_for_a_chunk_says_so(
     s3_spec: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    import logging
-
     import yogadl_plus.storage.ondemand as ondemand
 
     _, limit = build(s3_spec, tmp_path)

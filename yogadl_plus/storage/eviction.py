@@ -12,6 +12,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import threading
 import time
 import warnings
 from collections.abc import Iterator
@@ -41,6 +42,11 @@ log = logging.getLogger(__name__)
 _SPACE_WAIT_S = 60.0
 # How long a reader that needs room waits for fetches to end and other processes to let go.
 _ROOM_WAIT_S = 5.0
+# The local caches (by root) that warned they went over their limit, in this process: once
+# each, since the numbers in the message change with every fetch and so would pass the
+# warnings module's own once-per-place filter every time. Later times go to the log.
+_WARNED: set[str] = set()
+_WARNED_LOCK = threading.Lock()
 
 
 class CacheSpace:
@@ -145,10 +151,19 @@ class CacheSpace:
         if strict:
             raise NoRoom(f"{self.root}: no room for {need:,} more bytes")
         assert self.limit is not None
-        warnings.warn(
+        message = (
             f"the local cache {self.root} needs {self.limit + short:,} bytes, over its limit "
             f"of {self.limit:,}: what it holds is in use by live processes (versions they "
-            "read, chunks they have open) or being pulled now",
+            "read, chunks they have open) or being pulled now"
+        )
+        with _WARNED_LOCK:
+            first = self.root not in _WARNED
+            _WARNED.add(self.root)
+        if not first:
+            log.info("%s", message)
+            return
+        warnings.warn(
+            f"{message} (said once for this cache; later times at INFO in the log)",
             CacheLimitWarning,
             stacklevel=5,
         )
