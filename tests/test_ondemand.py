@@ -84,10 +84,14 @@ def build(
 
 
 def cache_bytes(folder: Path) -> int:
-    """Bytes of the files under ``folder``, each file once (a rename seen twice counts once)."""
+    """Bytes of the chunks under ``folder``, what the cache's limit counts (chunks, those being
+    fetched or pulled; not the bookkeeping beside them), each file once (a rename seen twice
+    counts once)."""
     seen: dict[tuple[int, int], int] = {}
     for dirpath, _, files in os.walk(folder):
         for name in files:
+            if not (name.endswith((".mdb", ".mdb.fetching")) or ".mdb.part" in name):
+                continue
             with contextlib.suppress(FileNotFoundError):
                 st = os.lstat(os.path.join(dirpath, name))
                 seen[(st.st_dev, st.st_ino)] = st.st_size
@@ -268,6 +272,32 @@ def test_fetch_on_demand_is_asked_for_or_refused(s3_spec: dict, tmp_path: Path) 
     machine = make_storage(s3_spec, tmp_path / "machine", local_cache_limit=limit)
     machine.verify("d", "v")
     assert cache_bytes(tmp_path / "machine") <= limit
+
+
+def test_a_chunk_of_exactly_the_limit_fits(s3_spec: dict, tmp_path: Path) -> None:
+    # Before, a chunk of exactly local_cache_limit bytes was refused as more than the limit
+    # (4 KiB were counted with it for the small files beside it).
+    n = 300
+    builder = make_storage(s3_spec, tmp_path / "builder")
+    built = ydl.cache_dataset(records(n), "d", "v", builder)
+    (largest,) = built.manifest.chunks
+    size, expected = largest.bytes, records(n)
+    for limit, on_demand in itertools.product((size, size + 1), (None, True)):
+        cache = tmp_path / f"fits-{limit - size}-{on_demand}"
+        ref = make_storage(s3_spec, cache, local_cache_limit=limit).fetch(
+            "d", "v", on_demand=on_demand
+        )
+        assert isinstance(ref, DataRefOnDemand) == bool(on_demand)  # (None: it fits, pulled)
+        for i in range(n):  # (no CacheLimitWarning: this module makes it an error)
+            expect(ref, i, ref[i], expected)
+        assert cache_bytes(cache) <= limit
+    for on_demand in (None, True):
+        small = make_storage(s3_spec, tmp_path / f"small-{on_demand}", local_cache_limit=size - 1)
+        with pytest.raises(ydl.StorageError) as caught:
+            small.fetch("d", "v", on_demand=on_demand)
+        assert f"{largest.file} has {size:,} bytes, more than the local cache's limit of " in str(
+            caught.value
+        )
 
 
 # --------------------------------------------------------------------------- damage and outages

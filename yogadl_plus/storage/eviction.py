@@ -29,6 +29,7 @@ from yogadl_plus.storage.cachefiles import (
     POLL_S,
     SPACE_LOCK,
     holding,
+    holds_chunk_bytes,
 )
 from yogadl_plus.storage.cachepins import CachePins
 from yogadl_plus.storage.local import LocalStorage
@@ -169,11 +170,13 @@ class CacheSpace:
         )
 
     def _survey(self) -> tuple[int, list[_Evictable]]:
-        """(bytes of every file under the root, what could be evicted), in one walk."""
+        """(bytes of chunks under the root, what could be evicted), in one walk. (The limit
+        counts chunk bytes only: cachefiles.py.)"""
         stats = dict(_walk(self.root))
-        usage = sum(st.st_size for st in stats.values())
+        chunks = [path for path in stats if holds_chunk_bytes(os.path.basename(path))]
+        usage = sum(stats[path].st_size for path in chunks)
         copies: dict[tuple[str, str], list[str]] = {}
-        for path in stats:
+        for path in chunks:
             parts = os.path.relpath(path, self.root).split(os.sep)
             if len(parts) > 2 and "+" not in parts[0] and "+" not in parts[1]:
                 copies.setdefault((parts[0], parts[1]), []).append(path)
@@ -197,8 +200,6 @@ class CacheSpace:
                 elif path.endswith(".mdb"):
                     last = max(used(path + CHUNK_PIN), used(path + AHEAD_PIN)) or copy_used
                     newest = max(newest, last)
-                    stamp_st = stats.get(path + STAMP_SUFFIX)
-                    nbytes += stamp_st.st_size if stamp_st is not None else 0
                     found.append(_Evictable(_CHUNK, dataset_id, version, path, nbytes, last))
             folder = os.path.join(self.root, dataset_id, version)
             found.append(_Evictable(_COPY, dataset_id, version, folder, size, newest))

@@ -62,10 +62,10 @@ _BUILD = "+build."
 class RemoteSettings:
     """What a bucket storage is made with besides its bucket and client: where its local
     copies go (``local_cache``; None: a folder of the default storage's root) and how many
-    bytes they may take (``local_cache_limit``; None: no limit), how long a build lease lives
-    unrenewed (``lease_ttl`` seconds), how many objects move at once (``max_transfers``), and
-    how long each call keeps trying while the store fails transiently (``retry_timeout``
-    seconds, then a StorageError)."""
+    bytes of chunks they may hold (``local_cache_limit``; None: no limit), how long a build
+    lease lives unrenewed (``lease_ttl`` seconds), how many objects move at once
+    (``max_transfers``), and how long each call keeps trying while the store fails
+    transiently (``retry_timeout`` seconds, then a StorageError)."""
 
     local_cache: str | os.PathLike[str] | None = None
     local_cache_limit: int | None = None
