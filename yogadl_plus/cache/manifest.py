@@ -258,7 +258,8 @@ class _Checker:
             self.distinct(chunks, attribute)
         build = ""
         if version >= 3:
-            build = self.text(self.get(body, "build", "build"), "build", _CHUNK_ID.fullmatch)
+            build = self.get(body, "build", "build")
+            build = self.text(build, "build", lambda s: bool(_CHUNK_ID.fullmatch(s)))
             self.of_build(chunks, build)
         total = sum(c.records for c in chunks)
         count = self.integer(self.get(body, "num_records", "num_records"), "num_records", 0, 2**62)

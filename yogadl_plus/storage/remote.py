@@ -261,16 +261,25 @@ class RemoteStorage(Storage):
                 )
             except (StorageError, CacheCorrupted):
                 # Rebuilt (overwrite=True) while we pulled? Then its old chunks are going away:
-                # pull the new version. Otherwise the error stands.
-                if (
-                    attempt == _PULL_ATTEMPTS - 1
-                    or self._read_manifest(dataset_id, version)[0] == data
-                ):
+                # pull the new version. Otherwise the error, naming the chunk, stands.
+                if attempt == _PULL_ATTEMPTS - 1 or not self._replaced(dataset_id, version, data):
                     raise
                 continue
             # The pins are held while the DataRef (or a copy in a worker) lives.
             return DataRef(folder, manifest, hold=pins)
         raise AssertionError("unreachable")
+
+    def _replaced(self, dataset_id: str, version: str, data: bytes) -> bool:
+        """Whether the version's manifest in the bucket is no longer ``data`` (rebuilt or
+        removed meanwhile). One try: the store has just failed a pull, and waiting on it again
+        for retry_timeout would only put off the error that names what failed; no answer is
+        taken for "not replaced"."""
+        once = self.objects.retrying(self.objects.retries.at_most(0.0))
+        try:
+            found = once.read(self._key(dataset_id, version, MANIFEST_NAME))
+        except (StorageError, CacheCorrupted):
+            return False
+        return found is None or found[0] != data
 
     def _open_on_demand(self, remote: RemoteManifest, on_transfer: OnTransfer) -> DataRef:
         """The version read on demand through the local cache (nothing pulled now)."""
