@@ -71,6 +71,7 @@ def _write_part(job: tuple[str, int, int, int]) -> list[Any]:
     """Chunks [first, stop) of the version, ``CHUNK_RECORDS`` records each, as part ``part``."""
     from yogadl_plus.cache.keys import KEY_BYTES
     from yogadl_plus.cache.manifest import schema_digest
+    from yogadl_plus.cache.version_writer import build_of
     from yogadl_plus.cache.writer import ChunkWriter
     from yogadl_plus.storage.sink import part_prefix
 
@@ -78,7 +79,8 @@ def _write_part(job: tuple[str, int, int, int]) -> list[Any]:
     prefix = part_prefix(part, uuid.uuid4().hex[:8])
     # Each chunk fills up after exactly CHUNK_RECORDS 8-byte values.
     size = CHUNK_RECORDS * (8 + KEY_BYTES)
-    with ChunkWriter(folder, size, prefix, schema=schema_digest(_schema())) as writer:
+    digest = schema_digest(_schema())
+    with ChunkWriter(folder, size, prefix, schema=digest, build=build_of(folder)) as writer:
         for chunk in range(first, stop):
             values = np.arange(chunk * CHUNK_RECORDS, (chunk + 1) * CHUNK_RECORDS, dtype=np.int64)
             raw = values.tobytes()
@@ -92,6 +94,7 @@ def build(root: str, dataset: str, records: int, workers: int) -> float:
     import yogadl_plus as ydl
     from yogadl_plus.cache.layout import RecordLayout
     from yogadl_plus.cache.manifest import Manifest
+    from yogadl_plus.cache.version_writer import build_of
 
     storage = ydl.LocalStorage(root)
     if (dataset, VERSION) in storage.list():
@@ -117,6 +120,7 @@ def build(root: str, dataset: str, records: int, workers: int) -> float:
             chunks=[c for part in written for c in part],
             source_kind="bench_scale",
             library_version=ydl.__version__,
+            build=build_of(folder),
         )
         manifest.write(folder)
         return manifest

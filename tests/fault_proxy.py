@@ -9,7 +9,10 @@ match). ``proxy.requests`` counts them by (method, path). ``proxy.rules`` is a l
 - ``"flip"``: the server's answer with one byte of its body flipped (damage in transit), a
   byte further on each time;
 - ``"503"``: an S3 ``503 SlowDown`` error, the server never asked (throttling);
-- ``"drop"``: the connection closed with no answer (a network cut).
+- ``"drop"``: the connection closed with no answer (a network cut);
+- ``"hang"``: no answer at all (a hung server) for ``hang_s`` seconds, or until ``release()``
+  when it is None, then the connection is closed;
+- ``"pass"``: the plain answer (a rule that lets the first requests of a later one through).
 
 Bodies are read whole: the test objects are small.
 """
@@ -41,6 +44,8 @@ class FaultProxy:
         self.requests: Counter[tuple[str, str]] = Counter()
         self.rules: list[list[Any]] = []
         self.applied: Counter[str] = Counter()
+        self.hang_s: float | None = None
+        self._released = threading.Event()
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self._server.daemon_threads = True
@@ -55,6 +60,7 @@ class FaultProxy:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self.release()
         self._server.shutdown()
         self._server.server_close()
         self._thread.join(10)
@@ -64,6 +70,11 @@ class FaultProxy:
         ``action``."""
         with self._lock:
             self.rules.append([method, path_part, action, times])
+
+    def release(self) -> None:
+        """End the hangs of ``"hang"`` rules (their connections close, unanswered), and those
+        to come."""
+        self._released.set()
 
     def count(self, method: str, path_part: str) -> int:
         """Requests ``method`` of paths containing ``path_part`` so far."""
@@ -93,7 +104,9 @@ def _handler(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
             length = int(self.headers.get("Content-Length") or 0)
             body = self.rfile.read(length) if length else None
             action, before = proxy._action(self.command, self.path)
-            if action == "drop":
+            if action == "hang":
+                proxy._released.wait(proxy.hang_s)
+            if action in ("drop", "hang"):
                 self.close_connection = True
                 self.connection.close()
                 return

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import logging
 import random
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +21,7 @@ from fault_proxy import FaultProxy
 from remote_helpers import records
 
 import yogadl_plus as ydl
+from yogadl_plus.dataref import DataRefOnDemand
 from yogadl_plus.errors import TransientStorageError
 from yogadl_plus.storage.objects import DEFAULT_RETRY_TIMEOUT, Retries
 
@@ -247,3 +250,123 @@ def test_a_manifest_damaged_on_the_way_is_read_again(
             same_records(reader.fetch("d", "v"))
         assert proxy.applied["flip"] == 1
     assert any("manifest.json" in m and "reading it again" in m for m in messages(caplog))
+
+
+# --- a server that does not answer ---------------------------------------------------------------
+
+
+@pytest.fixture
+def said_soon(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A call still waiting is said after 0.2 s, then every 0.5 s (5 s and 30 s in earnest)."""
+    try:
+        from yogadl_plus.storage import waiting
+    except ImportError:  # (the code before it said nothing while a call waited)
+        return
+    monkeypatch.setattr(waiting, "SLOW_CALL_S", 0.2)
+    monkeypatch.setattr(waiting, "SLOW_CALL_EVERY_S", 0.5)
+
+
+def said_while(thread: threading.Thread, caplog: Any, text: str) -> list[str]:
+    """The WARNINGs naming ``text``, the first of which comes while ``thread`` still waits."""
+    for _ in range(1000):
+        found = [
+            r.getMessage()
+            for r in caplog.records
+            if r.levelno == logging.WARNING and text in r.getMessage()
+        ]
+        assert thread.is_alive(), f"nothing said of {text} while it waited: {messages(caplog)}"
+        if found:
+            return found
+        time.sleep(0.01)
+    raise AssertionError(f"nothing said of {text} in 10 s: {messages(caplog)}")
+
+
+def in_thread(work: Any) -> tuple[threading.Thread, dict[str, Any]]:
+    done: dict[str, Any] = {}
+    thread = threading.Thread(target=lambda: done.setdefault("result", work()), daemon=True)
+    thread.start()
+    return thread, done
+
+
+def test_a_pull_waiting_on_a_hung_server_says_so_naming_the_chunk(
+    s3_server: Any, bucket: str, built: ydl.DataRef, tmp_path: Path, caplog: Any, said_soon: None
+) -> None:
+    # Before, nothing was said until the request's read timeout (60 s) ran out.
+    chunk = built.manifest.chunks[2].file
+    with FaultProxy(s3_server.endpoint_url) as proxy:
+        proxy.add("GET", chunk, "hang")
+        reader = storage(s3_server, bucket, tmp_path / "reader", proxy.url)
+        with caplog.at_level(logging.INFO, logger="yogadl_plus"):
+            pull, done = in_thread(lambda: reader.fetch("d", "v"))
+            said = said_while(pull, caplog, chunk)
+            proxy.release()  # the hung request's connection closes: tried again, answered
+            pull.join(60)
+    same_records(done["result"])
+    assert f"download of {reader.url}/d/v/{chunk}: nothing from the server for" in said[0]
+    assert any(chunk in m and "went on after" in m for m in messages(caplog))
+
+
+def test_a_pull_given_up_on_a_hung_server_names_the_chunk(
+    s3_server: Any, bucket: str, built: ydl.DataRef, tmp_path: Path
+) -> None:
+    # The server hangs once the pull has read the manifest. Before, the error named
+    # manifest.json: the pull read it again (to see whether the version was replaced meanwhile)
+    # for another retry_timeout, and that failure replaced the chunk's.
+    chunk = built.manifest.chunks[2].file
+    with FaultProxy(s3_server.endpoint_url) as proxy:
+        proxy.hang_s = 0.3
+        proxy.add("GET", "manifest.json", "pass")
+        proxy.add("GET", "manifest.json", "hang", times=100)
+        proxy.add("GET", chunk, "hang", times=100)
+        reader = storage(s3_server, bucket, tmp_path / "reader", proxy.url, retry_timeout=1)
+        with pytest.raises(ydl.StorageError) as caught:
+            reader.fetch("d", "v")
+    text = str(caught.value)
+    assert f"{reader.url}/d/v/{chunk}" in text and "retry_timeout=1 s" in text, text
+    assert "manifest.json" not in text, text
+
+
+def test_a_stream_reading_on_demand_says_which_chunk_a_hung_server_holds_up(
+    s3_server: Any, bucket: str, built: ydl.DataRef, tmp_path: Path, caplog: Any, said_soon: None
+) -> None:
+    chunk = built.manifest.chunks[3].file
+    limit = sum(c.bytes for c in built.manifest.chunks) // 2
+    with FaultProxy(s3_server.endpoint_url) as proxy:
+        proxy.add("GET", chunk, "hang")
+        reader = storage(s3_server, bucket, tmp_path / "r", proxy.url, local_cache_limit=limit)
+        ref = reader.fetch("d", "v")
+        assert isinstance(ref, DataRefOnDemand)
+        with caplog.at_level(logging.INFO, logger="yogadl_plus"):
+            stream, done = in_thread(
+                lambda: [i for b in ref.stream(batch_size=100) for i in b["label"].tolist()]
+            )
+            said = said_while(stream, caplog, chunk)
+            proxy.release()
+            stream.join(60)
+    assert done["result"] == list(range(N))  # the stream waited, and went on
+    assert f"ranged read of {reader.url}/d/v/{chunk}: nothing from the server" in said[0], said
+
+
+def test_a_transfer_moving_bytes_is_not_taken_for_a_hung_server(
+    monkeypatch: pytest.MonkeyPatch, caplog: Any
+) -> None:
+    # A large chunk over a slow link takes far longer than SLOW_CALL_S: only silence is said.
+    from yogadl_plus.storage import waiting
+
+    monkeypatch.setattr(waiting, "SLOW_CALL_S", 0.5)
+    store, what = "s3://b/p", "download of s3://b/p/d/v/b-1/chunk-00000.mdb"
+    with caplog.at_level(logging.WARNING, logger="yogadl_plus"):
+        with waiting.waiting_on(store, what):
+            moved = waiting.progress()
+            for _ in range(30):  # 1.5 s, bytes every 0.05 s
+                time.sleep(0.05)
+                moved(1 << 16)
+        assert not messages(caplog)
+        with waiting.waiting_on(store, what):
+            waiting.progress()(1 << 16)
+            for _ in range(500):  # then silence, until it is said
+                if messages(caplog):
+                    break
+                time.sleep(0.01)
+    said = messages(caplog)
+    assert len(said) == 1 and said[0].startswith(f"{what}: nothing from the server for"), said

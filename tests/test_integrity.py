@@ -190,6 +190,57 @@ def test_a_chunk_with_a_forged_stamp_is_still_refused_by_its_identity(storage):
         storage.fetch("ds", "v1")[0]
 
 
+# --- a chunk entry copied from another build of the dataset ---------------------------------
+
+
+def with_entry_of(mine: ydl.DataRef, theirs: ydl.DataRef, number: int) -> dict:
+    """``mine``'s manifest with chunk ``number``'s entry (file, sha256, id, counts) copied from
+    ``theirs``, and the chunk file it names put in ``mine``'s folder if it is not there: a
+    manifest merged by hand from two builds."""
+    entry = json.loads(theirs.manifest.to_json())["chunks"][number]
+    placed = Path(mine.directory, entry["file"])
+    if not placed.exists():  # (another version's build folder)
+        placed.parent.mkdir()
+        (placed.parent / "+pin").touch()
+        shutil.copyfile(Path(theirs.directory, entry["file"]), placed)
+    body = json.loads(mine.manifest.to_json())
+    body["chunks"][number] = entry
+    assert body["num_records"] == sum(c["records"] for c in body["chunks"])
+    return body
+
+
+@pytest.mark.parametrize("other", ["overwritten", "another_version"])
+def test_a_chunk_entry_copied_from_another_build_is_refused(storage, other):
+    """Before: the copied entry and its file passed every check (the chunk says the id, name
+    and counts its entry gives), and the other build's records were served as this one's."""
+    mine = build(storage, "v1", seed=0, chunk_bytes=8000)  # (held: its build stays on disk)
+    theirs = build(
+        storage, "v1" if other == "overwritten" else "v2", seed=1, chunk_bytes=8000, overwrite=True
+    )
+    assert len(mine.manifest.chunks) >= 3
+    manifest = Path(mine.directory, "manifest.json")
+    manifest.write_text(json.dumps(with_entry_of(mine, theirs, 1)))
+    with pytest.raises(ydl.CacheCorrupted) as caught:
+        storage.fetch("ds", "v1")  # refused before any record is read
+    message = str(caught.value)
+    assert str(manifest) in message and "chunks[1]" in message, message
+    assert theirs.manifest.chunks[1].file in message and "another build" in message, message
+
+
+def test_a_manifest_turned_back_to_format_2_takes_no_chunk_of_another_build(storage):
+    """The same copy in a manifest whose format was set back to 2, which names no build: the
+    chunks of format 3 say which build they are of, so not one of them is read."""
+    mine = build(storage, "v1", seed=0, chunk_bytes=8000)
+    theirs = build(storage, "v1", seed=1, chunk_bytes=8000, overwrite=True)
+    body = with_entry_of(mine, theirs, 1)
+    body["format_version"] = 2
+    del body["build"]
+    Path(mine.directory, "manifest.json").write_text(json.dumps(body))
+    for read in ("getitem", "get_batch", "batches"):
+        with pytest.raises(ydl.CacheCorrupted, match="is not the chunk the manifest names"):
+            READERS[read](storage.fetch("ds", "v1"))
+
+
 def test_a_flipped_value_in_a_whole_chunk_column_is_refused(storage):
     ref = build(storage)
     assert "id" in ref.manifest.chunks[0].columns

@@ -276,6 +276,29 @@ def test_a_tampered_remote_manifest_is_refused(s3_server, s3_bucket, tmp_path):
         elsewhere.fetch("ds", "v1")
 
 
+@pytest.mark.parametrize("on_demand", [False, True], ids=["pull", "on-demand"])
+def test_a_remote_manifest_with_a_chunk_entry_of_another_build_is_refused(
+    s3_server, s3_bucket, tmp_path, on_demand
+):
+    # The version's manifest as its first build published it, with chunk 1's entry taken from
+    # the build that overwrote it (whose objects are in the bucket too).
+    bucket = s3_server.storage(s3_bucket, f"splice-{on_demand}", tmp_path / "cache")
+    build = dict(schema=SCHEMA, progress=False, chunk_bytes=600)
+    ydl.cache_dataset(records, "ds", "v1", bucket, **build)
+    key = "ds/v1/manifest.json"
+    first = json.loads(bucket.objects.read(key)[0])
+    ydl.cache_dataset(records, "ds", "v1", bucket, overwrite=True, **build)
+    data, token = bucket.objects.read(key)
+    first["chunks"][1] = json.loads(data)["chunks"][1]
+    assert bucket.objects.replace(key, json.dumps(first).encode(), token)
+    elsewhere = s3_server.storage(s3_bucket, f"splice-{on_demand}", tmp_path / "other")
+    with pytest.raises(ydl.CacheCorrupted) as caught:
+        elsewhere.fetch("ds", "v1", on_demand=on_demand)
+    message = str(caught.value)
+    assert f"{bucket.url}/{key}" in message and "chunks[1]" in message, message
+    assert "another build" in message
+
+
 def test_a_chunk_left_out_of_the_list_is_refused(built):
     """Dropping a chunk and fixing the counts would serve record 91 from the next chunk."""
     folder, text, _ = built

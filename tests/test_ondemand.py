@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
+import logging
 import os
 import pickle
 import subprocess
@@ -83,10 +84,14 @@ def build(
 
 
 def cache_bytes(folder: Path) -> int:
-    """Bytes of the files under ``folder``, each file once (a rename seen twice counts once)."""
+    """Bytes of the chunks under ``folder``, what the cache's limit counts (chunks, those being
+    fetched or pulled; not the bookkeeping beside them), each file once (a rename seen twice
+    counts once)."""
     seen: dict[tuple[int, int], int] = {}
     for dirpath, _, files in os.walk(folder):
         for name in files:
+            if not (name.endswith((".mdb", ".mdb.fetching")) or ".mdb.part" in name):
+                continue
             with contextlib.suppress(FileNotFoundError):
                 st = os.lstat(os.path.join(dirpath, name))
                 seen[(st.st_dev, st.st_ino)] = st.st_size
@@ -178,6 +183,30 @@ def test_a_shuffled_read_is_right_and_stays_under_the_limit(s3_spec: dict, tmp_p
     np.testing.assert_array_equal(batch["label"], order[:100])
 
 
+def test_a_cache_over_its_limit_warns_once(
+    s3_spec: dict, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A full shuffle of a version bigger than the cache: every read goes over the limit. Before,
+    # each one printed the warning again (its numbers change, so Python's filter let it by).
+    n = 1200
+    _, limit = build(s3_spec, tmp_path, n, chunk_bytes=12_000)
+    ref = make_storage(s3_spec, tmp_path / "machine", local_cache_limit=limit).fetch("d", "v")
+    order = np.random.default_rng(3).permutation(n)
+    with (
+        warnings.catch_warnings(record=True) as caught,
+        caplog.at_level(logging.INFO, logger="yogadl_plus"),
+    ):
+        warnings.simplefilter("default")  # Python's own: once per place and message
+        for start in range(0, 400, 100):
+            batch = ref.get_batch(order[start : start + 100], ["label"])
+            np.testing.assert_array_equal(batch["label"], order[start : start + 100])
+    said = [str(w.message) for w in caught if w.category is ydl.CacheLimitWarning]
+    assert len(said) == 1, said
+    assert f"over its limit of {limit:,}" in said[0] and "needs" in said[0]
+    later = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+    assert any(f"over its limit of {limit:,}" in m for m in later), later
+
+
 def test_a_stream_fetches_ahead_and_each_chunk_once(spec: dict, tmp_path: Path) -> None:
     built, limit = build(spec, tmp_path)
     cache = tmp_path / "machine"
@@ -243,6 +272,32 @@ def test_fetch_on_demand_is_asked_for_or_refused(s3_spec: dict, tmp_path: Path) 
     machine = make_storage(s3_spec, tmp_path / "machine", local_cache_limit=limit)
     machine.verify("d", "v")
     assert cache_bytes(tmp_path / "machine") <= limit
+
+
+def test_a_chunk_of_exactly_the_limit_fits(s3_spec: dict, tmp_path: Path) -> None:
+    # Before, a chunk of exactly local_cache_limit bytes was refused as more than the limit
+    # (4 KiB were counted with it for the small files beside it).
+    n = 300
+    builder = make_storage(s3_spec, tmp_path / "builder")
+    built = ydl.cache_dataset(records(n), "d", "v", builder)
+    (largest,) = built.manifest.chunks
+    size, expected = largest.bytes, records(n)
+    for limit, on_demand in itertools.product((size, size + 1), (None, True)):
+        cache = tmp_path / f"fits-{limit - size}-{on_demand}"
+        ref = make_storage(s3_spec, cache, local_cache_limit=limit).fetch(
+            "d", "v", on_demand=on_demand
+        )
+        assert isinstance(ref, DataRefOnDemand) == bool(on_demand)  # (None: it fits, pulled)
+        for i in range(n):  # (no CacheLimitWarning: this module makes it an error)
+            expect(ref, i, ref[i], expected)
+        assert cache_bytes(cache) <= limit
+    for on_demand in (None, True):
+        small = make_storage(s3_spec, tmp_path / f"small-{on_demand}", local_cache_limit=size - 1)
+        with pytest.raises(ydl.StorageError) as caught:
+            small.fetch("d", "v", on_demand=on_demand)
+        assert f"{largest.file} has {size:,} bytes, more than the local cache's limit of " in str(
+            caught.value
+        )
 
 
 # --------------------------------------------------------------------------- damage and outages
@@ -492,8 +547,6 @@ def test_reads_going_round_a_few_chunks_keep_them_open(s3_spec: dict, tmp_path: 
 def test_a_reader_waiting_long_for_a_chunk_says_so(
     s3_spec: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    import logging
-
     import yogadl_plus.storage.ondemand as ondemand
 
     _, limit = build(s3_spec, tmp_path)

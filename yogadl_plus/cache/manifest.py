@@ -30,13 +30,15 @@ __all__ = [
     "MAX_CHUNK_RECORDS",
     "ChunkInfo",
     "Manifest",
-    "new_chunk_id",
+    "chunk_id",
+    "new_build_id",
     "schema_digest",
 ]
 
 # 2: every chunk has an id, stored in the chunk too (see ChunkWriter), with its counts and the
-# digest of the schema it was written with. Format 1 manifests (no ids) are still read.
-FORMAT_VERSION = 2
+# digest of the schema it was written with. 3: the manifest names its build, which each chunk
+# records too and which its id is made from (chunk_id). Formats 1 and 2 are still read.
+FORMAT_VERSION = 3
 MANIFEST_NAME = "manifest.json"
 MAX_CHUNK_RECORDS = 2**32 - 1  # record keys are 4 bytes; the largest key is the chunk's identity
 _FORMAT_NAME = "yogadl_plus.cache"
@@ -47,12 +49,20 @@ _CHUNK_FILE = re.compile(r"(?:[A-Za-z0-9_-][A-Za-z0-9._-]*/)?[A-Za-z0-9_-][A-Za-
 # and attempt): chunks follow one another in the manifest in the order of these names.
 _WRITTEN_NAME = re.compile(r"(?:p(\d+)-[0-9a-f]+-)?chunk-(\d+)\.mdb")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
-_CHUNK_ID = re.compile(r"[0-9a-f]{32}")
+_CHUNK_ID = re.compile(r"[0-9a-f]{32}")  # (a build id too)
 _CHUNK_KEYS = {"file", "records", "bytes", "sha256", "columns", "id"}
 
 
-def new_chunk_id() -> str:
+def new_build_id() -> str:
+    """A new build's id: what every chunk it writes records, and its manifest names."""
     return uuid.uuid4().hex
+
+
+def chunk_id(build: str, name: str) -> str:
+    """The id of the chunk written as ``name`` (its file name, without a build folder) by build
+    ``build``: made from both, so that a chunk entry copied from another build's manifest (its
+    file, sha256 and id) does not fit this one's build (Manifest.parse refuses it)."""
+    return hashlib.sha256(f"{build}/{name}".encode()).hexdigest()[:32]
 
 
 def schema_digest(schema: Schema) -> str:
@@ -82,6 +92,9 @@ class ChunkInfo:
 
 @dataclass
 class Manifest:
+    """A version: its name, schema and chunks, where it came from, and (format 3) ``build``, the
+    id of the build that wrote its chunks ("" in older formats)."""
+
     dataset_id: str
     version: str
     schema: Schema
@@ -91,6 +104,7 @@ class Manifest:
     library_version: str = ""
     created: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat())
     format_version: int = FORMAT_VERSION
+    build: str = ""
 
     @property
     def num_records(self) -> int:
@@ -113,6 +127,8 @@ class Manifest:
             "library_version": self.library_version,
             "created": self.created,
         }
+        if self.format_version >= 3:
+            body["build"] = self.build
         head = json.dumps(body, indent=1)  # "{\n ...\n}": the chunks go before its "\n}"
         lines = ",\n  ".join(map(json.dumps, self._chunks_json()))
         chunks = f"[\n  {lines}\n ]" if lines else "[]"
@@ -240,6 +256,11 @@ class _Checker:
         self.in_written_order(chunks)
         for attribute in ("file", "id"):
             self.distinct(chunks, attribute)
+        build = ""
+        if version >= 3:
+            build = self.get(body, "build", "build")
+            build = self.text(build, "build", lambda s: bool(_CHUNK_ID.fullmatch(s)))
+            self.of_build(chunks, build)
         total = sum(c.records for c in chunks)
         count = self.integer(self.get(body, "num_records", "num_records"), "num_records", 0, 2**62)
         if count != total:
@@ -268,6 +289,7 @@ class _Checker:
             library_version=library,
             created=self.text(self.get(body, "created", "created"), "created"),
             format_version=version,
+            build=build,
         )
 
     def distinct(self, chunks: list[ChunkInfo], attribute: str) -> None:
@@ -284,6 +306,17 @@ class _Checker:
                     f"{attribute} {key!r}"
                 )
             seen[key] = i
+
+    def of_build(self, chunks: list[ChunkInfo], build: str) -> None:
+        """Every chunk's id is the one build ``build`` gave it (chunk_id): an entry copied from
+        another build's manifest, or a build id edited, is refused before a record is read."""
+        for i, c in enumerate(chunks):
+            if c.id != chunk_id(build, c.file.rpartition("/")[2]):
+                raise CacheCorrupted(
+                    f"{self.where}: chunks[{i}] ({c.file}, id {c.id}) is not a chunk of build "
+                    f"{build}, which the manifest names: its entry was copied from another build "
+                    "or version, or the manifest edited; rebuild the version (or pull it again)"
+                )
 
     def chunks(self, chunks_json: list[Any], version: int, allowed: set[str]) -> list[ChunkInfo]:
         """Every chunk entry, checked. A manifest may list tens of thousands of chunks, so each

@@ -30,7 +30,7 @@ from yogadl_plus.cache.integrity import (
     verify_and_stamp,
 )
 from yogadl_plus.cache.keys import IDENTITY_KEY, record_key
-from yogadl_plus.cache.manifest import ChunkInfo, Manifest, schema_digest
+from yogadl_plus.cache.manifest import MANIFEST_NAME, ChunkInfo, Manifest, schema_digest
 from yogadl_plus.cache.pagemap import ValueMap, map_values
 from yogadl_plus.cache.writer import chunk_identity
 from yogadl_plus.errors import CacheCorrupted, unreadable
@@ -70,6 +70,8 @@ class OpenChunks:
         self.name = f"{manifest.dataset_id}:{manifest.version}"
         self.chunks: list[ChunkInfo] = list(manifest.chunks)
         self._schema = schema_digest(manifest.schema) if manifest.format_version >= 2 else ""
+        self._build = manifest.build  # (format 3; "" before, when chunks did not record it)
+        self._manifest = os.path.join(directory, MANIFEST_NAME)
         self.lock = threading.Lock()
         #: Each chunk's environment while it is open (None otherwise).
         self.envs: list[lmdb.Environment | None] = [None] * len(self.chunks)
@@ -206,7 +208,8 @@ class OpenChunks:
 
     def _check_structure(self, number: int, env: lmdb.Environment) -> None:
         """The chunk holds what its manifest entry says: entry counts, and (format 2) its id,
-        counts and schema digest, so a chunk file of another build or version is refused."""
+        counts and schema digest, and (format 3) the manifest's build, so a chunk file of
+        another build or version is refused."""
         info = self.chunks[number]
         where = self.where(number)
         identity = 1 if info.id else 0
@@ -223,16 +226,16 @@ class OpenChunks:
             )
         if not identity:
             return
-        want = chunk_identity(info, self._schema)
+        want = chunk_identity(info, self._schema, self._build)
         try:
             found = json.loads(bytes(stored)) if stored is not None else None
         except ValueError:
             found = None
         if found != want:
             raise CacheCorrupted(
-                f"chunk {where} is not the chunk the manifest names: it says it is {found}, the "
-                f"manifest expects {want} (a chunk file of another build or version, or a "
-                f"manifest edited by hand); {DAMAGED}"
+                f"chunk {where} is not the chunk the manifest names: it says it is {found}, "
+                f"{self._manifest} expects {want} (a chunk file of another build or version, or "
+                f"a manifest edited by hand); {DAMAGED}"
             )
 
     def check_files(self) -> None:

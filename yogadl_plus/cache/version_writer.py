@@ -4,35 +4,49 @@ manifest written last, the progress bar), and ``write_version``, which is those 
 
 A storage publishes the folder (``Storage.cacheable`` writes with ``write_version``); the
 parallel builds of yogadl_plus.build run the same steps in their tasks.
+
+Every chunk of a build records the build's id, and the manifest names it (cache/manifest.py,
+format 3), so that no chunk of another build can pass for one of this one. The writers of a
+build, in whatever process or machine, learn the id from the folder they write into
+(``build_of``): the staging folder holds it, put there before the build starts
+(``Storage.get_or_build``), as does each folder an upload sink hands its tasks.
 """
 
 from __future__ import annotations
 
 import contextlib
 import itertools
+import os
+import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from yogadl_plus._version import __version__
 from yogadl_plus.cache.batch_encoder import BatchEncoder
 from yogadl_plus.cache.layout import RecordLayout
-from yogadl_plus.cache.manifest import ChunkInfo, Manifest, schema_digest
+from yogadl_plus.cache.manifest import ChunkInfo, Manifest, new_build_id, schema_digest
 from yogadl_plus.cache.reader import ChunkSet
 from yogadl_plus.cache.writer import DEFAULT_CHUNK_BYTES, ChunkWriter, EqualValues
+from yogadl_plus.errors import unwritable
 from yogadl_plus.progress import progress_bar
 from yogadl_plus.schema import Schema, infer_schema
 from yogadl_plus.sources import Source, as_source
 
 __all__ = [
+    "BUILD_FILE",
     "INFER_RECORDS",
+    "build_of",
     "caching_bar",
     "finish_version",
+    "mark_build",
     "source_blocks",
     "write_blocks",
     "write_version",
 ]
 
 INFER_RECORDS = 64
+#: In a folder a build writes chunks into: the build's id (see the module).
+BUILD_FILE = "+build"
 _BLOCK_RECORDS = 4096
 # What a build writes, a block at a time: (records, their count) or a batch of columns
 # (field name -> the rows' values, and the rows).
@@ -99,8 +113,9 @@ def write_blocks(
         _check_readable(folder, schema, [info], layout)
         chunks.append(on_chunk(info) if on_chunk is not None else info)
 
-    digest = schema_digest(schema)
-    with ChunkWriter(folder, chunk_bytes, prefix, on_close=closed, schema=digest) as writer:
+    digest, build = schema_digest(schema), build_of(folder)
+    writing = ChunkWriter(folder, chunk_bytes, prefix, on_close=closed, schema=digest, build=build)
+    with writing as writer:
         for block, rows in blocks:
             encoded: list[bytes] | EqualValues
             if isinstance(block, list):  # records
@@ -138,16 +153,51 @@ def finish_version(
         source_fingerprint=src.fingerprint(),
         source_kind=src.kind,
         library_version=__version__,
+        build=build_of(folder),
     )
     manifest.write(folder)
     return manifest
+
+
+def build_of(folder: str) -> str:
+    """The id of the build writing chunks into ``folder``: the one its BUILD_FILE holds, else a
+    new one, put there for the folder's other writers."""
+    try:
+        with open(os.path.join(folder, BUILD_FILE)) as f:
+            return f.read()
+    except FileNotFoundError:
+        return mark_build(folder, new_build_id())
+
+
+def mark_build(folder: str, build: str) -> str:
+    """Make ``build`` the id of the build writing into ``folder`` unless it has one already
+    (another writer was first): the id it has."""
+    path = os.path.join(folder, BUILD_FILE)
+    temp = f"{path}.{uuid.uuid4().hex[:8]}.tmp"
+    try:
+        with open(temp, "w") as f:
+            f.write(build)
+        try:
+            os.link(temp, path)  # whole, and only if there is none
+        except FileExistsError:
+            pass
+        except OSError:  # no hard links here
+            os.replace(temp, path)
+        with open(path) as f:
+            return f.read()
+    except OSError as exc:
+        raise unwritable(path, exc) from None
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(temp)
 
 
 def _check_readable(
     folder: str, schema: Schema, chunks: list[ChunkInfo], layout: RecordLayout
 ) -> None:
     """Reopen chunks just written and decode the first and last record of each."""
-    chunk_set = ChunkSet(folder, Manifest("check", "check", schema, chunks))
+    checked = Manifest("check", "check", schema, chunks, build=build_of(folder))
+    chunk_set = ChunkSet(folder, checked)
     try:
         for start, info in zip(chunk_set.starts, chunks):
             for index in {int(start), int(start) + info.records - 1}:

@@ -17,7 +17,7 @@ import numpy as np
 
 from yogadl_plus.cache.integrity import stamp
 from yogadl_plus.cache.keys import IDENTITY_KEY, KEY_BYTES, column_key, record_keys
-from yogadl_plus.cache.manifest import MAX_CHUNK_RECORDS, ChunkInfo, new_chunk_id
+from yogadl_plus.cache.manifest import MAX_CHUNK_RECORDS, ChunkInfo, chunk_id, new_build_id
 from yogadl_plus.errors import CacheCorrupted, unwritable
 from yogadl_plus.files import file_sha256
 
@@ -61,17 +61,21 @@ def chunk_file_name(number: int, prefix: str = "") -> str:
     return f"{prefix}chunk-{number:05d}.mdb"
 
 
-def chunk_identity(info: ChunkInfo, schema: str) -> dict[str, Any]:
+def chunk_identity(info: ChunkInfo, schema: str, build: str) -> dict[str, Any]:
     """What a chunk says of itself under IDENTITY_KEY (JSON): the id, name (as written) and
-    counts its manifest must give it, and the digest of the schema its records were encoded
-    with."""
-    return {
+    counts its manifest must give it, the digest of the schema its records were encoded with,
+    and the build that wrote it (cache format 3: ``build`` is the manifest's; "" before, when
+    chunks did not record it)."""
+    identity = {
         "id": info.id,
         "file": os.path.basename(info.file),
         "records": info.records,
         "columns": list(info.columns),
         "schema": schema,
     }
+    if build:
+        identity["build"] = build
+    return identity
 
 
 class ChunkWriter:
@@ -82,8 +86,10 @@ class ChunkWriter:
     again, so nothing is lost. ``prefix`` starts every file name: tasks of a parallel build
     write into one folder without clashing. ``on_close`` is called with each chunk as soon as
     it is complete (a build task hands it on while writing the next). ``schema`` is the digest
-    of the schema the values were encoded with; each chunk records it with its identity. A write
-    that fails (a full disk) is a StorageError naming the chunk and the free space.
+    of the schema the values were encoded with, ``build`` the id of the build the chunks are
+    part of (None: a build of this writer's own); each chunk records both with its identity,
+    and its id is made from the build's (``chunk_id``). A write that fails (a full disk) is a
+    StorageError naming the chunk and the free space.
     """
 
     def __init__(
@@ -93,6 +99,7 @@ class ChunkWriter:
         prefix: str = "",
         on_close: Callable[[ChunkInfo], object] | None = None,
         schema: str = "",
+        build: str | None = None,
     ) -> None:
         if chunk_bytes <= 0:
             raise ValueError(f"chunk_bytes must be > 0, got {chunk_bytes}")
@@ -101,6 +108,7 @@ class ChunkWriter:
         self.prefix = prefix
         self.on_close = on_close
         self.schema = schema
+        self.build = build if build is not None else new_build_id()
         self.chunks: list[ChunkInfo] = []
         self._env: lmdb.Environment | None = None
         self._pending: list[Items] = []
@@ -223,10 +231,9 @@ class ChunkWriter:
         assert self._env is not None
         path = self._path(len(self.chunks))
         names = sorted(self._columns)  # column keys sort after the identity key, by name
-        info = ChunkInfo(
-            os.path.basename(path), self._chunk_records, 0, "", tuple(names), new_chunk_id()
-        )
-        identity = json.dumps(chunk_identity(info, self.schema)).encode()
+        name = os.path.basename(path)
+        info = ChunkInfo(name, self._chunk_records, 0, "", tuple(names), chunk_id(self.build, name))
+        identity = json.dumps(chunk_identity(info, self.schema, self.build)).encode()
         last = [(IDENTITY_KEY, identity)]
         for name in names:
             data = np.concatenate(self._columns[name]).tobytes()

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from yogadl_plus.cache.manifest import Manifest
-from yogadl_plus.cache.version_writer import write_version
+from yogadl_plus.cache.version_writer import build_of, write_version
 from yogadl_plus.checks import check_name
 
 if TYPE_CHECKING:
@@ -139,6 +139,7 @@ class Storage(ABC):
                 return self._open(dataset_id, version, on_transfer)
             began = time.monotonic()
             with self._staging(dataset_id, version, exists, lock, on_transfer) as folder:
+                build_of(folder)  # the build's id, there before any of its tasks writes a chunk
                 manifest = build(folder)
             log.info(
                 "%s %s:%s in %s: %s records, %s bytes, %.1f s",

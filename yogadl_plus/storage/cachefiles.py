@@ -18,6 +18,10 @@ reader that finds no other room does);
 fetch writes into ``chunk-00000.mdb.fetching``, made at its full size first. Downloads of a
 whole copy go to ``chunk-00000.mdb.part`` first. Making room (under ``<root>/+lock.space``, so
 that the processes of a machine count together) is eviction.py's.
+
+The cache's limit counts the bytes of chunks (``holds_chunk_bytes``): a chunk of exactly the
+limit fits. The bookkeeping beside them (manifests, stamps, pins, locks: a few hundred bytes a
+chunk, and each copy's manifest) is not counted.
 """
 
 from __future__ import annotations
@@ -36,12 +40,12 @@ __all__ = [
     "CHUNK_PIN",
     "FETCHING",
     "PART",
-    "SMALL_FILES",
     "POLL_S",
     "SPACE_LOCK",
     "copy_pin_path",
     "demand_pin_path",
     "holding",
+    "holds_chunk_bytes",
 ]
 
 # Beside each chunk file: its reader's pin, its fetch-ahead pin, the lock of the one fetching
@@ -54,13 +58,17 @@ FETCHING = ".fetching"
 PART = ".part"
 # In the root: the machine's lock on the cache's size.
 SPACE_LOCK = "+lock.space"
-# Reserved with each chunk for the small files written beside it (its stamp, pins).
-SMALL_FILES = 4096
 # How often a waiter for a lock held briefly (space) or by a fetch (a chunk) tries it again.
 POLL_S = 0.002
 
 _COPY_PIN = "+pin."
 _DEMAND_PIN = "+demand."
+
+
+def holds_chunk_bytes(name: str) -> bool:
+    """Whether the cache's file ``name`` holds a chunk's bytes, which its limit counts: a chunk,
+    one being fetched or pulled, or the download client's temporary file of one."""
+    return name.endswith((".mdb", ".mdb" + FETCHING)) or ".mdb" + PART in name
 
 
 def copy_pin_path(root: str, dataset_id: str, version: str) -> str:

@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from yogadl_plus.cache.integrity import check_chunk, stamp
 from yogadl_plus.cache.manifest import ChunkInfo
 from yogadl_plus.errors import CacheCorrupted, YogaError, unwritable
-from yogadl_plus.storage.cachefiles import FETCHING, SMALL_FILES
+from yogadl_plus.storage.cachefiles import FETCHING
 from yogadl_plus.storage.localcache import LocalCache
 from yogadl_plus.storage.objects import ObjectStore
 from yogadl_plus.storage.parallel import in_threads, run_all
@@ -164,7 +164,7 @@ class RangedDownload:
             os.remove(part)  # what a killed fetch left (we hold the chunk's lock)
         try:
             room = copy.cache.space.room(
-                info.bytes + SMALL_FILES, copy.version, strict=strict, reserve=self.reserve
+                info.bytes, copy.version, strict=strict, reserve=self.reserve
             )
             with room, open(part, "wb") as f:
                 f.truncate(info.bytes)

@@ -12,6 +12,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import threading
 import time
 import warnings
 from collections.abc import Iterator
@@ -28,6 +29,7 @@ from yogadl_plus.storage.cachefiles import (
     POLL_S,
     SPACE_LOCK,
     holding,
+    holds_chunk_bytes,
 )
 from yogadl_plus.storage.cachepins import CachePins
 from yogadl_plus.storage.local import LocalStorage
@@ -41,6 +43,11 @@ log = logging.getLogger(__name__)
 _SPACE_WAIT_S = 60.0
 # How long a reader that needs room waits for fetches to end and other processes to let go.
 _ROOM_WAIT_S = 5.0
+# The local caches (by root) that warned they went over their limit, in this process: once
+# each, since the numbers in the message change with every fetch and so would pass the
+# warnings module's own once-per-place filter every time. Later times go to the log.
+_WARNED: set[str] = set()
+_WARNED_LOCK = threading.Lock()
 
 
 class CacheSpace:
@@ -145,20 +152,31 @@ class CacheSpace:
         if strict:
             raise NoRoom(f"{self.root}: no room for {need:,} more bytes")
         assert self.limit is not None
-        warnings.warn(
+        message = (
             f"the local cache {self.root} needs {self.limit + short:,} bytes, over its limit "
             f"of {self.limit:,}: what it holds is in use by live processes (versions they "
-            "read, chunks they have open) or being pulled now",
+            "read, chunks they have open) or being pulled now"
+        )
+        with _WARNED_LOCK:
+            first = self.root not in _WARNED
+            _WARNED.add(self.root)
+        if not first:
+            log.info("%s", message)
+            return
+        warnings.warn(
+            f"{message} (said once for this cache; later times at INFO in the log)",
             CacheLimitWarning,
             stacklevel=5,
         )
 
     def _survey(self) -> tuple[int, list[_Evictable]]:
-        """(bytes of every file under the root, what could be evicted), in one walk."""
+        """(bytes of chunks under the root, what could be evicted), in one walk. (The limit
+        counts chunk bytes only: cachefiles.py.)"""
         stats = dict(_walk(self.root))
-        usage = sum(st.st_size for st in stats.values())
+        chunks = [path for path in stats if holds_chunk_bytes(os.path.basename(path))]
+        usage = sum(stats[path].st_size for path in chunks)
         copies: dict[tuple[str, str], list[str]] = {}
-        for path in stats:
+        for path in chunks:
             parts = os.path.relpath(path, self.root).split(os.sep)
             if len(parts) > 2 and "+" not in parts[0] and "+" not in parts[1]:
                 copies.setdefault((parts[0], parts[1]), []).append(path)
@@ -182,8 +200,6 @@ class CacheSpace:
                 elif path.endswith(".mdb"):
                     last = max(used(path + CHUNK_PIN), used(path + AHEAD_PIN)) or copy_used
                     newest = max(newest, last)
-                    stamp_st = stats.get(path + STAMP_SUFFIX)
-                    nbytes += stamp_st.st_size if stamp_st is not None else 0
                     found.append(_Evictable(_CHUNK, dataset_id, version, path, nbytes, last))
             folder = os.path.join(self.root, dataset_id, version)
             found.append(_Evictable(_COPY, dataset_id, version, folder, size, newest))

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import io
 import os
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 from yogadl_plus.errors import StorageError, TransientStorageError, YogaError, missing_extra
@@ -17,6 +19,7 @@ from yogadl_plus.storage.remote import (
     RemoteSettings,
     RemoteStorage,
 )
+from yogadl_plus.storage.waiting import progress
 
 __all__ = ["GCSStorage"]
 
@@ -157,8 +160,10 @@ class _GCSObjects(ObjectStore):
 
     @retried
     def upload(self, key: str, path: str) -> None:
-        with self._errors("upload", key):
-            self.bucket.blob(self.prefix + key).upload_from_filename(path, **self.once)
+        with self._errors("upload", key), open(path, "rb") as f:
+            self.bucket.blob(self.prefix + key).upload_from_file(
+                _Moving(f, progress()), size=os.path.getsize(path), **self.once
+            )
 
     @retried
     def download(self, key: str, path: str) -> None:
@@ -166,10 +171,12 @@ class _GCSObjects(ObjectStore):
 
         with self._errors("download", key, missing_is_bucket=False):
             try:
-                self.bucket.blob(self.prefix + key).download_to_filename(path, **self.once)
+                with open(path, "wb") as f:
+                    blob = self.bucket.blob(self.prefix + key)
+                    blob.download_to_file(_Moving(f, progress()), **self.once)
             except NotFound:
                 with contextlib.suppress(FileNotFoundError):
-                    os.remove(path)  # the client leaves an empty file behind
+                    os.remove(path)
                 raise self.gone(key) from None
 
     @retried
@@ -179,15 +186,16 @@ class _GCSObjects(ObjectStore):
         if stop <= start:
             return b""
         with self._errors("ranged read", key, missing_is_bucket=False):
+            data = io.BytesIO()
             try:
-                data: bytes = self.bucket.blob(self.prefix + key).download_as_bytes(
-                    start=start, end=stop - 1, **self.once
+                self.bucket.blob(self.prefix + key).download_to_file(
+                    _Moving(data, progress()), start=start, end=stop - 1, **self.once
                 )
             except RequestRangeNotSatisfiable:
                 return b""
             except NotFound:
                 raise self.gone(key) from None
-        return data
+        return data.getvalue()
 
     @retried
     def keys(self, prefix: str) -> list[tuple[str, float]]:
@@ -214,6 +222,28 @@ class _GCSObjects(ObjectStore):
     def check(self) -> None:
         with self._errors("the bucket"):
             self.client.get_bucket(self.bucket_name, **self.once)
+
+
+class _Moving:
+    """A file the client reads an upload from or writes a download into, telling ``moved``
+    the bytes of each read or write (storage/waiting.py); the rest is the file's own."""
+
+    def __init__(self, file: Any, moved: Callable[[int], None]) -> None:
+        self._file = file
+        self._moved = moved
+
+    def read(self, size: int = -1) -> bytes:
+        data: bytes = self._file.read(size)
+        self._moved(len(data))
+        return data
+
+    def write(self, data: bytes) -> int:
+        written: int = self._file.write(data)
+        self._moved(len(data))
+        return written
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._file, name)
 
 
 class GCSStorage(RemoteStorage):

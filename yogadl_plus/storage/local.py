@@ -28,6 +28,7 @@ import uuid
 from collections.abc import Iterator
 
 from yogadl_plus.cache.manifest import MANIFEST_NAME, ChunkInfo, Manifest, read_manifest_bytes
+from yogadl_plus.cache.version_writer import BUILD_FILE
 from yogadl_plus.dataref import DataRef
 from yogadl_plus.errors import CacheCorrupted, DatasetNotFound, PinGone, StorageError, unwritable
 from yogadl_plus.files import fsync_dir, write_durably
@@ -243,7 +244,7 @@ class LocalStorage(Storage):
         the manifest to it. Each step leaves the old version or the new one."""
         built = Manifest.read(staging)
         build = f"{_BUILD}{uuid.uuid4().hex[:16]}"
-        os.remove(os.path.join(staging, MANIFEST_NAME))
+        _drop_staging_files(staging)
         with open(os.path.join(staging, _PIN), "wb"):
             pass
         fsync_dir(staging)
@@ -386,6 +387,14 @@ def default_root() -> str:
         os.environ.get("YOGADL_PLUS_HOME")
         or os.path.join(os.path.expanduser("~"), ".cache", "yogadl_plus")
     )
+
+
+def _drop_staging_files(staging: str) -> None:
+    """What a staged build holds besides its chunks: its manifest (written again, naming the
+    build folder) and its build's id (which the manifest names)."""
+    os.remove(os.path.join(staging, MANIFEST_NAME))
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(os.path.join(staging, BUILD_FILE))
 
 
 def _in_build(chunk: ChunkInfo, build: str) -> ChunkInfo:

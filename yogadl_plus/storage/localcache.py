@@ -19,7 +19,7 @@ from yogadl_plus.cache.manifest import MANIFEST_NAME, ChunkInfo, Manifest
 from yogadl_plus.checks import check_int
 from yogadl_plus.errors import PinGone, StorageError
 from yogadl_plus.files import write_durably
-from yogadl_plus.storage.cachefiles import CHUNK_LOCK, PART, SMALL_FILES, holding
+from yogadl_plus.storage.cachefiles import CHUNK_LOCK, PART, holding
 from yogadl_plus.storage.cachepins import CachePins, builds
 from yogadl_plus.storage.eviction import CacheSpace
 from yogadl_plus.storage.local import LocalStorage, build_pin_path
@@ -43,7 +43,8 @@ class RemoteManifest:
 
 
 class LocalCache:
-    """Pulled copies of remote versions under ``root``, at most ``limit`` bytes (None: no limit)."""
+    """Pulled copies of remote versions under ``root``, at most ``limit`` bytes of chunks (None:
+    no limit; their bookkeeping beside them is not counted, see cachefiles.py)."""
 
     def __init__(self, root: str, limit: int | None = None) -> None:
         self.limit = None if limit is None else check_int("local_cache_limit", limit, 0)
@@ -220,11 +221,7 @@ class LocalCache:
                 if remote.is_in(folder):
                     return folder, pins
                 pins.release()
-        keep = (dataset_id, version)
-        with (
-            self.local.lock(dataset_id, version),
-            self.space.room(len(remote.data) + SMALL_FILES, keep),
-        ):
+        with self.local.lock(dataset_id, version):  # (a manifest takes no room: cachefiles.py)
             self._update(remote, (), _nothing)
             for build in builds(manifest):  # (where its chunks and their pins will be)
                 os.makedirs(os.path.join(folder, build), exist_ok=True)

@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 from yogadl_plus.errors import CacheCorrupted, StorageError, TransientStorageError, YogaError
+from yogadl_plus.storage.waiting import waiting_on
 
 __all__ = [
     "DEFAULT_RETRY_TIMEOUT",
@@ -170,14 +171,23 @@ class _ArrivedDamaged(CacheCorrupted):
     """Bytes that failed the client's checksum on the way (``ObjectStore.arrived_damaged``)."""
 
 
+# What each call of an ObjectStore does, as the lines said while it waits name it.
+_DOING = {"token": "head", "read_range": "ranged read", "keys": "listing", "folders": "listing"}
+
+
 def retried(method: Callable[..., T]) -> Callable[..., T]:
-    """An ObjectStore method made to ride out outages, under its store's ``retries``."""
+    """An ObjectStore method made to ride out outages, under its store's ``retries``, and to
+    say while it waits long what it waits on (storage/waiting.py): its first argument is the
+    key (or prefix) of the object it works on."""
+    doing = _DOING.get(method.__name__, method.__name__.strip("_"))
 
     @functools.wraps(method)
     def call(self: ObjectStore, *args: Any, **kwargs: Any) -> T:
-        return self.retries.call(
-            lambda: method(self, *args, **kwargs), self.interrupt, store=self.url
-        )
+        where = f"{self.url}/{args[0]}" if args and args[0] else self.url
+        with waiting_on(self.url, f"{doing} of {where}"):
+            return self.retries.call(
+                lambda: method(self, *args, **kwargs), self.interrupt, store=self.url
+            )
 
     return call
 

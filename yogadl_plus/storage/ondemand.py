@@ -26,7 +26,6 @@ from typing import Any
 from yogadl_plus import lifecycle
 from yogadl_plus.cache.manifest import ChunkInfo
 from yogadl_plus.errors import NoRoom, StorageError
-from yogadl_plus.storage.cachefiles import SMALL_FILES
 from yogadl_plus.storage.chunkdownload import PART_BYTES, RangedDownload, VersionCopy
 from yogadl_plus.storage.localcache import LocalCache
 from yogadl_plus.storage.objects import ObjectStore
@@ -118,7 +117,7 @@ class ChunkFetcher:
         self.keep_open_bytes = settings.keep_open_bytes
         self.max_open_bytes = settings.max_open_bytes
         # What fetches ahead leave free for a reader's next chunk.
-        self._reserve = max((c.bytes for c in self.chunks), default=0) + SMALL_FILES
+        self._reserve = max((c.bytes for c in self.chunks), default=0)
         #: Called with a chunk's size after each chunk fetched (progress, counting); not sent
         #: to other processes.
         self.on_fetch = on_fetch
@@ -154,7 +153,7 @@ class ChunkFetcher:
         self.__dict__.update(state)
         self.keep_open_bytes = self.settings.keep_open_bytes
         self.max_open_bytes = self.settings.max_open_bytes
-        self._reserve = max((c.bytes for c in self.chunks), default=0) + SMALL_FILES
+        self._reserve = max((c.bytes for c in self.chunks), default=0)
         self.on_fetch = None
         self._start()
 
@@ -389,11 +388,12 @@ def _present(path: str, info: ChunkInfo) -> bool:
 
 
 def check_fits(chunks: Sequence[ChunkInfo], limit: int | None, where: str) -> None:
-    """StorageError unless each chunk fits the local cache on its own."""
+    """StorageError unless each chunk fits the local cache on its own (one of exactly the
+    limit does: the limit counts chunk bytes, cachefiles.py)."""
     if limit is None or not chunks:
         return
     largest = max(chunks, key=lambda c: c.bytes)
-    if largest.bytes + SMALL_FILES > limit:
+    if largest.bytes > limit:
         raise StorageError(
             f"{where}: chunk {largest.file} has {largest.bytes:,} bytes, more than the local "
             f"cache's limit of {limit:,} bytes: it cannot be read through this cache; raise "

@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from yogadl_plus.cache.manifest import MANIFEST_NAME, Manifest
+from yogadl_plus.cache.version_writer import build_of
 from yogadl_plus.checks import check_int
 from yogadl_plus.dataref import DataRef, DataRefOnDemand
 from yogadl_plus.errors import CacheCorrupted, DatasetNotFound, StorageError
@@ -61,10 +62,10 @@ _BUILD = "+build."
 class RemoteSettings:
     """What a bucket storage is made with besides its bucket and client: where its local
     copies go (``local_cache``; None: a folder of the default storage's root) and how many
-    bytes they may take (``local_cache_limit``; None: no limit), how long a build lease lives
-    unrenewed (``lease_ttl`` seconds), how many objects move at once (``max_transfers``), and
-    how long each call keeps trying while the store fails transiently (``retry_timeout``
-    seconds, then a StorageError)."""
+    bytes of chunks they may hold (``local_cache_limit``; None: no limit), how long a build
+    lease lives unrenewed (``lease_ttl`` seconds), how many objects move at once
+    (``max_transfers``), and how long each call keeps trying while the store fails
+    transiently (``retry_timeout`` seconds, then a StorageError)."""
 
     local_cache: str | os.PathLike[str] | None = None
     local_cache_limit: int | None = None
@@ -260,16 +261,25 @@ class RemoteStorage(Storage):
                 )
             except (StorageError, CacheCorrupted):
                 # Rebuilt (overwrite=True) while we pulled? Then its old chunks are going away:
-                # pull the new version. Otherwise the error stands.
-                if (
-                    attempt == _PULL_ATTEMPTS - 1
-                    or self._read_manifest(dataset_id, version)[0] == data
-                ):
+                # pull the new version. Otherwise the error, naming the chunk, stands.
+                if attempt == _PULL_ATTEMPTS - 1 or not self._replaced(dataset_id, version, data):
                     raise
                 continue
             # The pins are held while the DataRef (or a copy in a worker) lives.
             return DataRef(folder, manifest, hold=pins)
         raise AssertionError("unreachable")
+
+    def _replaced(self, dataset_id: str, version: str, data: bytes) -> bool:
+        """Whether the version's manifest in the bucket is no longer ``data`` (rebuilt or
+        removed meanwhile). One try: the store has just failed a pull, and waiting on it again
+        for retry_timeout would only put off the error that names what failed; no answer is
+        taken for "not replaced"."""
+        once = self.objects.retrying(self.objects.retries.at_most(0.0))
+        try:
+            found = once.read(self._key(dataset_id, version, MANIFEST_NAME))
+        except (StorageError, CacheCorrupted):
+            return False
+        return found is None or found[0] != data
 
     def _open_on_demand(self, remote: RemoteManifest, on_transfer: OnTransfer) -> DataRef:
         """The version read on demand through the local cache (nothing pulled now)."""
@@ -351,7 +361,7 @@ class RemoteStorage(Storage):
             build = self._staged.get(folder)
         if build is None:
             raise ValueError(f"{folder} is not the staging folder of a build of {self.url}")
-        return UploadSink(self.objects, build.base, build.id)
+        return UploadSink(self.objects, build.base, build.id, build_of(folder))
 
     def _remove(self, dataset_id: str, version: str) -> None:
         manifest_key = self._key(dataset_id, version, MANIFEST_NAME)

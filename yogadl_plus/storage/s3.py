@@ -16,10 +16,12 @@ from yogadl_plus.storage.remote import (
     RemoteSettings,
     RemoteStorage,
 )
+from yogadl_plus.storage.waiting import progress
 
 __all__ = ["S3Storage"]
 
 _PART_BYTES = 16 << 20
+_PIECE_BYTES = 1 << 20  # a ranged read's body is read in pieces of this, each one progress
 _THREADS_PER_OBJECT = 4  # ranged parts of one object in flight, times max_transfers objects
 _MISSING = {"404", "NoSuchKey", "NotFound"}
 _PRECONDITION = {"412", "PreconditionFailed"}
@@ -168,7 +170,9 @@ class _S3Objects(ObjectStore):
     @retried
     def upload(self, key: str, path: str) -> None:
         with self._errors("upload", key):
-            self.client.upload_file(path, self.bucket, self.prefix + key, Config=self.transfer)
+            self.client.upload_file(
+                path, self.bucket, self.prefix + key, Config=self.transfer, Callback=progress()
+            )
 
     @retried
     def download(self, key: str, path: str) -> None:
@@ -177,7 +181,7 @@ class _S3Objects(ObjectStore):
         with self._errors("download", key):
             try:
                 self.client.download_file(
-                    self.bucket, self.prefix + key, path, Config=self.transfer
+                    self.bucket, self.prefix + key, path, Config=self.transfer, Callback=progress()
                 )
             except ClientError as exc:
                 if _code(exc) not in _MISSING:
@@ -202,8 +206,11 @@ class _S3Objects(ObjectStore):
                     raise
                 raise self.gone(key) from exc
             # A body cut off midway raises here, inside _errors: tried again.
-            data: bytes = got["Body"].read()
-            return data
+            moved, pieces = progress(), []
+            for piece in got["Body"].iter_chunks(_PIECE_BYTES):
+                pieces.append(piece)
+                moved(len(piece))
+            return b"".join(pieces)
 
     def _pages(self, prefix: str, **options: Any) -> Iterator[dict[str, Any]]:
         return self.client.get_paginator("list_objects_v2").paginate(

@@ -20,6 +20,7 @@ from collections.abc import Iterator, Sequence
 
 from yogadl_plus.cache.integrity import STAMP_SUFFIX
 from yogadl_plus.cache.manifest import ChunkInfo
+from yogadl_plus.cache.version_writer import mark_build
 from yogadl_plus.errors import CacheCorrupted
 from yogadl_plus.storage.objects import ObjectStore
 
@@ -86,16 +87,22 @@ class FolderSink(ChunkSink):
 
 class UploadSink(ChunkSink):
     """Tasks upload their chunks into ``<base><build>/`` of an object store, from wherever they
-    run; the storage publishes the manifest naming them."""
+    run; the storage publishes the manifest naming them. ``build_id``: the id the build's chunks
+    record (cache/version_writer.py; None: each task's folder makes one of its own)."""
 
-    def __init__(self, objects: ObjectStore, base: str, build: str) -> None:
+    def __init__(
+        self, objects: ObjectStore, base: str, build: str, build_id: str | None = None
+    ) -> None:
         self.objects = objects
         self.base = base
         self.build = build
+        self.build_id = build_id
 
     @contextlib.contextmanager
     def folder(self) -> Iterator[str]:
         with tempfile.TemporaryDirectory(prefix="yogadl-plus-part-") as path:
+            if self.build_id is not None:
+                mark_build(path, self.build_id)
             yield path
 
     def deliver(self, folder: str, chunk: ChunkInfo) -> ChunkInfo:
