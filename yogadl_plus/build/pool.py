@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from yogadl_plus.build import starts
 from yogadl_plus.build.parts import ATTEMPTS, RETRIED, PartResult, PartTask, build_parts, write_part
 from yogadl_plus.build.plan import BuildPlan
+from yogadl_plus.cache.layout import RecordLayout
 from yogadl_plus.cache.manifest import Manifest
 from yogadl_plus.cache.version_writer import INFER_RECORDS, caching_bar
 from yogadl_plus.errors import CacheCorrupted, WorkerDied, YogaError, missing_extra
@@ -66,8 +67,8 @@ def build_in_parallel(folder: str, plan: BuildPlan) -> Manifest:
         if plan.engine == "local" and serial is not None and serial < starts.SERIAL_UNDER_SECONDS:
             log.info(
                 "%s:%s is built serially, not by %d workers: its %s records take about %.2f s "
-                "to read here (as its first ones tell), under the %.1f s below which worker "
-                "processes do not pay off",
+                "to read and encode here (as its first ones tell), under the %.1f s below "
+                "which worker processes do not pay off",
                 plan.dataset_id,
                 plan.version,
                 runner.slots,
@@ -95,12 +96,17 @@ def build_in_parallel(folder: str, plan: BuildPlan) -> Manifest:
 
 def _inferred(parts: list[Source], length: int | None) -> tuple[Schema, float | None]:
     """The schema of the first records, across parts (as a serial build infers it), and about
-    how long reading the whole source here takes, from how long they took."""
+    how long a serial build of the whole source takes here, from how long reading and encoding
+    them took (a record encodes to as many bytes as a worker would write and hash)."""
     began = time.perf_counter()
     records = itertools.chain.from_iterable(p.records() for p in parts)
     head = list(itertools.islice(records, INFER_RECORDS))
+    schema = infer_schema(head)
+    layout = RecordLayout(schema)
+    for index, record in enumerate(head):
+        layout.encode(record, index)
     took = time.perf_counter() - began
-    return infer_schema(head), starts.serial_time(took, len(head), length)
+    return schema, starts.serial_time(took, len(head), length)
 
 
 class _PoolRunner:

@@ -11,7 +11,8 @@ again: on 200 small images, workers=2 took a hundred times as long as a serial b
 - otherwise **from a forkserver**, a fresh interpreter that imports the build code and the
   source's framework once, when it starts, and forks the workers (elsewhere: spawned);
 - and **not at all** when the records the build reads first (to learn the schema) show that
-  reading the whole source here takes less than ``SERIAL_UNDER_SECONDS``: no pool pays off.
+  reading and encoding the whole source here takes less than ``SERIAL_UNDER_SECONDS``: no
+  pool pays off.
 """
 
 from __future__ import annotations
@@ -26,8 +27,8 @@ from yogadl_plus.sources.base import Source
 
 __all__ = ["SERIAL_UNDER_SECONDS", "WorkerStart", "serial_time", "worker_start"]
 
-#: A parallel build whose source would take less than this to read here, as far as its first
-#: records tell, is built serially.
+#: A parallel build whose source would take less than this to read and encode here, as far
+#: as its first records tell, is built serially.
 SERIAL_UNDER_SECONDS = 0.5
 
 # Runtimes whose threads and devices a forked child cannot use (they say so, or hang).
@@ -70,10 +71,7 @@ def _why_not_fork(src: Source) -> str | None:
         return (
             f"the {src.kind or type(src).__name__} source's framework does not fork its own workers"
         )
-    if (
-        not sys.platform.startswith("linux")
-        or "fork" not in multiprocessing.get_all_start_methods()
-    ):
+    if not sys.platform.startswith("linux"):
         return f"forking is not safe on {sys.platform}"
     others = [
         t.name
@@ -92,8 +90,8 @@ def _why_not_fork(src: Source) -> str | None:
 
 
 def serial_time(read_seconds: float, records_read: int, length: int | None) -> float | None:
-    """About how long reading all ``length`` records here takes, from the ``records_read``
-    first ones taking ``read_seconds``; None when the length is not known."""
+    """About how long reading (and encoding) all ``length`` records here takes, from the
+    ``records_read`` first ones taking ``read_seconds``; None when the length is not known."""
     if length is None or records_read == 0:
         return None
     return read_seconds * max(length, records_read) / records_read

@@ -216,6 +216,7 @@ class _Checker:
         return value
 
     def schema(self, spec: Any, name: str) -> Schema:
+        """The schema in field ``name``, or a CacheCorrupted naming it."""
         try:
             return Schema.from_json(spec)
         except CacheCorrupted:
