@@ -4,11 +4,13 @@ die or fail once are run again without losing or duplicating a record."""
 
 from __future__ import annotations
 
+import logging
 import os
 import pickle
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -18,10 +20,19 @@ import pytest
 from damage import version_files
 
 import yogadl_plus as ydl
+from yogadl_plus.build import starts
 from yogadl_plus.cache.manifest import MANIFEST_NAME, ChunkInfo
+from yogadl_plus.sources import as_source
 from yogadl_plus.storage.sink import UploadSink
 
 torch_data = pytest.importorskip("torch.utils.data")
+
+
+@pytest.fixture(autouse=True)
+def _always_the_pool(monkeypatch):
+    """The small sources here are built by the pool, which serves them (a build this small is
+    otherwise serial: see the tests of that below)."""
+    monkeypatch.setattr(starts, "SERIAL_UNDER_SECONDS", 0.0)
 
 
 # ----------------------------------------------------------------- sources (importable: workers
@@ -180,6 +191,62 @@ def test_a_bad_record_fails_the_build_naming_it_and_publishes_nothing(local_stor
     assert local_storage.list() == []
     left = os.listdir(os.path.join(local_storage.root, "squares"))
     assert [e for e in left if not e.startswith("+lock.")] == []  # no staging folder left
+
+
+# ----------------------------------------------------------------- how workers start
+
+
+def pool_lines(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "yogadl_plus.build.pool"]
+
+
+def test_a_small_source_is_built_serially_and_says_why_once(local_storage, caplog, monkeypatch):
+    monkeypatch.setattr(starts, "SERIAL_UNDER_SECONDS", 0.5)
+    with caplog.at_level(logging.INFO, logger="yogadl_plus"):
+        ref = ydl.cache_dataset(Squares(200), "squares", "small", local_storage, workers=2)
+    (said,) = pool_lines(caplog)
+    assert said.startswith("squares:small is built serially, not by 2 workers: its 200 records")
+    assert len(ref.manifest.chunks) == 1  # one writer: this process
+    assert_same_records(ydl.cache_dataset(Squares(200), "squares", "v1", local_storage), ref)
+
+
+def test_how_the_workers_start_is_logged_once(local_storage, caplog):
+    with caplog.at_level(logging.INFO, logger="yogadl_plus"):
+        ref = ydl.cache_dataset(Squares(300), "squares", "pool", local_storage, workers=2)
+    (said,) = pool_lines(caplog)
+    assert said.startswith("squares:pool is built by 2 worker processes ")
+    assert "forked from this process" in said or "started from a forkserver" in said
+    assert_same_records(ydl.cache_dataset(Squares(300), "squares", "v1", local_storage), ref)
+
+
+def test_workers_are_forked_only_where_that_is_safe(monkeypatch):
+    def threads(*names):  # the threads this process runs besides this one
+        made = [threading.Thread(name=name) for name in names]
+        monkeypatch.setattr(starts.threading, "enumerate", lambda: [threading.main_thread(), *made])
+        monkeypatch.setattr(starts.threading, "current_thread", threading.main_thread)
+
+    torch_source = as_source(Squares(10))
+    for name in ("tensorflow", "jax"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    threads("yogadl-readahead", "yogadl-plus-copy_0")  # left by a stream: they mind forks
+    start = starts.worker_start(torch_source)
+    assert start.context.get_start_method() == "fork"
+    assert start.how == "forked from this process (it holds torch already)"
+    # A list of records: its workers need nothing of this process; nor is it forked.
+    listed = starts.worker_start(as_source([{"i": 1}]))
+    assert listed.context.get_start_method() == "forkserver"
+    assert "the iterable source's framework does not fork its own workers" in listed.how
+    threads("yogadl-readahead", "your-server")
+    served = starts.worker_start(torch_source)
+    assert served.context.get_start_method() == "forkserver"
+    assert served.how == (
+        "started from a forkserver, which imports yogadl_plus.build.pool, pyarrow.parquet, "
+        "torch once as it starts (not forked from this process: other threads run here "
+        "(your-server))"
+    )
+    threads()
+    monkeypatch.setitem(sys.modules, "tensorflow", object())
+    assert "tensorflow is loaded" in starts.worker_start(torch_source).how
 
 
 def test_sources_read_only_in_order_are_refused_with_a_reason(local_storage):

@@ -588,6 +588,33 @@ class Schema:
         pattern = re.compile(name)
         return tuple(n for n in self._by_name if pattern.fullmatch(n))
 
+    def differences_from(self, cached: Schema, *, codecs: bool = False) -> list[str]:
+        """What sets this schema apart from the ``cached`` one, a phrase per field ("field 'x'
+        is float64 against int64 cached", "field 'z' (str) is not cached", "field 'y'
+        (float32[3]) is cached but missing here"): dtypes, shapes, nullability, and codecs if
+        ``codecs``. Empty when they hold the same fields, in whatever order."""
+
+        def held(f: Field, codec: bool = False) -> str:
+            said = ("nullable " if f.nullable else "") + f.describe()
+            return f"{said} {f.codec!r}" if codec else said
+
+        said = []
+        for field in self:
+            if field.name not in cached:
+                said.append(f"field {field.name!r} ({held(field)}) is not cached")
+                continue
+            then = cached[field.name]
+            codec = codecs and field.codec != then.codec
+            if codec or held(field) != held(then):
+                said.append(
+                    f"field {field.name!r} is {held(field, codec)} against "
+                    f"{held(then, codec)} cached"
+                )
+        for field in cached:
+            if field.name not in self:
+                said.append(f"field {field.name!r} ({held(field)}) is cached but missing here")
+        return said
+
     def to_json(self) -> list[dict[str, Any]]:
         """The schema as the manifest stores it: each field's ``to_json``."""
         return [f.to_json() for f in self.fields]

@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
-import functools
-import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from yogadl_plus.build.changes import check_schema, warn_if_changed
 from yogadl_plus.build.plan import BuildPlan
 from yogadl_plus.cache.manifest import Manifest
-from yogadl_plus.cache.version_writer import write_version
 from yogadl_plus.cache.writer import DEFAULT_CHUNK_BYTES
 from yogadl_plus.checks import check_int
-from yogadl_plus.errors import SourceChangedWarning
 from yogadl_plus.schema import Schema
-from yogadl_plus.sources import Source, as_source
+from yogadl_plus.sources import as_source
 from yogadl_plus.sources.spark import SparkDataFrameSource
 from yogadl_plus.storage import check_name, default_storage
 
@@ -44,7 +41,10 @@ def cache_dataset(
     """Cache ``source`` as (dataset_id, version) in ``storage`` and return its DataRef.
 
     If the version exists, the source is not read (unless ``overwrite``). Only one builder of a
-    version runs at a time; concurrent callers wait and read what it published.
+    version runs at a time; concurrent callers wait and read what it published. A version that
+    exists is compared with what the source tells without being read (its fingerprint, length
+    and schema, where it knows them): a SourceChangedWarning names each difference, and a
+    ``schema=`` that contradicts the cached schema is a SchemaError.
 
     ``workers=k`` builds with a pool of k processes, and ``engine="ray"`` with Ray tasks on the
     cluster that ``ray.init()`` joins (``workers`` then caps the tasks in flight): the source is
@@ -67,12 +67,23 @@ def cache_dataset(
     plan = BuildPlan(
         src, dataset_id, version, store, schema, progress, chunk_bytes, workers, engine
     )
-    build = functools.partial(_build, plan=plan)
+    built: list[Manifest] = []
+
+    def build(folder: str) -> Manifest:
+        built.append(_build(folder, plan))
+        return built[-1]
+
     dataref = store.get_or_build(
         dataset_id, version, build, overwrite=overwrite, on_transfer=on_transfer
     )
-    if not overwrite:
-        _warn_if_changed(dataref, src)
+    if not built:  # an existing version: is it what this call would have cached?
+        try:
+            if schema is not None:
+                check_schema(dataref, schema)
+            warn_if_changed(dataref, src, compare_schema=schema is None)
+        except BaseException:
+            dataref.close()
+            raise
     return dataref
 
 
@@ -96,29 +107,4 @@ def _build(folder: str, plan: BuildPlan) -> Manifest:
         from yogadl_plus.build.pool import build_in_parallel
 
         return build_in_parallel(folder, plan)
-    return write_version(
-        folder,
-        plan.src,
-        plan.dataset_id,
-        plan.version,
-        schema=plan.schema,
-        progress=plan.progress,
-        chunk_bytes=plan.chunk_bytes,
-    )
-
-
-def _warn_if_changed(dataref: DataRef, src: Source) -> None:
-    """A SourceChangedWarning when ``src`` is no longer what ``dataref`` was cached from (as
-    far as the fingerprints of both tell)."""
-    cached = dataref.manifest.source_fingerprint
-    if cached is None:
-        return
-    current = src.fingerprint()
-    if current is not None and current != cached:
-        warnings.warn(
-            f"the source of {dataref.dataset_id!r} version {dataref.version!r} has changed "
-            f"since it was cached (cached fingerprint {cached}, now {current}); the cached "
-            "data is returned as is: use a new version or overwrite=True to rebuild",
-            SourceChangedWarning,
-            stacklevel=3,
-        )
+    return plan.write_serially(folder)

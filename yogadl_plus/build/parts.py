@@ -96,4 +96,12 @@ def build_parts(
     except BaseException:
         sink.abort()
         raise
-    return finish_version(folder, plan.src, schema, chunks, plan.dataset_id, plan.version)
+    return finish_version(
+        folder,
+        plan.src,
+        schema,
+        chunks,
+        plan.dataset_id,
+        plan.version,
+        schema_given=plan.schema is not None,
+    )

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from yogadl_plus.cache.manifest import Manifest
+from yogadl_plus.cache.version_writer import write_version
 from yogadl_plus.schema import Schema
 from yogadl_plus.sources.base import Source
 
@@ -35,3 +37,16 @@ class BuildPlan:
     def parallel(self) -> bool:
         """Whether parallel tasks build it (a Spark DataFrame aside)."""
         return self.engine == "ray" or (self.workers or 1) > 1
+
+    def write_serially(self, folder: str) -> Manifest:
+        """Build it in this process, reading the source once, in order, into the staging
+        ``folder``; the manifest written there."""
+        return write_version(
+            folder,
+            self.src,
+            self.dataset_id,
+            self.version,
+            schema=self.schema,
+            progress=self.progress,
+            chunk_bytes=self.chunk_bytes,
+        )

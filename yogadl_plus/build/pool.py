@@ -9,30 +9,40 @@ unless every part is in place.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
 import itertools
-import multiprocessing
+import logging
 import os
 import pickle
 import tempfile
+import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from typing import TYPE_CHECKING, Any
 
+from yogadl_plus.build import starts
 from yogadl_plus.build.parts import ATTEMPTS, RETRIED, PartResult, PartTask, build_parts, write_part
 from yogadl_plus.build.plan import BuildPlan
+from yogadl_plus.cache.layout import RecordLayout
 from yogadl_plus.cache.manifest import Manifest
 from yogadl_plus.cache.version_writer import INFER_RECORDS, caching_bar
 from yogadl_plus.errors import CacheCorrupted, WorkerDied, YogaError, missing_extra
-from yogadl_plus.schema import infer_schema
+from yogadl_plus.schema import Schema, infer_schema
+from yogadl_plus.sources.base import Source
 
 if TYPE_CHECKING:
     from yogadl_plus.storage.sink import ChunkSink
 
 __all__ = ["build_in_parallel"]
 
+log = logging.getLogger(__name__)
+
 _PARTS_PER_SLOT = 4  # more parts than slots: a slow part does not leave the others idle
+#: Opens the build's progress bar: its ``advance(records)``.
+Bar = Callable[[], contextlib.AbstractContextManager[Callable[[int], object]]]
 
 
 def build_in_parallel(folder: str, plan: BuildPlan) -> Manifest:
@@ -42,7 +52,7 @@ def build_in_parallel(folder: str, plan: BuildPlan) -> Manifest:
     if plan.engine == "local" and src.kind == "ray":
         raise ValueError("a ray.data.Dataset is built in parallel by Ray: pass engine='ray'")
     runner: _PoolRunner | _RayRunner = (
-        _RayRunner(plan.workers) if plan.engine == "ray" else _PoolRunner(plan.workers)
+        _RayRunner(plan.workers) if plan.engine == "ray" else _PoolRunner(plan)
     )
     parts = src.split(_PARTS_PER_SLOT * runner.slots)
     if parts is None:
@@ -53,14 +63,25 @@ def build_in_parallel(folder: str, plan: BuildPlan) -> Manifest:
         )
     schema = plan.schema if plan.schema is not None else src.schema
     if schema is None:
-        # As a serial build does: from the first records of the source, across parts.
-        records = itertools.chain.from_iterable(p.records() for p in parts)
-        schema = infer_schema(list(itertools.islice(records, INFER_RECORDS)))
+        schema, serial = _inferred(parts, src.length)
+        if plan.engine == "local" and serial is not None and serial < starts.SERIAL_UNDER_SECONDS:
+            log.info(
+                "%s:%s is built serially, not by %d workers: its %s records take about %.2f s "
+                "to read and encode here (as its first ones tell), under the %.1f s below "
+                "which worker processes do not pay off",
+                plan.dataset_id,
+                plan.version,
+                runner.slots,
+                src.length,
+                serial,
+                starts.SERIAL_UNDER_SECONDS,
+            )
+            return plan.write_serially(folder)
+    bar = functools.partial(caching_bar, plan.progress, src.length, plan.dataset_id, plan.version)
 
     def run(sink: ChunkSink) -> list[PartResult]:
         tasks = [PartTask(i, part, schema, plan.chunk_bytes, sink) for i, part in enumerate(parts)]
-        with caching_bar(plan.progress, src.length, plan.dataset_id, plan.version) as advance:
-            results = runner.run(tasks, advance)
+        results = runner.run(tasks, bar)
         for task in tasks:
             expected, wrote = task.source.length, results[task.number].records
             if expected is not None and wrote != expected:
@@ -73,32 +94,52 @@ def build_in_parallel(folder: str, plan: BuildPlan) -> Manifest:
     return build_parts(folder, plan, schema, plan.engine == "ray", run)
 
 
+def _inferred(parts: list[Source], length: int | None) -> tuple[Schema, float | None]:
+    """The schema of the first records, across parts (as a serial build infers it), and about
+    how long a serial build of the whole source takes here, from how long reading and encoding
+    them took (a record encodes to as many bytes as a worker would write and hash)."""
+    began = time.perf_counter()
+    records = itertools.chain.from_iterable(p.records() for p in parts)
+    head = list(itertools.islice(records, INFER_RECORDS))
+    schema = infer_schema(head)
+    layout = RecordLayout(schema)
+    for index, record in enumerate(head):
+        layout.encode(record, index)
+    took = time.perf_counter() - began
+    return schema, starts.serial_time(took, len(head), length)
+
+
 class _PoolRunner:
-    """Parts on a pool of ``workers`` processes, started from a fresh interpreter (safe
-    whatever threads the parent runs): forked from a forkserver that has imported the build
-    code once, where there is one (half a second less per pool than spawning), else spawned.
+    """Parts on a pool of ``plan.workers`` processes: forked from this process where that is
+    safe, else from a forkserver that imports the build code and the source's framework once,
+    or spawned (see build/starts.py); how is logged, once.
 
     When a worker dies, every part in the pool fails with it; only the parts that had started
     (each marks its start in a folder) are charged an attempt, the others simply run again.
     """
 
-    def __init__(self, workers: int | None) -> None:
-        self.slots = workers or os.cpu_count() or 1
+    def __init__(self, plan: BuildPlan) -> None:
+        self.plan = plan
+        self.slots = plan.workers or os.cpu_count() or 1
+        self.said: str | None = None  # how the last pool's workers started, as logged
 
-    def run(self, tasks: list[PartTask], done: Callable[[int], Any]) -> dict[int, PartResult]:
+    def run(self, tasks: list[PartTask], bar: Bar) -> dict[int, PartResult]:
         _check_picklable(tasks)
         results: dict[int, PartResult] = {}
         failures: dict[int, list[BaseException]] = {t.number: [] for t in tasks}
         barren_pools = 0  # pools that broke before any part started: workers cannot start
-        context = _fresh_processes()
-        with tempfile.TemporaryDirectory(prefix="yogadl-plus-parts-") as started:
+        with contextlib.ExitStack() as stack:
+            started = stack.enter_context(tempfile.TemporaryDirectory(prefix="yogadl-plus-parts-"))
+            done: Callable[[int], Any] | None = None
             while len(results) < len(tasks):
                 pending = [t for t in tasks if t.number not in results]
                 charged = sum(map(len, failures.values()))
-                pool = ProcessPoolExecutor(min(self.slots, len(pending)), mp_context=context)
+                pool = self._pool(min(self.slots, len(pending)))
                 broken_with: int | None = None  # parts started when this pool broke
                 try:
                     running = {pool.submit(_pool_part, t, started): t for t in pending}
+                    if done is None:  # (the bar may start a thread: after the workers fork)
+                        done = stack.enter_context(bar())
                     while running:
                         finished, _ = wait(running, return_when=FIRST_COMPLETED)
                         for future in finished:
@@ -125,6 +166,22 @@ class _PoolRunner:
                             "part started: could they not start? (see the messages above)"
                         )
         return results
+
+    def _pool(self, workers: int) -> ProcessPoolExecutor:
+        """A pool of ``workers`` processes, started as is safe now; how is logged the first
+        time (INFO), and again when a later pool of the build starts otherwise (DEBUG)."""
+        start = starts.worker_start(self.plan.src)
+        if start.how != self.said:
+            log.log(
+                logging.INFO if self.said is None else logging.DEBUG,
+                "%s:%s is built by %d worker processes %s",
+                self.plan.dataset_id,
+                self.plan.version,
+                workers,
+                start.how,
+            )
+            self.said = start.how
+        return ProcessPoolExecutor(workers, mp_context=start.context)
 
 
 def _pool_part(task: PartTask, started: str) -> PartResult:
@@ -174,14 +231,6 @@ class _Shared(Exception):
     """A break of the pool that several started parts were in: any of them may have died."""
 
 
-def _fresh_processes() -> multiprocessing.context.BaseContext:
-    if "forkserver" not in multiprocessing.get_all_start_methods():
-        return multiprocessing.get_context("spawn")
-    context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["yogadl_plus.build.pool", "pyarrow.parquet"])
-    return context
-
-
 def _check_picklable(tasks: list[PartTask]) -> None:
     try:
         pickle.dumps(tasks[0]) if tasks else None
@@ -205,7 +254,7 @@ class _RayRunner:
             ray.init()
         self.slots = workers or max(1, int(ray.cluster_resources().get("CPU", 1)))
 
-    def run(self, tasks: list[PartTask], done: Callable[[int], Any]) -> dict[int, PartResult]:
+    def run(self, tasks: list[PartTask], bar: Bar) -> dict[int, PartResult]:
         import ray
 
         # Ray re-runs a task whose worker died, and one that raised a retried error.
@@ -216,15 +265,16 @@ class _RayRunner:
         running: dict[Any, PartTask] = {}
         results: dict[int, PartResult] = {}
         try:
-            while waiting or running:
-                while waiting and len(running) < self.slots:
-                    task = waiting.pop(0)
-                    block = getattr(task.source, "ray_object", None)
-                    running[remote.remote(task, block)] = task
-                finished, _ = ray.wait(list(running), num_returns=1)
-                task = running.pop(finished[0])
-                results[task.number] = _ray_result(ray, finished[0], task)
-                done(results[task.number].records)
+            with bar() as done:
+                while waiting or running:
+                    while waiting and len(running) < self.slots:
+                        task = waiting.pop(0)
+                        block = getattr(task.source, "ray_object", None)
+                        running[remote.remote(task, block)] = task
+                    finished, _ = ray.wait(list(running), num_returns=1)
+                    task = running.pop(finished[0])
+                    results[task.number] = _ray_result(ray, finished[0], task)
+                    done(results[task.number].records)
         finally:
             for ref in running:
                 ray.cancel(ref, force=True)

@@ -102,6 +102,10 @@ class Manifest:
     source_fingerprint: str | None = None
     source_kind: str = ""
     library_version: str = ""
+    #: The schema the source told without reading its records (``Source.description``), or
+    #: None (it told none, the build was given ``schema=``, or the version is older): what a
+    #: later ``cache_dataset`` of the version compares its source with.
+    source_schema: Schema | None = None
     created: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat())
     format_version: int = FORMAT_VERSION
     build: str = ""
@@ -123,7 +127,11 @@ class Manifest:
             "version": self.version,
             "num_records": self.num_records,
             "schema": self.schema.to_json(),
-            "source": {"kind": self.source_kind, "fingerprint": self.source_fingerprint},
+            "source": {
+                "kind": self.source_kind,
+                "fingerprint": self.source_fingerprint,
+                "schema": None if self.source_schema is None else self.source_schema.to_json(),
+            },
             "library_version": self.library_version,
             "created": self.created,
         }
@@ -223,6 +231,17 @@ class _Checker:
             raise self.fail(name, "a non-empty str" if check is bool else "a valid str", value)
         return value
 
+    def schema(self, spec: Any, name: str) -> Schema:
+        """The schema in field ``name``, or a CacheCorrupted naming it."""
+        try:
+            return Schema.from_json(spec)
+        except CacheCorrupted:
+            raise
+        except (SchemaError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise CacheCorrupted(
+                f"{self.where}: field {name} is not a valid schema ({type(exc).__name__}: {exc})"
+            ) from None
+
     def manifest(self, body: Any) -> Manifest:
         if not isinstance(body, dict) or body.get("format") != _FORMAT_NAME:
             raise CacheCorrupted(f"{self.where}: not a yogadl_plus manifest")
@@ -240,14 +259,7 @@ class _Checker:
                 names[key] = check_name(key, value)
             except ValueError:
                 raise self.fail(key, "a valid name", value) from None
-        try:
-            schema = Schema.from_json(self.get(body, "schema", "schema"))
-        except CacheCorrupted:
-            raise
-        except (SchemaError, ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise CacheCorrupted(
-                f"{self.where}: field schema is not a valid schema ({type(exc).__name__}: {exc})"
-            ) from None
+        schema = self.schema(self.get(body, "schema", "schema"), "schema")
         chunks_json = self.get(body, "chunks", "chunks")
         if not isinstance(chunks_json, list):
             raise self.fail("chunks", "a list", chunks_json)
@@ -276,6 +288,7 @@ class _Checker:
         fingerprint = self.get(source, "fingerprint", "source.fingerprint")
         if fingerprint is not None and not isinstance(fingerprint, str):
             raise self.fail("source.fingerprint", "a str or null", fingerprint)
+        source_schema = self.source_schema(source.get("schema"))
         library = self.get(body, "library_version", "library_version")
         if not isinstance(library, str):
             raise self.fail("library_version", "a str", library)
@@ -287,10 +300,17 @@ class _Checker:
             source_fingerprint=fingerprint,
             source_kind=kind,
             library_version=library,
+            source_schema=source_schema,
             created=self.text(self.get(body, "created", "created"), "created"),
             format_version=version,
             build=build,
         )
+
+    def source_schema(self, spec: Any) -> Schema | None:
+        """The source's own schema, when the manifest holds one (older ones do not)."""
+        if spec is None:
+            return None
+        return self.schema(spec, "source.schema")
 
     def distinct(self, chunks: list[ChunkInfo], attribute: str) -> None:
         """No two chunks share a file or an id ("" in format 1: no ids)."""

@@ -65,10 +65,11 @@ def write_version(
 ) -> Manifest:
     """Write all records of ``source`` as chunks in ``folder``, check them, write the manifest."""
     src = as_source(source, schema)
+    given = schema is not None
     schema, blocks = source_blocks(src, schema)
     with caching_bar(progress, src.length, dataset_id, version) as advance:
         chunks = write_blocks(folder, blocks, schema, chunk_bytes, on_block=advance)
-    return finish_version(folder, src, schema, chunks, dataset_id, version)
+    return finish_version(folder, src, schema, chunks, dataset_id, version, schema_given=given)
 
 
 def source_blocks(src: Source, schema: Schema | None) -> tuple[Schema, Blocks]:
@@ -143,8 +144,13 @@ def finish_version(
     chunks: list[ChunkInfo],
     dataset_id: str,
     version: str,
+    *,
+    schema_given: bool = False,
 ) -> Manifest:
-    """Write the manifest of ``chunks`` into ``folder``: the last step of every build."""
+    """Write the manifest of ``chunks`` into ``folder``: the last step of every build. With it,
+    what ``src`` tells of itself unread (its schema: unless ``schema_given``, the build was
+    given one, which later calls are then compared with instead)."""
+    told = None if schema_given else src.description().schema
     manifest = Manifest(
         dataset_id=dataset_id,
         version=version,
@@ -154,6 +160,7 @@ def finish_version(
         source_kind=src.kind,
         library_version=__version__,
         build=build_of(folder),
+        source_schema=told,
     )
     manifest.write(folder)
     return manifest

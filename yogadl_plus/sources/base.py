@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from yogadl_plus.errors import SchemaError
 from yogadl_plus.schema import Schema
 
 __all__ = [
     "ColumnBatch",
+    "Description",
     "Piece",
     "Source",
     "even_cuts",
@@ -24,6 +27,15 @@ __all__ = [
 ColumnBatch = tuple[dict[str, Any], int]
 
 
+@dataclass(frozen=True)
+class Description:
+    """What a source tells of its data without reading a record: how many records it holds
+    and their schema, each None where only reading would tell."""
+
+    length: int | None = None
+    schema: Schema | None = None
+
+
 class Source:
     """Records plus what is known about them before reading: schema, size, fingerprint."""
 
@@ -31,6 +43,13 @@ class Source:
     kind: str = ""
     #: For a part of a split source: the index of its first record in the whole source.
     offset: int | None = None
+    #: The framework module that reading a piece of this source imports in a worker process
+    #: ("torch"); "" for none beyond what the build imports itself.
+    framework: str = ""
+    #: Whether the framework's own loaders fork their workers from the user's process (a
+    #: torch DataLoader's, on Linux): a parallel build may then fork its workers too, where
+    #: that is safe, instead of importing the framework again in each.
+    forked_by_its_framework: bool = False
 
     def records(self) -> Iterator[Mapping[str, Any]]:
         """The records, in storage order; called once per build. A source that holds columns
@@ -52,6 +71,16 @@ class Source:
     def length(self) -> int | None:
         """The number of records when known cheaply, for the progress bar."""
         return None
+
+    def description(self) -> Description:
+        """What the source tells of its data without reading a record or a file, for a version
+        cached from it to be compared with (``length`` and ``schema`` by default). A source
+        whose length is only a hint, or whose schema costs reading files, says less."""
+        try:
+            schema = self.schema
+        except SchemaError:  # it cannot tell one without schema=: nothing to compare
+            schema = None
+        return Description(self.length, schema)
 
     def fingerprint(self) -> str | None:
         """A cheap identity of the data (file paths, sizes, mtimes), or None when there is none."""

@@ -20,7 +20,7 @@ from yogadl_plus import codecs
 from yogadl_plus.errors import SchemaError, missing_extra
 from yogadl_plus.schema import Field, Schema
 from yogadl_plus.sources.arrow import BATCH_ROWS, arrow_field, column_values
-from yogadl_plus.sources.base import Piece, Source, even_ranges, flatten_into
+from yogadl_plus.sources.base import Description, Piece, Source, even_ranges, flatten_into
 
 __all__ = ["IMAGES", "HuggingFaceSource"]
 
@@ -89,6 +89,8 @@ class HuggingFaceSource(Source):
     """
 
     kind = "huggingface"
+    framework = "datasets"
+    forked_by_its_framework = True  # datasets' map(num_proc=) forks its workers
 
     def __init__(self, dataset: Any, *, images: str = "array") -> None:
         datasets = _datasets()
@@ -113,20 +115,30 @@ class HuggingFaceSource(Source):
 
     @functools.cached_property
     def schema(self) -> Schema | None:
+        return self._fields(read_images=True)
+
+    @property
+    def length(self) -> int | None:
+        return None if self.streamed else len(self.dataset)
+
+    def description(self) -> Description:
+        """The length of a ``Dataset``, and the fields its features tell, image fields as
+        the features alone say (the images, which tell their shapes, are not read)."""
+        return Description(self.length, self._fields(read_images=False))
+
+    def _fields(self, read_images: bool) -> Schema | None:
+        """The fields of the features; nullable where a Dataset's column holds a null; an
+        image field as its images say if ``read_images``, else as its feature says."""
         if self.leaves is None:
             return None
         nulls = self._nullable() if not self.streamed else set()
         fields = []
         for leaf in self.leaves:
             field = leaf.field
-            if leaf.how == "image":
+            if leaf.how == "image" and read_images:
                 field = self._image_field(leaf)
             fields.append(_with_nullable(field, leaf.name in nulls))
         return Schema(fields)
-
-    @property
-    def length(self) -> int | None:
-        return None if self.streamed else len(self.dataset)
 
     def fingerprint(self) -> str | None:
         """A ``Dataset``'s own fingerprint (datasets derives it from its files or contents and

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
-from yogadl_plus.sources.base import Source, even_ranges
+from yogadl_plus.sources.base import Description, Source, even_ranges
 
 __all__ = ["IterableSource"]
 
@@ -31,6 +31,13 @@ class IterableSource(Source):
             return len(self._records)  # type: ignore[arg-type]
         except TypeError:
             return None
+
+    def description(self) -> Description:
+        """The length of a sequence of records (a list); nothing of other iterables, whose
+        ``len`` may only be a hint, nor of the records' schema, which only they tell."""
+        if not isinstance(self._records, Sequence):
+            return Description()
+        return Description(len(self._records))
 
     def split(self, parts: int) -> list[Source] | None:
         records = self._records

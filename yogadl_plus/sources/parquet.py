@@ -26,7 +26,7 @@ from yogadl_plus.sources.arrow import (
     column_values,
     is_list_type,
 )
-from yogadl_plus.sources.base import ColumnBatch, Piece, Source, even_cuts
+from yogadl_plus.sources.base import ColumnBatch, Description, Piece, Source, even_cuts
 
 __all__ = [
     "NULL_PARTITION",
@@ -339,6 +339,11 @@ class ParquetSource(Source):
     @property
     def length(self) -> int | None:
         return int(self._dataset.count_rows())
+
+    def description(self) -> Description:
+        """Nothing: its length and null counts are in the files' footers, which are read only
+        for a build, and its fingerprint tells a change at the cost of listing the files."""
+        return Description()
 
     def fingerprint(self) -> str:
         """Paths (partition folders included), sizes and mtimes of the files, the columns

@@ -7,10 +7,10 @@ from typing import Any
 
 import numpy as np
 
-from yogadl_plus.errors import YogaError
+from yogadl_plus.errors import SchemaError, YogaError
 from yogadl_plus.schema import Field, Schema
 from yogadl_plus.sources.arrow import BATCH_ROWS, arrow_field, batch_columns, column_values
-from yogadl_plus.sources.base import ColumnBatch, Piece, Source
+from yogadl_plus.sources.base import ColumnBatch, Description, Piece, Source
 from yogadl_plus.sources.engine_table import EngineTableSource
 
 __all__ = ["RayDatasetSource"]
@@ -36,13 +36,22 @@ class RayDatasetSource(EngineTableSource):
 
     def engine_schema(self) -> Schema:
         found = self.dataset.schema()
-        arrow = getattr(found, "base_schema", found)
-        if not hasattr(arrow, "names") or not hasattr(arrow, "field"):
+        arrow = _arrow_schema(found)
+        if arrow is None:
             raise YogaError(
                 f"the ray.data.Dataset has no Arrow schema ({found!r}); convert its blocks to "
                 "Arrow (map_batches(..., batch_format='pyarrow')) or pass schema="
             )
-        return Schema([_field(f) for f in arrow])
+        return _schema(arrow)
+
+    def description(self) -> Description:
+        """The schema when Ray knows it without running the dataset (asking a lazy dataset
+        for its schema or its count can run it); not the length."""
+        arrow = _arrow_schema(self.dataset.schema(fetch_if_missing=False))
+        try:
+            return Description() if arrow is None else Description(None, _schema(arrow))
+        except SchemaError:  # a column only schema= makes cacheable
+            return Description()
 
     def arrow_tables(self) -> Iterator[Any]:
         return self.dataset.iter_batches(batch_size=BATCH_ROWS, batch_format="pyarrow")
@@ -91,6 +100,17 @@ class _BlockPiece(Piece):
 
             table = ray.get(self.ray_object)
         yield batch_columns(table, self._schema, _values)
+
+
+def _arrow_schema(found: Any) -> Any:
+    """The Arrow schema of what ``Dataset.schema()`` gave, or None (no schema, or blocks of
+    another format)."""
+    arrow = getattr(found, "base_schema", found)
+    return arrow if hasattr(arrow, "names") and hasattr(arrow, "field") else None
+
+
+def _schema(arrow: Any) -> Schema:
+    return Schema([_field(f) for f in arrow])
 
 
 def _num_rows(table: Any) -> int:

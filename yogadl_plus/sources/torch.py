@@ -9,7 +9,7 @@ import numpy as np
 
 from yogadl_plus.checks import check_int
 from yogadl_plus.errors import SchemaError
-from yogadl_plus.sources.base import Source, even_ranges, flatten_into
+from yogadl_plus.sources.base import Description, Source, even_ranges, flatten_into
 
 __all__ = ["TorchDatasetSource", "item_to_record"]
 
@@ -83,6 +83,8 @@ class TorchDatasetSource(Source):
     """
 
     kind = "torch"
+    framework = "torch"
+    forked_by_its_framework = True
 
     def __init__(
         self, dataset: Any, num_workers: int = 0, batch_size: int = 64, **loader_kwargs: Any
@@ -123,6 +125,12 @@ class TorchDatasetSource(Source):
             return len(self.dataset)
         except TypeError:  # an IterableDataset without __len__
             return None
+
+    def description(self) -> Description:
+        """A map-style dataset's length (the records are what ``__getitem__`` makes, so their
+        schema is not known before reading); nothing of an ``IterableDataset``, whose
+        ``__len__``, if any, is a hint."""
+        return Description(None if self._iterable else len(self.dataset))
 
     def split(self, parts: int) -> list[Source] | None:
         """Index ranges of a map-style dataset (each read without DataLoader workers: the
