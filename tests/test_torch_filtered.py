@@ -154,3 +154,18 @@ def test_ddp_refuses_a_filtered_loader_unless_told(ref, monkeypatch):
     with pytest.raises(ValueError, match="allow_uneven_shards=True"):
         ydl.torch.make_dataloader(stream)
     assert len(list(ydl.torch.make_dataloader(stream, allow_uneven_shards=True))) == 7
+
+
+def fails_on_56(record):
+    if record["i"] == 56:
+        raise RuntimeError("bad record")
+    return record
+
+
+def test_a_transform_error_comes_after_the_full_batches_before_it(ref):
+    stream = ref.stream(batch_size=10, predicate=residues(2, {0}), transform=fails_on_56)
+    got = []
+    with pytest.raises(ydl.TransformError, match="record 56"):
+        for batch in ydl.torch.make_dataloader(stream, num_workers=2):
+            got.append([int(i) for i in batch["i"]])
+    assert got == [list(range(0, 20, 2)), list(range(20, 40, 2))]
