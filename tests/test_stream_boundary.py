@@ -223,3 +223,23 @@ def test_get_batch_of_column_fields_matches_the_records(ref):
     batch = ref.get_batch(idx, fields=["i", "key", "ts"])
     assert batch["i"].tolist() == idx.tolist() and batch["key"].tolist() == (idx % 10).tolist()
     assert batch["ts"].tolist() == [ref[int(i)]["ts"] for i in idx]
+
+
+@pytest.mark.parametrize("transform", [None, lambda record: record])
+def test_batches_of_nullable_fields_keep_their_none(local_storage, transform):
+    # Before: a batch with a missing variable-size value was an AttributeError counting its
+    # bytes, and through a transform a missing scalar made an object array of the batch.
+    records = [
+        {
+            "v": None if i % 3 == 1 else np.arange(i % 4, dtype=np.float32),
+            "n": None if i % 2 else np.float32(i),
+        }
+        for i in range(6)
+    ]
+    ref = ydl.cache_dataset(records, "nullable", "v1", local_storage, progress=False)
+    (batch,) = ref.stream(batch_size=6, transform=transform)
+    assert [None if v is None else v.tolist() for v in batch["v"]] == [
+        None if i % 3 == 1 else list(range(i % 4)) for i in range(6)
+    ]
+    assert isinstance(batch["n"], list)
+    assert [None if n is None else float(n) for n in batch["n"]] == [0, None, 2, None, 4, None]

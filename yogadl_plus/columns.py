@@ -36,11 +36,13 @@ def columns_nbytes(columns: Mapping[Any, Any]) -> int:
             total += column.nbytes
         elif isinstance(column, Mapping):
             total += columns_nbytes(column)
-        elif isinstance(column, list) and column:
-            if isinstance(column[0], np.ndarray):
-                total += sum(value.nbytes for value in column)
-            elif isinstance(column[0], (str, bytes)):
-                total += sum(map(len, column))
+        elif isinstance(column, list):
+            # (A nullable field's missing values are None: they hold no bytes.)
+            total += sum(
+                value.nbytes if isinstance(value, np.ndarray) else len(value)
+                for value in column
+                if isinstance(value, (np.ndarray, str, bytes))
+            )
     return total
 
 
@@ -91,7 +93,7 @@ def records(columns: dict[str, Any], n: int) -> list[dict[str, Any]]:
 
 def collate(items: list[Any]) -> Any:
     """Stack items into a batch: dicts field by field (nested dicts too), equal-shape arrays and
-    numbers into arrays, anything else into lists."""
+    numbers into arrays, anything else (None among them) into lists."""
     first = items[0]
     if isinstance(first, dict):
         return {key: collate([item[key] for item in items]) for key in first}
@@ -99,6 +101,7 @@ def collate(items: list[Any]) -> Any:
         first,
         (str, bytes),  # np.str_ and np.bytes_ are np.generic too
     )
-    if numeric and len({np.shape(v) for v in items}) == 1:
+    # (A nullable field's None has shape () too: with one, the values stay a list.)
+    if numeric and len({np.shape(v) for v in items}) == 1 and not any(v is None for v in items):
         return np.stack([np.asarray(v) for v in items])
     return list(items)

@@ -32,6 +32,7 @@ from yogadl_plus.columns import collate, records
 from yogadl_plus.mixture import Mixture
 from yogadl_plus.order import OrderSettings, shard_order
 from yogadl_plus.stream import StreamState
+from yogadl_plus.stream.batching import take
 from yogadl_plus.stream.block import Block
 from yogadl_plus.stream.stats import add_work
 from yogadl_plus.stream.workers.child import ParentWatch, keep_freed_memory, skip_inherited_objects
@@ -41,6 +42,7 @@ from yogadl_plus.stream.workers.ring import Packed, SharedRing
 if TYPE_CHECKING:
     from yogadl_plus.dataref import DataRef
     from yogadl_plus.stream import Stream, StreamPlan, StreamStats
+    from yogadl_plus.stream.stats import StatsCounter
 
 __all__ = ["RecordDataset", "ResumableDataLoader", "StreamSampler", "make_dataloader"]
 
@@ -139,19 +141,29 @@ class StreamSampler(Sampler[int]):
 @dataclass
 class _Group:
     """What a worker hands over for one key: its items (or where they lie in the worker's
-    ring), and the error raised on the item after them, if one was."""
+    ring), and the error raised on the item after them, if one was. A filtered stream's
+    group holds ``blocks`` of the passing records instead, which the loader cuts into
+    batches."""
 
     items: list[Any] | None = None
     packed: Packed | None = None
     ring: int = 0
     error: bytes | None = None
     read: Block = dataclasses.field(default_factory=lambda: Block(np.zeros(0, np.int64)))
+    #: Whether its items are numpy (made tensors by the loader), not a collate_fn's.
+    arrays: bool = True
+    blocks: bool = False
+    #: Pinned memory was asked for (``pin_memory=True``) and is left to the loader: items
+    #: that are still in a ring or still blocks are pinned once they are tensors.
+    pin: bool = False
 
     def pin_memory(self, device: Any = None) -> _Group:
-        """The items with their tensors in pinned memory (DataLoader's ``pin_memory=True``)."""
-        if self.items is None:
-            return self
-        return _Group([_pinned(item) for item in self.items], error=self.error, read=self.read)
+        """The items as tensors in pinned memory (DataLoader's ``pin_memory=True``, in its
+        pinning thread); the loader pins what this cannot."""
+        if self.items is None or self.blocks:
+            return dataclasses.replace(self, pin=True)
+        items = [_to_tensors(item) for item in self.items] if self.arrays else self.items
+        return dataclasses.replace(self, items=[_pinned(item) for item in items])
 
 
 class _StreamItems(Dataset):
@@ -176,16 +188,18 @@ class _StreamItems(Dataset):
         items: list[Any] = []
         # What reading took (stream/stats.py), for the stream's stats() in the main process.
         read = Block(np.zeros(0, np.int64))
+        arrays, blocks = self.collate is None, self.plan.boundary.filtered
         try:
             self._read(epoch, start, count, items, read)
         except Exception as exc:
             if worker is None:
                 raise
             # The items before the one that failed are handed out first, as without workers.
-            return _Group(items, error=error_payload(exc), read=read)
+            return _Group(items, error=error_payload(exc), read=read, arrays=arrays, blocks=blocks)
         if ring is not None and worker is not None and self.collate is None:
-            return _Group(packed=ring.pack(items), ring=worker.id, read=read)
-        return _Group(items, read=read)
+            packed = ring.pack(items)
+            return _Group(packed=packed, ring=worker.id, read=read, arrays=arrays, blocks=blocks)
+        return _Group(items, read=read, arrays=arrays, blocks=blocks)
 
     def _ring(self, worker: Any) -> SharedRing | None:
         """This worker's ring (None outside workers), which its decoder writes into."""
@@ -213,6 +227,14 @@ class _StreamItems(Dataset):
 
         length = plan.epoch_length(epoch)
         stop = min(start + count * self.unit, length)
+        if plan.boundary.filtered:
+            # Blocks of the passing records: which make a batch depends on what passes before.
+            try:
+                out.append(_bare(unit(start, stop)))
+            except Exception:  # read those before the record that fails, one by one
+                for position in range(start, stop):
+                    out.append(_bare(unit(position, position + 1)))
+            return
         if plan.boundary.batch_size is None:
             try:
                 items = unit(start, stop).items
@@ -240,7 +262,9 @@ class _StreamItems(Dataset):
 @dataclass
 class _Cursor:
     """Where a loader's next item starts; shared with its sampler (not the loader itself:
-    a loader <-> sampler cycle would leave the workers' shutdown to the cycle collector)."""
+    a loader <-> sampler cycle would leave the workers' shutdown to the cycle collector).
+    Its sampler's keys step by ``unit`` positions: an item's (a record's or a batch's), or
+    in a filtered stream a read's, whose passing records the loader cuts into batches."""
 
     plan: StreamPlan
     unit: int
@@ -248,10 +272,16 @@ class _Cursor:
     position: int
     iteration: int = 0  # the loader's iterations begun so far
 
+    @property
+    def whole_units(self) -> bool:
+        """Whether only whole units are read: batches of positions with ``drop_last``."""
+        boundary = self.plan.boundary
+        return boundary.drop_last and boundary.batch_size is not None and not boundary.filtered
+
 
 class _PositionSampler(Sampler[tuple[int, int, int, int]]):
-    """(epoch, position, items, iteration) of each group of ``group`` items of one epoch, from
-    the cursor's place on."""
+    """(epoch, position, units, iteration) of each group of ``group`` units of one epoch,
+    from the cursor's place on."""
 
     def __init__(self, cursor: _Cursor, group: int) -> None:
         self.cursor = cursor
@@ -261,17 +291,19 @@ class _PositionSampler(Sampler[tuple[int, int, int, int]]):
         cursor = self.cursor
         plan, unit, epoch, position = cursor.plan, cursor.unit, cursor.epoch, cursor.position
         length = plan.epoch_length(epoch)
-        last = (
-            length - unit + 1
-            if plan.boundary.batch_size is not None and plan.boundary.drop_last
-            else length
-        )
+        last = length - unit + 1 if cursor.whole_units else length
         starts = range(position, max(last, position), unit)
         for j in range(0, len(starts), self.group):
             yield epoch, starts[j], len(starts[j : j + self.group]), cursor.iteration
 
     def __len__(self) -> int:
-        return -(-self.cursor.plan.items_per_epoch // self.group)
+        plan = self.cursor.plan
+        units = (
+            -(-plan.positions_per_epoch // self.cursor.unit)
+            if plan.boundary.filtered
+            else plan.items_per_epoch
+        )
+        return -(-units // self.group)
 
 
 class ResumableDataLoader(DataLoader):
@@ -286,8 +318,8 @@ class ResumableDataLoader(DataLoader):
                 )
         self.stream = stream
         self.plan = plan = stream.plan()
-        self._unit = 1 if plan.boundary.batch_size is None else plan.boundary.batch_size
-        if plan.boundary.batch_size is None and plan.boundary.filtered:
+        boundary = plan.boundary
+        if boundary.batch_size is None and boundary.filtered:
             raise ValueError(
                 "make_dataloader: a stream with a predicate or skip= must batch "
                 "(batch_size=...): a record-by-record loader has no item to hand out for a "
@@ -296,7 +328,12 @@ class ResumableDataLoader(DataLoader):
         epoch, position = stream.next_epoch_position
         first_epoch = plan.position_of(0)[0]
         _refuse_uneven_shards("make_dataloader", plan.shard_items, first_epoch, allow_uneven_shards)
-        self._cursor = _Cursor(plan, self._unit, epoch, position)
+        if boundary.filtered:
+            _refuse_filtered_shards(allow_uneven_shards)
+        # A filtered stream's workers read runs of positions and hand over the records that
+        # pass; this process fills the batches from them, as the stream does.
+        unit = _filtered_unit(plan) if boundary.filtered else boundary.batch_size or 1
+        self._cursor = _Cursor(plan, unit, epoch, position)
         self._worker_init = _WorkerInit(kwargs.pop("worker_init_fn", None))
         self._resume, self._after = True, epoch
         # Without a collate_fn of the user's, items are made tensors here, not in the workers:
@@ -304,9 +341,11 @@ class ResumableDataLoader(DataLoader):
         # each; arrays cross in the workers' rings (or pickled, when small).
         user_collate = kwargs.pop("collate_fn", None)
         self._convert: Callable[[Any], Any] | None = _to_tensors if user_collate is None else None
-        self._items = _StreamItems(plan, self._unit, user_collate)
+        # (Batches cut here are collated here.)
+        self._collate_here = user_collate if boundary.filtered else None
+        self._items = _StreamItems(plan, unit, None if boundary.filtered else user_collate)
         self._rings: list[SharedRing | None] | None = None
-        group = _group_size(plan, self._unit) if kwargs.get("num_workers") else 1
+        group = _group_size(plan, unit) if kwargs.get("num_workers") else 1
         super().__init__(
             self._items,
             batch_size=None,
@@ -335,20 +374,10 @@ class ResumableDataLoader(DataLoader):
         if not self._resume:
             cursor.epoch, cursor.position = self._after, 0
         self._resume, self._after = False, cursor.epoch + 1
-        plan = self.plan
-        length = plan.epoch_length(cursor.epoch)
-        convert = self._convert
         if self.num_workers:
             # Workers started by this iteration (if it starts any) end when this process does.
-            context = self.multiprocessing_context
-            method = (
-                context.get_start_method()
-                if context is not None
-                else multiprocessing.get_start_method(allow_none=True)
-                or multiprocessing.get_all_start_methods()[0]
-            )
-            self._worker_init.watch = ParentWatch.here(method)
-        plan.begin_stats()
+            self._worker_init.watch = ParentWatch.here(self._start_method())
+        self.plan.begin_stats()
         rings = self._workers_rings()
         cursor.iteration += 1
         groups = super().__iter__()
@@ -358,27 +387,78 @@ class ResumableDataLoader(DataLoader):
             for ring in rings:
                 if ring is not None:
                     ring.reclaim(cursor.iteration)
-        while True:
-            began = perf_counter()
-            group = next(groups, None)
-            if group is None:
-                break
-            if group.packed is not None:
-                ring = rings[group.ring]
-                assert ring is not None, "a worker without a ring sent items in one"
-                items = ring.unpack(group.packed)
-            else:
-                items = group.items
-            batches = 0 if plan.boundary.batch_size is None else len(items)
-            waited = perf_counter() - began
-            plan.count_read(group.read, batches, waited, bool(self.num_workers))
-            for item in items:
-                cursor.position = min(cursor.position + self._unit, length)
-                yield item if convert is None else convert(item)
-            if group.error is not None:
-                where = f"the item at position {cursor.position} of epoch {cursor.epoch}"
-                raise raised_from(group.error, where.__str__)
+        arrivals = _arrivals(groups, rings)
+        if self.plan.boundary.filtered:
+            yield from self._refilled(arrivals)
+        else:
+            yield from self._consecutive(arrivals)
         cursor.epoch, cursor.position = cursor.epoch + 1, 0
+
+    def _start_method(self) -> str:
+        context = self.multiprocessing_context
+        if context is not None:
+            return str(context.get_start_method())
+        return (
+            multiprocessing.get_start_method(allow_none=True)
+            or multiprocessing.get_all_start_methods()[0]
+        )
+
+    def _consecutive(self, arrivals: Iterator[tuple[_Group, list[Any], float]]) -> Iterator[Any]:
+        """The items of the groups as they are, each ``unit`` positions of the epoch."""
+        cursor, plan, convert = self._cursor, self.plan, self._convert
+        length = plan.epoch_length(cursor.epoch)
+        batching = plan.boundary.batch_size is not None
+        for group, items, waited in arrivals:
+            plan.count_read(group.read, len(items) if batching else 0, waited, self._waits)
+            pin = group.pin
+            for item in items:
+                cursor.position = min(cursor.position + cursor.unit, length)
+                if convert is not None:
+                    item = convert(item)
+                yield _pinned(item) if pin else item
+            self._raise_error(group)
+
+    def _refilled(self, arrivals: Iterator[tuple[_Group, list[Any], float]]) -> Iterator[Any]:
+        """A filtered stream's batches, filled from the passing records of the groups as the
+        stream fills its own: all full but the epoch's last, none empty. Each moves the
+        cursor to the position after its last record, where the stream's offset would be."""
+        cursor, plan = self._cursor, self.plan
+        boundary = plan.boundary
+        assert boundary.batch_size is not None
+        refill = _Refill(boundary.batch_size)
+        pin = False
+        for group, blocks, waited in arrivals:
+            full = refill.add(blocks)
+            plan.count_read(group.read, full, waited, self._waits)
+            pin = group.pin
+            for _ in range(full):
+                batch, cursor.position = refill.batch(plan.stats)
+                yield self._finished(batch, pin)
+            self._raise_error(group)
+        if refill.count and not boundary.drop_last:
+            plan.stats.handed(0, 1)
+            batch, cursor.position = refill.batch(plan.stats, refill.count)
+            yield self._finished(batch, pin)
+
+    @property
+    def _waits(self) -> bool:
+        """Whether the time to the next group is a wait for a worker."""
+        return bool(self.num_workers)
+
+    def _finished(self, batch: Any, pin: bool) -> Any:
+        """A batch cut here, through the user's collate_fn or made tensors, pinned when asked."""
+        if self._collate_here is not None:
+            batch = self._collate_here(batch)
+        elif self._convert is not None:
+            batch = self._convert(batch)
+        return _pinned(batch) if pin else batch
+
+    def _raise_error(self, group: _Group) -> None:
+        """The error a worker raised after the group's items, if it raised one."""
+        if group.error is not None:
+            cursor = self._cursor
+            where = f"the item at position {cursor.position} of epoch {cursor.epoch}"
+            raise raised_from(group.error, where.__str__)
 
     def _workers_rings(self) -> list[SharedRing | None]:
         """The rings of the workers that this iteration reads from: new ones for the workers
@@ -437,10 +517,15 @@ def make_dataloader(
     """A DataLoader handing out ``stream``'s items as torch tensors, resumable exactly.
 
     A batching stream gives batches (``batch_size=`` here sets the stream's batch size when it
-    has none); strings and bytes stay lists. Work runs in ``num_workers`` DataLoader workers.
-    ``state_dict()`` after k consumed items, loaded into a loader made the same way, resumes at
-    item k+1 with any ``num_workers``, persistent workers or not. With a predicate, each batch
-    holds the passing records of one run of ``batch_size`` positions (it is not refilled).
+    has none): a field of variable shape as a list of tensors, one per record (None for a
+    nullable field's missing value); strings and bytes stay lists. Work runs in
+    ``num_workers`` DataLoader workers. ``state_dict()`` after k consumed items, loaded into a
+    loader made the same way, resumes at item k+1 with any ``num_workers``, persistent workers
+    or not; one taken in the loop after an epoch's last item resumes that epoch, with nothing
+    left in it, and one taken after the loop the next epoch (as torchdata's
+    StatefulDataLoader). With a predicate or ``skip=``, the batches are the stream's (filled,
+    none empty): the workers hand over the records that pass and this process fills the
+    batches, running a ``collate_fn`` here.
 
     With workers, ``persistent_workers`` defaults to True (DataLoader's default is False):
     every iteration is the stream's next epoch, and starting the workers again for each one
@@ -522,6 +607,21 @@ def _refuse_uneven_shards(
             )
 
 
+def _refuse_filtered_shards(allow: bool) -> None:
+    """ValueError in a DDP job: a filtered stream's ranks hand out numbers of batches that
+    depend on their records."""
+    if allow or not _distributed():
+        return
+    raise ValueError(
+        "make_dataloader: with a predicate or skip=, the number of batches each rank hands out "
+        "depends on how many of its records pass (its batches are filled, none empty); in a "
+        "DDP job (torch.distributed is initialized) the ranks with fewer would leave the "
+        "others waiting in their last collective for ever. Pass allow_uneven_shards=True and "
+        "join the ranks' loops (torch.distributed.algorithms.Join), or leave the records out "
+        "when caching (the version then has only those that pass)"
+    )
+
+
 def _distributed() -> bool:
     """Whether this process is one of several in an initialized torch.distributed group."""
     dist = torch.distributed
@@ -547,6 +647,67 @@ def _group_size(plan: StreamPlan, unit: int) -> int:
     return max(1, min(_GROUP_POSITIONS // unit, _GROUP_BYTES // (unit * per_record)))
 
 
+def _filtered_unit(plan: StreamPlan) -> int:
+    """Positions a filtered stream's worker reads at a time: a batch's at least, and as many
+    as the stream reads at once (a run of one batch's positions may hold few that pass)."""
+    batch_size = plan.boundary.batch_size
+    assert batch_size is not None
+    return max(batch_size, plan.sizes.read_block)
+
+
+def _bare(block: Block) -> Block:
+    """``block``'s records and their ends, to hand over (its work is counted apart)."""
+    return Block(block.ends, items=block.items, columns=block.columns)
+
+
+def _arrivals(
+    groups: Iterator[_Group], rings: list[SharedRing | None]
+) -> Iterator[tuple[_Group, list[Any], float]]:
+    """Each group as it arrives, its items (unpacked from its worker's ring), and the seconds
+    this process spent getting them."""
+    while True:
+        began = perf_counter()
+        group = next(groups, None)
+        if group is None:
+            return
+        if group.packed is not None:
+            ring = rings[group.ring]
+            assert ring is not None, "a worker without a ring sent items in one"
+            items = ring.unpack(group.packed)
+        else:
+            assert group.items is not None
+            items = group.items
+        yield group, items, perf_counter() - began
+
+
+class _Refill:
+    """Batches of ``size`` records cut from blocks of records as they come, across block
+    boundaries (``stream.batching.take``, which the stream cuts its own batches with)."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.pending: list[Block] = []
+        self.count = 0  # records pending
+
+    def add(self, blocks: list[Block]) -> int:
+        """Take ``blocks`` in; how many full batches are pending now."""
+        for block in blocks:
+            if len(block):
+                self.pending.append(block)
+                self.count += len(block)
+        return self.count // self.size
+
+    def batch(self, stats: StatsCounter, n: int | None = None) -> tuple[Any, int]:
+        """The next batch (of ``n`` records, a full one by default) and the position after its
+        last record; the time cutting it took goes to ``stats``."""
+        n = self.size if n is None else n
+        began = perf_counter()
+        batch, end, self.pending = take(self.pending, n)
+        stats.add_batching(perf_counter() - began)
+        self.count -= n
+        return batch, end
+
+
 def _pinned(item: Any) -> Any:
     if isinstance(item, torch.Tensor):
         return item.pin_memory()
@@ -558,11 +719,28 @@ def _pinned(item: Any) -> Any:
 
 
 def _to_tensors(item: Any) -> Any:
-    """numpy arrays and scalars to tensors, containers walked, str/bytes/lists kept."""
+    """numpy arrays and scalars to tensors, containers walked: a batch's list of arrays of
+    different shapes (or of a nullable field's values) becomes a list of tensors, its None
+    kept; lists of str or bytes are kept."""
     if isinstance(item, np.ndarray):
-        return torch.from_numpy(item) if item.dtype.kind in "biufc" else item
+        return torch.from_numpy(item) if item.dtype.kind in _NUMERIC else item
     if isinstance(item, np.generic):
-        return torch.as_tensor(item) if item.dtype.kind in "biufc" else item
+        return torch.as_tensor(item) if item.dtype.kind in _NUMERIC else item
     if isinstance(item, dict):
         return {k: _to_tensors(v) for k, v in item.items()}
+    if isinstance(item, list) and _holds_numbers(item):
+        return [_to_tensors(v) for v in item]
     return item
+
+
+# The kinds of numpy dtype that torch has: bool, int, uint, float, complex.
+_NUMERIC = "biufc"
+
+
+def _holds_numbers(values: list[Any]) -> bool:
+    """Whether a batch's list holds arrays or numpy scalars (its first value not None says:
+    a field's values are alike)."""
+    for value in values:
+        if value is not None:
+            return isinstance(value, (np.ndarray, np.generic))
+    return False
