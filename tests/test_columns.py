@@ -228,6 +228,9 @@ def test_an_arrow_dataset_round_trips_and_builds_in_parallel(local_storage, tmp_
         assert _all(parallel)[name] == _all(serial)[name] or np.array_equal(
             _all(parallel)[name], _all(serial)[name]
         )
+    _check_table_ref(
+        _cache(local_storage, pads.dataset(table), "in-memory"), nullable_declared=True
+    )
 
 
 def test_a_polars_frame_round_trips(local_storage):
@@ -526,3 +529,26 @@ def test_field_names_longer_than_a_key_holds_are_refused_before_anything_is_writ
         _cache(local_storage, source(too_long), "bad")
     # (Records are read to infer their schema under the builder's lock: its file may remain.)
     assert not list(Path(local_storage.root).glob("bad/*/**"))
+
+
+# --- a pyarrow dataset's files ---
+
+
+def test_a_dataset_whose_files_disagree_on_a_type_is_refused_naming_the_file(
+    local_storage, tmp_path
+):
+    folder = tmp_path / "parts"
+    folder.mkdir()
+    pq.write_table(pa.table({"x": pa.array([1.5], pa.float32()), "i": [1]}), folder / "a.parquet")
+    pq.write_table(pa.table({"x": pa.array([0.1], pa.float64()), "i": [2]}), folder / "b.parquet")
+    dataset = pads.dataset(str(folder), format="parquet")
+    message = r"b\.parquet: column 'x' is double in this file but float in the dataset's schema"
+    for workers in (None, 2):
+        with pytest.raises(ydl.SchemaError, match=message):
+            _cache(local_storage, dataset, "mixed", workers=workers)
+    # With a schema whose type holds every file's values, each is cast exactly.
+    wide = pads.dataset(
+        str(folder), format="parquet", schema=pa.schema({"x": pa.float64(), "i": pa.int64()})
+    )
+    ref = _cache(local_storage, wide, "wide")
+    assert [float(ref[i]["x"]) for i in range(2)] == [1.5, 0.1]

@@ -22,12 +22,15 @@ __all__ = [
     "arrow_field",
     "arrow_to_schema",
     "batch_columns",
+    "check_file_types",
     "column_values",
     "is_list_type",
 ]
 
 #: How many rows a source asks for in one Arrow batch when it reads.
 BATCH_ROWS = 4096
+# Arrow's timestamp units, coarsest first.
+_UNITS = ("s", "ms", "us", "ns")
 
 #: Turns one Arrow column of a batch into the record values of a field (``column_values``, or a
 #: source's own when its columns hold an encoding of its own).
@@ -91,6 +94,66 @@ def arrow_to_schema(arrow_schema: Any, nullable_columns: set[str] | None = None)
         nullable = f.nullable if nullable_columns is None else f.name in nullable_columns
         fields.append(arrow_field(f.name, f.type, nullable))
     return Schema(fields)
+
+
+def check_file_types(path: str, file_schema: Any, arrow_schema: Any) -> None:
+    """A SchemaError unless each column of the file ``path`` (of ``file_schema``) that
+    ``arrow_schema`` (the whole dataset's) also has is of its type there, or of one that Arrow
+    casts to it keeping every value (a narrower int or float, another string encoding)."""
+    for want in arrow_schema:
+        index = file_schema.get_field_index(want.name)
+        if index < 0:
+            continue  # a column this file lacks: nulls (Arrow's dataset readers add them)
+        got = file_schema.field(index).type
+        if not _casts_exactly(got, want.type):
+            raise SchemaError(
+                f"{path}: column {want.name!r} is {got} in this file but {want.type} in the "
+                "dataset's schema (which pyarrow takes from one file unless it is given), and "
+                "casting it could change values: cache pyarrow.dataset.dataset(files, "
+                "schema=...) with a type that holds every file's values, or rewrite this "
+                f"file's column as {want.type}"
+            )
+
+
+def _casts_exactly(got: Any, want: Any) -> bool:
+    """Whether Arrow's cast of ``got`` values to ``want`` keeps every value (or fails)."""
+    import pyarrow.types as pat
+
+    if got.equals(want) or pat.is_null(got):
+        return True
+    if pat.is_dictionary(got):
+        return _casts_exactly(got.value_type, want)
+    if pat.is_dictionary(want):
+        return _casts_exactly(got, want.value_type)
+    if pat.is_integer(got) and pat.is_integer(want):
+        return bool(np.can_cast(got.to_pandas_dtype(), want.to_pandas_dtype(), "safe"))
+    if pat.is_floating(got) and pat.is_floating(want):
+        return bool(got.bit_width <= want.bit_width)
+    if pat.is_timestamp(got) and pat.is_timestamp(want):  # (Arrow refuses an overflow)
+        return bool(_UNITS.index(got.unit) <= _UNITS.index(want.unit))
+    if (_is_text(got) and _is_text(want)) or (_is_binary(got) and _is_binary(want)):
+        return True
+    if pat.is_fixed_size_list(got) or pat.is_fixed_size_list(want):
+        if not (pat.is_fixed_size_list(got) and pat.is_fixed_size_list(want)):
+            return False
+        return bool(got.list_size == want.list_size) and _casts_exactly(
+            got.value_type, want.value_type
+        )
+    if is_list_type(got) and is_list_type(want):
+        return _casts_exactly(got.value_type, want.value_type)
+    return False
+
+
+def _is_text(arrow_type: Any) -> bool:
+    import pyarrow.types as pat
+
+    return bool(pat.is_string(arrow_type) or pat.is_large_string(arrow_type))
+
+
+def _is_binary(arrow_type: Any) -> bool:
+    import pyarrow.types as pat
+
+    return bool(pat.is_binary(arrow_type) or pat.is_large_binary(arrow_type))
 
 
 def column_values(column: Any, field: Field) -> Sequence[Any]:
