@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import datetime
 import os
+import tracemalloc
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -19,6 +21,7 @@ import yogadl_plus as ydl
 from yogadl_plus.cache.batch_encoder import BatchEncoder
 from yogadl_plus.cache.layout import RecordLayout
 from yogadl_plus.cache.writer import EqualValues
+from yogadl_plus.schema import MAX_NAME_BYTES
 
 N = 257  # not a multiple of anything
 
@@ -225,6 +228,9 @@ def test_an_arrow_dataset_round_trips_and_builds_in_parallel(local_storage, tmp_
         assert _all(parallel)[name] == _all(serial)[name] or np.array_equal(
             _all(parallel)[name], _all(serial)[name]
         )
+    _check_table_ref(
+        _cache(local_storage, pads.dataset(table), "in-memory"), nullable_declared=True
+    )
 
 
 def test_a_polars_frame_round_trips(local_storage):
@@ -296,14 +302,13 @@ def test_a_given_schema_casts_columns_only_where_no_value_changes(local_storage)
         ({"x": np.arange(3), "y": np.arange(4)}, "column 'y' has 4 rows but column 'x' has 3"),
         ({"x": np.arange(3), "y": ["a", "b"]}, "column 'y' has 2 rows"),
         ({}, "no columns"),
-        ({"x": np.arange(0)}, "no rows"),
         ({"x": np.int64(3)}, "column 'x': got a 0-d array"),
         ({"x": np.zeros(3, dtype=[("a", "i4"), ("b", "f4")])}, "column 'x'.*structured"),
-        ({"x": [1, "a", 2.0]}, "column 'x': its values are"),
+        ({"x": [1, "a", 2.0]}, "field 'x' holds different kinds of values"),
         ({"x": [None, None]}, "column 'x': every value is None"),
-        ({"x": [np.zeros(2), np.zeros((2, 2))]}, "column 'x': arrays of different ranks"),
+        ({"x": [np.zeros(2), np.zeros((2, 2))]}, "field 'x' has values of different ranks"),
         ({"x": "abc"}, "column 'x': expected a numpy array or a sequence"),
-        ({"x": np.array([{"a": 1}] * 3)}, "column 'x'"),
+        ({"x": np.array([{"a": 1}] * 3)}, "record 0, field 'x': cannot infer a field from a dict"),
         ({3: np.arange(3)}, "column names are field names"),
         ({"x": np.array(["a", "b"]).reshape(2, 1)}, "column 'x': an array of strings"),
     ],
@@ -378,3 +383,172 @@ def test_fixed_only_batches_are_handed_to_lmdb_as_one_buffer():
     assert isinstance(values, EqualValues) and len(values) == 4
     records = [{"x": columns["x"][i], "y": columns["y"][i]} for i in range(4)]
     assert [v for _, v in values.items(0, 0, 4)] == [layout.encode(r, 0) for r in records]
+
+
+# --- values that must come back exactly, or be refused naming the record ---
+
+
+def test_strings_keep_their_nul_characters_from_every_kind_of_column(local_storage):
+    pl = pytest.importorskip("polars")
+    texts = ["a\x00", "b", "\x00\x00", "c\x00d"]
+    blobs = [b"a\x00", b"", b"\x00", b"d"]
+    sources = {
+        "dict": {"s": texts, "b": blobs},
+        "object-array": {"s": np.array(texts, dtype=object), "b": np.array(blobs, dtype=object)},
+        "pandas": pd.DataFrame({"s": texts, "b": blobs}),
+        "polars": pl.DataFrame({"s": texts, "b": blobs}),
+    }
+    for name, source in sources.items():
+        ref = _cache(local_storage, source, name)
+        assert [ref[i]["s"] for i in range(4)] == texts, name
+        assert [ref[i]["b"] for i in range(4)] == blobs, name
+
+
+def test_a_list_of_strings_is_never_made_a_fixed_width_numpy_array():
+    # A numpy array of str takes rows x the longest string: 5,000 rows with one string of
+    # 5,000 characters would be 100 MB (37 GiB for 100,000 of 100,000).
+    texts = ["short"] * 5000
+    texts[7] = "x" * 5000
+    tracemalloc.start()
+    try:
+        source = ydl.sources.as_source({"s": texts})
+        rows = sum(len(columns["s"]) for columns, _ in source.column_batches())
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert rows == 5000 and peak < 5 << 20, peak
+
+
+@pytest.mark.parametrize(
+    ("values", "bad"),
+    [([2**53 + 1, 0.5], 0), ([[0.5, 1.0], [0.5, 2**53 + 1]], 1), ([0.5, None, -(2**60) - 1], 2)],
+)
+def test_big_ints_among_floats_are_refused_naming_the_record_as_from_a_generator(
+    local_storage, values, bad
+):
+    with pytest.raises(ydl.SchemaError, match=rf"record {bad}, field 'x': .*exactly") as columns:
+        _cache(local_storage, {"x": values}, "columns")
+    with pytest.raises(ydl.SchemaError) as records:
+        _cache(local_storage, [{"x": v} for v in values], "records")
+    assert str(columns.value) == str(records.value)
+    exact = _cache(local_storage, {"x": [2**53, 0.5, None]}, "exact")  # ints floats hold: kept
+    assert [exact[i]["x"] for i in range(3)] == [2.0**53, 0.5, None]
+
+
+def test_polars_object_columns_are_taken_as_their_python_values(local_storage):
+    pl = pytest.importorskip("polars")
+    arrays = [np.full((2, i + 1), i, np.float32) for i in range(3)]
+    frame = pl.DataFrame(
+        {
+            "i": [1, 2, 3],
+            "text": pl.Series(["a\x00", None, "c"], dtype=pl.Object),
+            "array": pl.Series(arrays, dtype=pl.Object),
+        }
+    )
+    ref = _cache(local_storage, frame)
+    assert ref.schema["text"].kind == "str" and ref.schema["text"].nullable
+    assert ref.schema["array"].shape == (2, None) and ref.schema["array"].dtype == np.float32
+    assert [ref[i]["text"] for i in range(3)] == ["a\x00", None, "c"]
+    for i in range(3):
+        _same(ref[i]["array"], arrays[i])
+    odd = pl.DataFrame({"o": pl.Series([1, object()], dtype=pl.Object)})
+    with pytest.raises(ydl.SchemaError, match="record 1, field 'o': cannot infer a field"):
+        _cache(local_storage, odd, "odd")
+
+
+# --- empty columns ---
+
+
+def _empty_sources(folder):
+    pl = pytest.importorskip("polars")
+    table = pa.table({"x": pa.array([], pa.int32()), "s": pa.array([], pa.string())})
+    pq.write_table(table, folder / "empty.parquet")
+    return {
+        "table": table,
+        "batch": pa.RecordBatch.from_pylist([], schema=table.schema),
+        "reader": table.to_reader(),
+        "dataset": pads.dataset(str(folder / "empty.parquet"), format="parquet"),
+        "parquet": str(folder / "empty.parquet"),
+        "dict": {"x": np.zeros(0, np.int32), "s": np.zeros(0, str)},
+        "pandas": pd.DataFrame({"x": np.zeros(0, np.int32), "s": pd.array([], "string")}),
+        "polars": pl.DataFrame(
+            {"x": pl.Series([], dtype=pl.Int32), "s": pl.Series([], dtype=pl.String)}
+        ),
+    }
+
+
+def test_empty_columns_of_known_types_cache_a_version_of_no_records(local_storage, tmp_path):
+    for name, source in _empty_sources(tmp_path).items():
+        ref = _cache(local_storage, source, name)
+        assert len(ref) == 0, name
+        assert [(f.name, f.dtype_name) for f in ref.schema] == [("x", "<i4"), ("s", "str")], name
+        assert list(ref.stream(batch_size=4)) == []
+
+
+def test_empty_columns_that_say_nothing_of_their_type_need_a_schema(local_storage):
+    schema = ydl.Schema([ydl.Field("x", np.int64)])
+    for name, source in {
+        "list": {"x": []},
+        "objects": pd.DataFrame({"x": pd.Series([], dtype=object)}),
+    }.items():
+        with pytest.raises(ydl.SchemaError, match=r"column 'x' is empty.*pass schema="):
+            _cache(local_storage, source, name)
+        assert len(_cache(local_storage, source, name, schema=schema)) == 0
+    # As records without any: refused, or cached as no record with a schema.
+    with pytest.raises(ydl.SchemaError, match="no records; pass schema="):
+        _cache(local_storage, iter([]), "records")
+    assert len(_cache(local_storage, iter([]), "records", schema=schema)) == 0
+
+
+# --- field names ---
+
+
+@pytest.mark.parametrize("kind", ["dict", "table", "pandas", "records"])
+def test_field_names_longer_than_a_key_holds_are_refused_before_anything_is_written(
+    local_storage, kind
+):
+    def source(name):
+        columns = {name: np.arange(3), "s": ["a", "b", "c"]}
+        if kind == "table":
+            return pa.table(columns)
+        if kind == "pandas":
+            return pd.DataFrame(columns)
+        if kind == "records":
+            return [{name: i, "s": "a"} for i in range(3)]
+        return columns
+
+    longest = "é" * (MAX_NAME_BYTES // 2) + "x"  # (a column of its chunks: a key)
+    ref = _cache(local_storage, source(longest), "longest")
+    assert ref[2][longest] == 2 and ref.get_batch([0, 1, 2], [longest])[longest].tolist() == [
+        0,
+        1,
+        2,
+    ]
+    too_long = "x" * 5000
+    with pytest.raises(ydl.SchemaError, match=r"field 'xxxx.*5000 bytes.*at most 507 bytes"):
+        _cache(local_storage, source(too_long), "bad")
+    # (Records are read to infer their schema under the builder's lock: its file may remain.)
+    assert not list(Path(local_storage.root).glob("bad/*/**"))
+
+
+# --- a pyarrow dataset's files ---
+
+
+def test_a_dataset_whose_files_disagree_on_a_type_is_refused_naming_the_file(
+    local_storage, tmp_path
+):
+    folder = tmp_path / "parts"
+    folder.mkdir()
+    pq.write_table(pa.table({"x": pa.array([1.5], pa.float32()), "i": [1]}), folder / "a.parquet")
+    pq.write_table(pa.table({"x": pa.array([0.1], pa.float64()), "i": [2]}), folder / "b.parquet")
+    dataset = pads.dataset(str(folder), format="parquet")
+    message = r"b\.parquet: column 'x' is double in this file but float in the dataset's schema"
+    for workers in (None, 2):
+        with pytest.raises(ydl.SchemaError, match=message):
+            _cache(local_storage, dataset, "mixed", workers=workers)
+    # With a schema whose type holds every file's values, each is cast exactly.
+    wide = pads.dataset(
+        str(folder), format="parquet", schema=pa.schema({"x": pa.float64(), "i": pa.int64()})
+    )
+    ref = _cache(local_storage, wide, "wide")
+    assert [float(ref[i]["x"]) for i in range(2)] == [1.5, 0.1]

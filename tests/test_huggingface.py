@@ -267,6 +267,31 @@ def test_nulls_make_nullable_fields(local_storage):
     assert_cached_as(ref, [{**r, "inner": r["inner"] or {"y": None}} for r in ds])
 
 
+@pytest.mark.parametrize("streamed", [False, True], ids=["dataset", "stream"])
+def test_a_null_inside_a_sequence_is_refused_naming_the_record(local_storage, streamed):
+    """Never False, NaN or a raw TypeError: beside a null row (a Dataset), or in a stream."""
+    cases = [("bool", [True, None]), ("float64", [0.5, None]), ("int64", [1, None])]
+    for value_type, inside in cases:
+        features = datasets.Features({"x": datasets.Sequence(datasets.Value(value_type))})
+        ds = datasets.Dataset.from_dict({"x": [[], None, inside]}, features=features)
+        source = ds.to_iterable_dataset() if streamed else ds
+        schema = ydl.Schema([ydl.Field("x", value_type, (None,), nullable=True)])
+        with pytest.raises(ydl.SchemaError, match=r"record 2, field 'x': .*null \(None\) inside"):
+            ydl.cache_dataset(source, f"in-{value_type}", "v1", local_storage, progress=False,
+                              schema=schema if streamed else None)  # fmt: skip
+    nested = datasets.Features({"x": datasets.Sequence(datasets.Sequence(datasets.Value("int64")))})
+    ds = datasets.Dataset.from_dict({"x": [None, [[1], [2, 3]]]}, features=nested)
+    with pytest.raises(ydl.SchemaError, match=r"record 1, field 'x': .*ragged nested list"):
+        ydl.cache_dataset(ds, "ragged", "v1", local_storage, progress=False)
+
+
+def test_a_timestamp_beside_a_null_keeps_its_nanoseconds(local_storage):
+    features = datasets.Features({"t": datasets.Value("timestamp[ns]")})
+    ds = datasets.Dataset.from_dict({"t": [2**62 + 1, None]}, features=features)
+    ref = ydl.cache_dataset(ds, "ns", "v1", local_storage, progress=False)
+    assert ref[0]["t"] == np.datetime64(2**62 + 1, "ns") and ref[1]["t"] is None
+
+
 # --------------------------------------------------------------------------- images
 
 

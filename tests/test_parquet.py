@@ -412,3 +412,36 @@ def test_empty_lists_of_lists_keep_the_fields_rank(tmp_path):
     assert [ref[i]["grid"].shape for i in range(4)] == [(0, 0), (1, 2), (2, 0), (3, 1)]
     assert [ref[i]["rows3"].shape for i in range(4)] == [(0, 3), (1, 3), (2, 3), (0, 3)]
     assert ref[3]["grid"].tolist() == grids[3] and ref[2]["rows3"].tolist() == rows3[2]
+
+
+@pytest.mark.parametrize("workers", [None, 2])
+def test_files_that_disagree_on_a_column_type_are_named(tmp_path, workers):
+    """pyarrow casts every file to the first file's types: a float64 column of a later file
+    would lose its digits as float32 (0.1 -> 0.10000000149), a string one fail to parse."""
+    (tmp_path / "data").mkdir()
+    pq.write_table(pa.table({"x": pa.array([1.5], pa.float32())}), tmp_path / "data/a.parquet")
+    pq.write_table(pa.table({"x": pa.array([0.1], pa.float64())}), tmp_path / "data/b.parquet")
+    message = r"b\.parquet: column 'x' is double in this file but float in the dataset's"
+    with pytest.raises(ydl.SchemaError, match=message):
+        ydl.cache_dataset(str(tmp_path / "data"), "d", "v", ydl.LocalStorage(tmp_path / "s"),
+                          progress=False, workers=workers)  # fmt: skip
+    # Narrower ints and another string encoding cast exactly: read as the dataset's types.
+    pq.write_table(pa.table({"i": pa.array([7], pa.int64())}), tmp_path / "c.parquet")
+    pq.write_table(pa.table({"i": pa.array([8], pa.int16())}), tmp_path / "d.parquet")
+    paths = [str(tmp_path / "c.parquet"), str(tmp_path / "d.parquet")]
+    ref = ydl.cache_dataset(paths, "i", "v", ydl.LocalStorage(tmp_path / "s"), progress=False,
+                            workers=workers)  # fmt: skip
+    assert [int(ref[i]["i"]) for i in range(2)] == [7, 8] and ref.schema["i"].dtype == np.int64
+
+
+@pytest.mark.parametrize("workers", [None, 2])
+def test_a_file_without_rows_caches_no_record(tmp_path, workers):
+    pq.write_table(table(0, 3).slice(0, 0), tmp_path / "empty.parquet")
+    pq.write_table(table(0, 3), tmp_path / "full.parquet")
+    storage = ydl.LocalStorage(tmp_path / "s")
+    empty = ydl.cache_dataset(str(tmp_path / "empty.parquet"), "e", "v", storage, progress=False,
+                              workers=workers)  # fmt: skip
+    assert len(empty) == 0 and list(empty.schema.names) == table(0, 3).column_names
+    paths = [str(tmp_path / "empty.parquet"), str(tmp_path / "full.parquet")]
+    both = ydl.cache_dataset(paths, "b", "v", storage, progress=False, workers=workers)
+    assert [int(both[i]["id"]) for i in range(len(both))] == [0, 1, 2]

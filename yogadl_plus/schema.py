@@ -21,9 +21,21 @@ import numpy as np
 from yogadl_plus import codecs
 from yogadl_plus.errors import SchemaError
 
-__all__ = ["Field", "Schema", "cast_exactly", "infer_schema"]
+__all__ = [
+    "MAX_NAME_BYTES",
+    "Field",
+    "Schema",
+    "cast_exactly",
+    "infer_field",
+    "infer_schema",
+    "infer_value",
+]
 
 Shape = tuple[int | None, ...]
+
+#: The longest field name, in bytes of UTF-8: a chunk keeps a field's values as a column under
+#: an LMDB key of 4 bytes then the name (``cache/keys.py``), and LMDB keys are at most 511 bytes.
+MAX_NAME_BYTES = 511 - 4
 
 _TEXT_NAMES = {"str": "str", "string": "str", "unicode": "str", "bytes": "bytes", "binary": "bytes"}
 
@@ -81,6 +93,9 @@ class Field:
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
             raise SchemaError(f"a field name must be a non-empty str, got {self.name!r}")
+        problem = _name_problem(self.name)
+        if problem:
+            raise SchemaError(f"{problem}; rename the field (the column, the key)")
         kind, dt = _normalize_dtype(self.dtype)
         set_ = object.__setattr__
         set_(self, "kind", kind)
@@ -157,13 +172,20 @@ class Field:
     @classmethod
     def from_json(cls, spec: Mapping[str, Any]) -> Field:
         """The field ``to_json`` wrote."""
-        return cls(
-            name=spec["name"],
+        name = spec["name"]
+        # A stored field keeps its name as written: before names were checked, fields that are
+        # no column of a chunk (str, bytes, arrays, nullable) could be stored with names longer
+        # than MAX_NAME_BYTES, or not UTF-8, and their caches stay readable.
+        odd = isinstance(name, str) and _name_problem(name) is not None
+        field = cls(
+            name="stored" if odd else name,
             dtype=spec["dtype"],
             shape=tuple(spec.get("shape", ())),
             codec=codecs.codec_from_json(spec["codec"]),
             nullable=bool(spec.get("nullable", False)),
         )
+        object.__setattr__(field, "name", name)
+        return field
 
     # --- validation ---
 
@@ -185,6 +207,23 @@ class Field:
 
 
 _BYTES_LIKE = (bytes, bytearray, memoryview, np.bytes_)
+
+
+def _name_problem(name: str) -> str | None:
+    """Why ``name`` cannot key a column of a chunk (UTF-8 of at most MAX_NAME_BYTES), or None."""
+    try:
+        size = len(name.encode("utf-8"))
+    except UnicodeEncodeError as exc:
+        return (
+            f"field {name[:40]!r}: its name holds {name[exc.start : exc.end]!r} at position "
+            f"{exc.start}, which UTF-8 cannot store (text decoded with errors='surrogateescape'?)"
+        )
+    if size > MAX_NAME_BYTES:
+        return (
+            f"field {name[:40]!r}... (a name of {size} bytes of UTF-8): field names are at most "
+            f"{MAX_NAME_BYTES} bytes"
+        )
+    return None
 
 
 def _convert_text(kind: type) -> Callable[[Any], Any]:
@@ -216,6 +255,11 @@ def _holds_none(value: Any, depth: int = 0) -> bool:
 
 _MAX_DIMS = 64  # numpy's: lists nested deeper are no array, and are not walked further
 
+# What to do about a null inside an array, said once for the build and for inference.
+_NULL_INSIDE_FIX = (
+    "an array has no place for a null: fill the nulls with a value (NaN for floats, if that is "
+    "what a null means to you), or leave the record out"
+)
 # What to do about a ragged value, said once for the build and for inference.
 _RAGGED_FIX = (
     "a field's value is one rectangular array (None dims may differ between records, not "
@@ -460,16 +504,15 @@ def _array_from_python(value: Any, dtype: np.dtype) -> np.ndarray:
     try:
         src = np.asarray(value)
     except (ValueError, TypeError, OverflowError) as exc:
+        if _holds_none(value):
+            raise ValueError(_null_inside(value)) from None
         ragged = _ragged(value)
         if ragged is not None:
             raise ValueError(f"got a ragged nested list: {ragged}; {_RAGGED_FIX}") from None
         raise ValueError(f"got {_describe_value(value)}, not convertible: {exc}") from None
     if src.dtype.kind not in "biufcmM":
         if _holds_none(value):
-            raise ValueError(
-                f"got {_describe_value(value)} with a null (None) inside; fill it, or "
-                "leave the record out"
-            )
+            raise ValueError(_null_inside(value))
         odd = _first_non_number(value)
         if odd is not None:
             raise ValueError(
@@ -489,6 +532,10 @@ def _array_from_python(value: Any, dtype: np.dtype) -> np.ndarray:
         if changed is not None:
             raise ValueError(_not_exact(value, dtype, src, array, changed))
     return array
+
+
+def _null_inside(value: Any) -> str:
+    return f"got {_describe_value(value)} with a null (None) inside; {_NULL_INSIDE_FIX}"
 
 
 def _not_numbers(value: Any, dtype: np.dtype) -> ValueError:
@@ -625,7 +672,10 @@ class Schema:
         return cls(Field.from_json(s) for s in spec)
 
 
-def _infer_value(name: str, value: Any, index: int) -> tuple[str, np.dtype | None, tuple[int, ...]]:
+def infer_value(name: str, value: Any, index: int) -> tuple[str, np.dtype | None, tuple[int, ...]]:
+    """What one value (not None) of record ``index``'s field ``name`` holds: ("str" | "bytes",
+    None, ()) or ("numeric", its dtype, its shape); a SchemaError naming the record and field
+    says why a value holds no array (a null inside, a ragged list, something not a number)."""
     if isinstance(value, (str, np.str_)):
         return "str", None, ()
     if isinstance(value, (bytes, bytearray, memoryview, np.bytes_)):
@@ -641,6 +691,8 @@ def _infer_value(name: str, value: Any, index: int) -> tuple[str, np.dtype | Non
         try:
             array = np.asarray(value)
         except (ValueError, TypeError, OverflowError) as exc:
+            if _holds_none(value):
+                raise SchemaError(f"{where}: {_null_inside(value)}") from None
             ragged = _ragged(value)
             if ragged is not None:
                 raise SchemaError(
@@ -656,6 +708,8 @@ def _infer_value(name: str, value: Any, index: int) -> tuple[str, np.dtype | Non
                 return "numeric", array.dtype, array.shape
             if array.dtype.kind in "US" and array.ndim == 0:
                 return ("str" if array.dtype.kind == "U" else "bytes"), None, ()
+            if _holds_none(value):
+                raise SchemaError(f"{where}: {_null_inside(value)}")
     if isinstance(value, Mapping):
         raise SchemaError(
             f"{where}: cannot infer a field from a dict (keys {sorted(map(str, value))[:8]}); "
@@ -665,7 +719,7 @@ def _infer_value(name: str, value: Any, index: int) -> tuple[str, np.dtype | Non
     if isinstance(value, (list, tuple)) or (
         isinstance(value, np.ndarray) and value.dtype == object
     ):
-        odd = "a null (None)" if _holds_none(value) else _first_non_number(value)
+        odd = _first_non_number(value)
         what += f" holding {odd or 'numbers no one numpy dtype holds (ints beyond 64 bits?)'}"
     raise SchemaError(
         f"{where}: cannot infer a field from {what}; records hold numpy arrays or scalars, "
@@ -697,35 +751,42 @@ def infer_schema(records: Sequence[Mapping[str, Any]]) -> Schema:
             if value is None:
                 nullable[name] = True
             else:
-                seen[name].append(_infer_value(name, value, index))
+                seen[name].append(infer_value(name, value, index))
     fields = []
     for name, found in seen.items():
         if not found:
             raise SchemaError(f"field {name!r} is None in all first records; pass schema=")
-        kinds = {k for k, _, _ in found}
-        if len(kinds) > 1:
-            raise SchemaError(f"field {name!r} holds different kinds of values: {sorted(kinds)}")
-        kind = kinds.pop()
-        if kind != "numeric":
-            fields.append(Field(name, kind, (), nullable=nullable[name]))
-            continue
-        dtypes = [d for _, d, _ in found if d is not None]
-        dtype = dtypes[0]
-        for other in dtypes[1:]:
-            wider = np.promote_types(dtype, other)
-            if dtype.kind in "iu" and other.kind in "iu" and wider.kind not in "iu":
-                # int64 with uint64: numpy's common type is float64, which rounds big values.
-                raise SchemaError(
-                    f"field {name!r} holds both {dtype} and {other} values, and no integer "
-                    "dtype holds both; pass schema= with the dtype to store"
-                )
-            dtype = wider
-        shapes = {s for _, _, s in found}
-        ranks = {len(s) for s in shapes}
-        if len(ranks) > 1:
-            raise SchemaError(f"field {name!r} has values of different ranks: {sorted(shapes)}")
-        shape = tuple(
-            d if len({s[i] for s in shapes}) == 1 else None for i, d in enumerate(found[0][2])
-        )
-        fields.append(Field(name, dtype, shape, nullable=nullable[name]))
+        fields.append(infer_field(name, found, nullable[name]))
     return Schema(fields)
+
+
+def infer_field(
+    name: str, found: Sequence[tuple[str, np.dtype | None, tuple[int, ...]]], nullable: bool
+) -> Field:
+    """The field that holds values of what ``infer_value`` found (at least one): dims that
+    differ are None, numeric dtypes that differ are promoted only where that is lossless."""
+    kinds = {k for k, _, _ in found}
+    if len(kinds) > 1:
+        raise SchemaError(f"field {name!r} holds different kinds of values: {sorted(kinds)}")
+    kind = kinds.pop()
+    if kind != "numeric":
+        return Field(name, kind, (), nullable=nullable)
+    dtypes = list(dict.fromkeys(d for _, d, _ in found if d is not None))
+    dtype = dtypes[0]
+    for other in dtypes[1:]:
+        wider = np.promote_types(dtype, other)
+        if dtype.kind in "iu" and other.kind in "iu" and wider.kind not in "iu":
+            # int64 with uint64: numpy's common type is float64, which rounds big values.
+            raise SchemaError(
+                f"field {name!r} holds both {dtype} and {other} values, and no integer "
+                "dtype holds both; pass schema= with the dtype to store"
+            )
+        dtype = wider
+    shapes = {s for _, _, s in found}
+    ranks = {len(s) for s in shapes}
+    if len(ranks) > 1:
+        raise SchemaError(f"field {name!r} has values of different ranks: {sorted(shapes)}")
+    shape = tuple(
+        d if len({s[i] for s in shapes}) == 1 else None for i, d in enumerate(found[0][2])
+    )
+    return Field(name, dtype, shape, nullable=nullable)

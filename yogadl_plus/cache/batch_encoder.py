@@ -37,6 +37,8 @@ class BatchEncoder:
         SchemaError names the column, or the record and field, that is wrong."""
         layout = self.layout
         layout.check_names(columns, "the columns")
+        if not rows:  # (a batch of no rows, as a Parquet file without any gives)
+            return [], {}
         heads = np.zeros((rows, layout.payload_start), np.uint8)
         packed: dict[str, np.ndarray] = {}
         for f in layout.fixed:

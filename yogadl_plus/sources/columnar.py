@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 
 from yogadl_plus.errors import SchemaError
-from yogadl_plus.schema import Field, Schema
-from yogadl_plus.sources.arrow import arrow_field, column_values
+from yogadl_plus.schema import Field, Schema, infer_field, infer_value
+from yogadl_plus.sources.arrow import arrow_field, check_file_types, column_values
 from yogadl_plus.sources.base import (
     ColumnBatch,
     Piece,
@@ -185,8 +185,7 @@ def columns_source(obj: Any, schema: Schema | None = None) -> Source:
     if module == "pandas":
         return ColumnsSource(_pandas_columns(obj, _given(schema, list(obj.columns))), "pandas")
     if module == "polars":
-        table = _polars_table(obj)
-        return ColumnsSource(_table_columns(table, _given(schema, table.column_names)), "polars")
+        return ColumnsSource(_polars_columns(obj, _given(schema, list(obj.columns))), "polars")
     import pyarrow as pa
 
     if isinstance(obj, (pa.Table, pa.RecordBatch)):
@@ -213,8 +212,11 @@ def _given(schema: Schema | None, names: list[Any]) -> dict[str, Field] | None:
 
 
 def _fragment_batches(fragments: list[Any], arrow_schema: Any) -> Iterator[Any]:
-    """The batches of a dataset's ``fragments``, in order, as columns of ``arrow_schema``."""
+    """The batches of a dataset's ``fragments``, in order, as columns of ``arrow_schema``;
+    a SchemaError names a file whose column has another type."""
     for fragment in fragments:
+        where = getattr(fragment, "path", "a fragment in memory")
+        check_file_types(where, fragment.physical_schema, arrow_schema)
         yield from fragment.to_batches(schema=arrow_schema)
 
 
@@ -259,8 +261,6 @@ def _check_lengths(lengths: Mapping[str, int]) -> None:
                 f"column {name!r} has {length} rows but column {first!r} has {rows}: every "
                 "column needs one value per record"
             )
-    if not rows:
-        raise SchemaError("the columns have no rows: there is nothing to cache")
 
 
 # --- a dict of numpy arrays (or sequences) ---
@@ -293,7 +293,7 @@ def _numpy_column(name: str, data: Any) -> Column:
                 f"record, got {type(data).__name__}"
             )
         values = list(data)
-        array = _plain_array(values)
+        array = _plain_array(name, values)
         if array is None:
             return _object_column(name, values)
         data = array
@@ -328,58 +328,62 @@ def _numpy_column(name: str, data: Any) -> Column:
     raise SchemaError(f"column {name!r}: numpy dtype {data.dtype} cannot be cached")
 
 
-def _plain_array(values: list[Any]) -> np.ndarray | None:
-    """``values`` as one numpy array when they are all numbers, or all str, or rows of one
-    shape; None otherwise (None values, mixed types, arrays of differing shapes)."""
+def _plain_array(name: str, values: list[Any]) -> np.ndarray | None:
+    """``values`` as one numpy array when they are all numbers or rows of numbers of one
+    shape, holding every value exactly; None otherwise (strings, None values, mixed types,
+    arrays of differing shapes)."""
     if not values:
         return None
     first = values[0]
-    if isinstance(first, str) and all(isinstance(v, str) for v in values):
-        return np.array(values, dtype=str)
     if isinstance(first, (str, bytes, bytearray)) or first is None:
         return None
     try:
         array = np.asarray(values)
     except (ValueError, TypeError):
         return None
-    return array if array.dtype.kind in _NUMERIC_KINDS else None
+    if array.dtype.kind not in _NUMERIC_KINDS:
+        return None
+    if array.dtype.kind in "fc" and array.size:
+        # numpy makes floats of ints among floats, rounding those beyond the mantissa: such
+        # a column is refused as a generator's records would be, naming the record.
+        with np.errstate(invalid="ignore"):
+            rounds = np.abs(array) >= 2.0 ** (np.finfo(array.dtype).nmant + 1)
+        if rounds.any():
+            _check_values(Field(name, array.dtype, array.shape[1:]), values)
+    return array
+
+
+def _check_values(field: Field, values: Sequence[Any]) -> None:
+    """A SchemaError naming the first record whose value ``field`` cannot hold exactly."""
+    convert = field.converter()
+    for index, value in enumerate(values):
+        try:
+            convert(value)
+        except ValueError as exc:
+            raise SchemaError(
+                f"record {index}, field {field.name!r}: expected {field.describe()}, {exc}"
+            ) from None
 
 
 def _object_column(name: str, values: list[Any]) -> Column:
-    """A column of Python objects: its field found from the values (their type, and for
-    arrays their shapes and dtypes), nullable where some are None."""
-    present = [v for v in values if v is not None]
-    nullable = len(present) != len(values)
-    if not present:
-        raise SchemaError(f"column {name!r}: every value is None; leave the column out")
-    first = present[0]
-    if isinstance(first, str):
-        field = Field(name, str, nullable=nullable)
-    elif isinstance(first, (bytes, bytearray, memoryview)):
-        field = Field(name, bytes, nullable=nullable)
-    else:
-        arrays = [np.asarray(v) for v in present]
-        dtypes = {a.dtype for a in arrays}
-        if len(dtypes) != 1 or next(iter(dtypes)).kind not in _NUMERIC_KINDS:
-            kinds = sorted({type(v).__name__ for v in present})
-            raise SchemaError(
-                f"column {name!r}: its values are {', '.join(kinds)} of dtypes "
-                f"{sorted(str(d) for d in dtypes)}; a column needs one kind: numbers or arrays "
-                "of one dtype, str, or bytes"
-            )
-        ranks = {a.ndim for a in arrays}
-        if len(ranks) != 1:
-            raise SchemaError(
-                f"column {name!r}: arrays of different ranks ({sorted(ranks)}); pad or reshape "
-                "them to one rank"
-            )
-        shapes = np.array([a.shape for a in arrays], dtype=np.int64).reshape(len(arrays), -1)
-        shape = tuple(
-            int(shapes[0, d]) if (shapes[:, d] == shapes[0, d]).all() else None
-            for d in range(shapes.shape[1])
+    """A column of Python objects: its field found from the values as a generator's records'
+    fields are (their type, and for arrays their shapes and dtypes), nullable where some are
+    None. The values stay as they are, each converted exactly as it is written."""
+    if not values:
+        raise SchemaError(
+            f"column {name!r} is empty, and an empty list or object column says nothing of its "
+            "type: pass schema=, or a numpy array (whose dtype says it)"
         )
-        field = Field(name, next(iter(dtypes)), shape, nullable=nullable)
-    return Column(field, values)
+    # Strings stay Python str (a numpy array of them would drop trailing NULs and take rows x
+    # the longest), found at once where they are all a column holds.
+    kinds = set(map(type, values))
+    for kind in (str, bytes):
+        if kind in kinds and kinds <= {kind, type(None)}:
+            return Column(Field(name, kind, nullable=type(None) in kinds), values)
+    found = [infer_value(name, v, i) for i, v in enumerate(values) if v is not None]
+    if not found:
+        raise SchemaError(f"column {name!r}: every value is None; leave the column out")
+    return Column(infer_field(name, found, len(found) != len(values)), values)
 
 
 # --- pandas, polars and Arrow ---
@@ -414,8 +418,24 @@ def _pandas_columns(frame: Any, given: dict[str, Field] | None) -> list[Column]:
     return out
 
 
-def _polars_table(frame: Any) -> Any:
-    return frame.to_arrow()
+def _polars_columns(frame: Any, given: dict[str, Field] | None) -> list[Column]:
+    """A polars frame's columns through Arrow, but for its ``Object`` columns: those hold
+    Python objects (Arrow would get their pointers), taken as a pandas object column's are."""
+    import polars as pl
+
+    objects = [name for name, dtype in frame.schema.items() if dtype == pl.Object]
+    table = frame.drop(objects).to_arrow()
+    out = []
+    for name in frame.columns:
+        if name not in objects:
+            out.append(_arrow_column(_check_name(name), table.column(name), given))
+            continue
+        values = frame.get_column(name).to_list()
+        out.append(
+            Column(given[name], values) if given is not None else _object_column(name, values)
+        )
+    _check_lengths({c.field.name: len(c) for c in out})
+    return out
 
 
 def _table_columns(table: Any, given: dict[str, Field] | None) -> list[Column]:

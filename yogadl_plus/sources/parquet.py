@@ -23,6 +23,7 @@ from yogadl_plus.sources.arrow import (
     arrow_field,
     arrow_to_schema,
     batch_columns,
+    check_file_types,
     column_values,
     is_list_type,
 )
@@ -362,13 +363,21 @@ class ParquetSource(Source):
             digest.update(f"partitions:{typed}".encode())
         return "parquet-sha256:" + digest.hexdigest()[:32]
 
+    def _check_files(self) -> None:
+        """A SchemaError naming a file whose column has another type than the dataset's (the
+        first file's), before any is read."""
+        for path, meta in zip(self.paths, self._footers):
+            check_file_types(path, meta.schema.to_arrow_schema(), self.arrow_schema)
+
     def column_batches(self) -> Iterator[ColumnBatch]:
+        self._check_files()
         scanner = self._dataset.scanner(columns=list(self.schema.names), batch_size=BATCH_ROWS)
         for batch in scanner.to_batches():
             yield batch_columns(batch, self.schema, self.values)
 
     def split(self, parts: int) -> list[Source]:
         """Runs of whole row groups, balanced by rows (a row group is never cut)."""
+        self._check_files()
         groups: list[tuple[str, int, int]] = []  # (file, row group, rows), in reading order
         for path, meta in zip(self.paths, self._footers):
             groups += [(path, g, meta.row_group(g).num_rows) for g in range(meta.num_row_groups)]
