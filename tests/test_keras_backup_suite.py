@@ -141,7 +141,8 @@ class Counts(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         canary = self.model.layers[0].counter
         steps = self.model.optimizer.iterations
-        self.seen.append((epoch, int(canary.value), int(steps), int(logs["updates"])))
+        updates = logs.get("updates", 0)  # (an epoch of no steps has no metrics)
+        self.seen.append((epoch, int(canary.value), int(steps), int(updates)))
 
 
 def make_model(trained, steps_per_execution=1):
@@ -157,8 +158,36 @@ def make_model(trained, steps_per_execution=1):
     return model
 
 
-def canary(model):
-    return int(model.layers[0].counter.value)
+class Job:
+    """One training script, run again in the same process: a stream made the same way, the
+    face over it, Keras's model and ydl's BackupAndRestore(``backup``) in ``tmp_path/subdir``.
+    ``trained`` lists the record ids of every batch trained, in order."""
+
+    def __init__(self, ref, tmp_path, face, steps_per_execution=1, predicate=None, **backup):
+        self.backup_dir = str(tmp_path / "subdir")
+        self.stream = stream_of(ref, predicate=predicate)
+        self.data = data_of(self.stream, face)
+        self.trained = []
+        self.model = make_model(self.trained, steps_per_execution)
+        self.cbk = ydl.keras.BackupAndRestore(self.backup_dir, self.stream, **backup)
+
+    def fit(self, epochs, *callbacks):
+        return self.model.fit(self.data, callbacks=[self.cbk, *callbacks], epochs=epochs, verbose=0)
+
+    def interrupted(self, epochs, steps_int=None, epoch_int=None):
+        """A fit that Keras's InterruptingCallback stops."""
+        with pytest.raises(RuntimeError, match="Interruption"):
+            self.fit(epochs, InterruptingCallback(steps_int, epoch_int))
+
+    def saved(self, suffix=""):
+        """Keras's (epoch, batch) in the backup's training_metadata.json (or its ``.bkp``)."""
+        with open(os.path.join(self.backup_dir, "training_metadata.json" + suffix)) as f:
+            saved = json.load(f)
+        return saved["epoch"], saved["batch"]
+
+    @property
+    def canary(self):
+        return int(self.model.layers[0].counter.value)
 
 
 def expected_counts(first_epoch, calls, steps_of_first):
@@ -170,11 +199,6 @@ def expected_counts(first_epoch, calls, steps_of_first):
         calls += steps
         counts.append((epoch, calls, calls, steps))
     return counts
-
-
-def metadata_of(backup_dir):
-    with open(os.path.join(backup_dir, "training_metadata.json")) as f:
-        return json.load(f)
 
 
 # --- the tests of Keras's file ---
@@ -189,138 +213,81 @@ def test_save_freq_unknown_error(ref, tmp_path):
 
 @pytest.mark.parametrize("face", FACES)
 def test_best_case_step(ref, tmp_path, face):
-    backup_dir = str(tmp_path / "subdir")
-    stream = stream_of(ref)
-    data = data_of(stream, face)
-    trained = []
-    model = make_model(trained)
-    cbk = ydl.keras.BackupAndRestore(backup_dir, stream, save_freq=1)
-    with pytest.raises(RuntimeError, match="StepsInterruption"):
-        model.fit(
-            data,
-            callbacks=[cbk, InterruptingCallback(steps_int=2, epoch_int=None)],
-            epochs=2,
-            verbose=0,
-        )
-    assert os.path.exists(backup_dir)
-    saved = metadata_of(backup_dir)  # Keras's cbk._current_epoch and _last_batch_seen
-    assert (saved["epoch"], saved["batch"]) == (0, 1)
-    assert canary(model) == 2
+    job = Job(ref, tmp_path, face, save_freq=1)
+    job.interrupted(epochs=2, steps_int=2)
+    assert os.path.exists(job.backup_dir)
+    assert job.saved() == (0, 1)  # Keras's cbk._current_epoch and cbk._last_batch_seen
+    assert job.canary == 2
 
     counts = Counts()
-    hist = model.fit(data, callbacks=[cbk, counts], epochs=5, verbose=0)
+    hist = job.fit(5, counts)
     assert hist.epoch == [0, 1, 2, 3, 4]
     assert counts.seen == expected_counts(0, calls=2, steps_of_first=1)
-    # Keras's test expects 17 (it trains epoch 0 over): here 2 + 1 + 4 * 3.
-    assert canary(model) == 15
-    assert trained == epochs_ids(ref, 0, 5)  # every record of every epoch once, in order
-    assert not os.path.exists(backup_dir)
+    assert job.canary == 15  # Keras's test expects 17 (it trains epoch 0 over)
+    assert job.trained == epochs_ids(ref, 0, 5)  # every record of every epoch once, in order
+    assert not os.path.exists(job.backup_dir)
 
 
 @pytest.mark.parametrize("face", FACES)
 def test_best_case_step_in_a_later_epoch(ref, tmp_path, face):
     # Not in Keras's file: its step test, with the backup inside the second epoch. Backups at
     # steps 2 and 4; interrupted after step 5, the restore is 1 step into epoch 1.
-    backup_dir = str(tmp_path / "subdir")
-    stream = stream_of(ref)
-    data = data_of(stream, face)
-    trained = []
-    model = make_model(trained)
-    cbk = ydl.keras.BackupAndRestore(backup_dir, stream, save_freq=2)
-    with pytest.raises(RuntimeError, match="StepsInterruption"):
-        model.fit(
-            data,
-            callbacks=[cbk, InterruptingCallback(steps_int=5, epoch_int=None)],
-            epochs=3,
-            verbose=0,
-        )
-    saved = metadata_of(backup_dir)
-    assert (saved["epoch"], saved["batch"]) == (1, 0)
-    assert canary(model) == 5
+    job = Job(ref, tmp_path, face, save_freq=2)
+    job.interrupted(epochs=3, steps_int=5)
+    assert job.saved() == (1, 0)
+    assert job.canary == 5
 
-    del trained[4:]  # step 5 is not in the backup: it is trained again
+    del job.trained[4:]  # step 5 is not in the backup: it is trained again
     counts = Counts()
-    hist = model.fit(data, callbacks=[cbk, counts], epochs=3, verbose=0)
-    assert hist.epoch == [1, 2]
+    assert job.fit(3, counts).epoch == [1, 2]
     assert counts.seen == [(1, 6, 6, 2), (2, 9, 9, 3)]
-    assert (canary(model), int(model.optimizer.iterations)) == (9, 9)
-    assert trained == epochs_ids(ref, 0, 3)
+    assert (job.canary, int(job.model.optimizer.iterations)) == (9, 9)
+    assert job.trained == epochs_ids(ref, 0, 3)
 
 
 @pytest.mark.parametrize("face", FACES)
 def test_best_case_epoch(ref, tmp_path, face):
-    backup_dir = str(tmp_path / "subdir")
-    stream = stream_of(ref)
-    data = data_of(stream, face)
-    trained = []
-    model = make_model(trained)
-    assert canary(model) == 0
-    cbk = ydl.keras.BackupAndRestore(backup_dir, stream, save_freq="epoch")
-    with pytest.raises(RuntimeError, match="EpochInterruption"):
-        model.fit(
-            data,
-            callbacks=[cbk, InterruptingCallback(steps_int=None, epoch_int=2)],
-            epochs=6,
-            verbose=0,
-        )
-    assert metadata_of(backup_dir)["epoch"] == 2
-    assert canary(model) == 6
+    job = Job(ref, tmp_path, face, save_freq="epoch")
+    assert job.canary == 0
+    job.interrupted(epochs=6, epoch_int=2)
+    assert job.saved()[0] == 2
+    assert job.canary == 6
 
     counts = Counts()
-    hist = model.fit(data, callbacks=[cbk, counts], epochs=5, verbose=0)
-    assert hist.epoch == [2, 3, 4]
-    assert canary(model) == 5 * 3
+    assert job.fit(5, counts).epoch == [2, 3, 4]
+    assert job.canary == 5 * 3
     assert counts.seen == expected_counts(2, calls=6, steps_of_first=STEPS)
-    assert trained == epochs_ids(ref, 0, 5)
+    assert job.trained == epochs_ids(ref, 0, 5)
 
 
 @pytest.mark.parametrize("face", FACES)
 def test_backup_corrupted(ref, tmp_path, face):
-    backup_dir = str(tmp_path / "subdir")
-    stream = stream_of(ref)
-    data = data_of(stream, face)
-    trained = []
-    model = make_model(trained)
-    cbk = ydl.keras.BackupAndRestore(backup_dir, stream, save_freq="epoch", double_checkpoint=True)
-    with pytest.raises(RuntimeError, match="EpochInterruption"):
-        model.fit(
-            data,
-            callbacks=[cbk, InterruptingCallback(steps_int=None, epoch_int=2)],
-            epochs=6,
-            verbose=0,
-        )
-    weights = os.path.join(backup_dir, "latest.weights.h5")
-    for path in (weights, weights + ".bkp"):
-        assert os.path.exists(path)
-    assert metadata_of(backup_dir)["epoch"] == 2
-    with open(os.path.join(backup_dir, "training_metadata.json.bkp")) as f:
-        assert json.load(f)["epoch"] == 1
-    assert canary(model) == 6
+    job = Job(ref, tmp_path, face, save_freq="epoch", double_checkpoint=True)
+    job.interrupted(epochs=6, epoch_int=2)
+    weights = os.path.join(job.backup_dir, "latest.weights.h5")
+    assert os.path.exists(weights) and os.path.exists(weights + ".bkp")
+    assert (job.saved()[0], job.saved(".bkp")[0]) == (2, 1)
+    assert job.canary == 6
 
     with open(weights, "w") as f:  # corrupt the weights: Keras falls back to the previous backup
         f.write("0")
 
-    del trained[:]
+    del job.trained[:]
     counts = Counts()
-    hist = model.fit(data, callbacks=[cbk, counts], epochs=5, verbose=0)
-    assert hist.epoch == [1, 2, 3, 4]
-    assert canary(model) == 5 * 3  # 3 restored with epoch 0's backup, then 4 epochs of 3
+    assert job.fit(5, counts).epoch == [1, 2, 3, 4]
+    assert job.canary == 5 * 3  # 3 restored with epoch 0's backup, then 4 epochs of 3
     assert counts.seen == expected_counts(1, calls=3, steps_of_first=STEPS)
-    assert trained == epochs_ids(ref, 1, 5)  # epoch 1 again, as the backup restored says
+    assert job.trained == epochs_ids(ref, 1, 5)  # epoch 1 again, as the backup restored says
 
 
 @pytest.mark.parametrize("face", FACES)
 def test_model_deleted_case_epoch(ref, tmp_path, face):
-    backup_dir = str(tmp_path / "subdir")
-    stream = stream_of(ref)
-    trained = []
-    model = make_model(trained)
-    cbk = ydl.keras.BackupAndRestore(backup_dir, stream, save_freq="epoch")
+    job = Job(ref, tmp_path, face, save_freq="epoch")
     counts = Counts()
-    model.fit(data_of(stream, face), callbacks=[cbk, counts], epochs=2, verbose=0)
-    assert not os.path.exists(backup_dir)
+    job.fit(2, counts)
+    assert not os.path.exists(job.backup_dir)
     assert counts.seen == [(0, 3, 3, 3), (1, 6, 6, 3)]
-    assert trained == epochs_ids(ref, 0, 2)
+    assert job.trained == epochs_ids(ref, 0, 2)
 
 
 def test_backup_dir_empty_error(ref):
@@ -341,38 +308,38 @@ def test_several_steps_per_execution_resume_exactly(ref, tmp_path, face):
     # Keras numbers each call's last step as if it ran all its steps; at the end of an epoch of
     # 3 (or of the 1 left) it ran fewer. Before: the backup after it asked the stream for more
     # batches than it had handed out (ValueError).
-    stream = stream_of(ref)
-    data = data_of(stream, face)
-    trained = []
-    model = make_model(trained, steps_per_execution=2)
-    cbk = ydl.keras.BackupAndRestore(str(tmp_path / "subdir"), stream, save_freq=1)
-    with pytest.raises(RuntimeError, match="StepsInterruption"):
-        model.fit(data, callbacks=[cbk, InterruptingCallback(1, None)], epochs=3, verbose=0)
-    assert canary(model) == 2  # the first call ran steps 0 and 1
+    job = Job(ref, tmp_path, face, steps_per_execution=2, save_freq=1)
+    job.interrupted(epochs=3, steps_int=1)
+    assert job.canary == 2  # the first call ran steps 0 and 1
 
     counts = Counts()
-    model.fit(data, callbacks=[cbk, counts], epochs=3, verbose=0)
+    job.fit(3, counts)
     assert counts.seen == [(0, 3, 3, 1), (1, 6, 6, 3), (2, 9, 9, 3)]
-    assert trained == epochs_ids(ref, 0, 3)
+    assert job.trained == epochs_ids(ref, 0, 3)
 
 
-def test_a_predicates_epochs_end_without_a_step_past_their_data(ref, tmp_path):
-    # 6 of the 10 records pass: 2 batches an epoch, of the 3 that len(stream) (an upper bound)
-    # tells Keras. Before: each epoch's end ran a part of a step more (the canary, the metric,
-    # the optimizer's step).
-    keep = ydl.predicates.in_lambda(["x"], lambda x: int(x[0]) % 3 != 0)
-    stream = stream_of(ref, predicate=keep)
-    data = data_of(stream, "tf")
-    trained = []
-    model = make_model(trained)
-    cbk = ydl.keras.BackupAndRestore(str(tmp_path / "subdir"), stream, save_freq=1)
-    with pytest.raises(RuntimeError, match="StepsInterruption"):
-        model.fit(data, callbacks=[cbk, InterruptingCallback(3, None)], epochs=3, verbose=0)
+KEEP = ydl.predicates.in_lambda(["x"], lambda x: int(x[0]) % 3 != 0)  # 6 of the 10 records
+
+
+# Interrupted after step 3, the restore is 1 step into epoch 1; after step 2, at the end of
+# epoch 0's batches but not of its records: the rest of epoch 0 passes none, an epoch of no step.
+@pytest.mark.parametrize(
+    "stop, want",
+    [
+        (3, [(1, 4, 4, 1), (2, 6, 6, 2)]),
+        (2, [(0, 2, 2, 0), (1, 4, 4, 2), (2, 6, 6, 2)]),
+    ],
+)
+def test_a_predicates_epochs_end_without_a_step_past_their_data(ref, tmp_path, stop, want):
+    # 2 batches an epoch, of the 3 that len(stream) (an upper bound) tells Keras. Before: each
+    # epoch's end ran a part of a step more (the canary, the metric, the optimizer's step).
+    job = Job(ref, tmp_path, "tf", predicate=KEEP, save_freq=1)
+    job.interrupted(epochs=3, steps_int=stop)
 
     counts = Counts()
-    model.fit(data, callbacks=[cbk, counts], epochs=3, verbose=0)
-    assert counts.seen == [(1, 4, 4, 1), (2, 6, 6, 2)]
-    assert trained == epochs_ids(ref, 0, 3, predicate=keep)
+    job.fit(3, counts)
+    assert counts.seen == want
+    assert job.trained == epochs_ids(ref, 0, 3, predicate=KEEP)
 
 
 class InterruptPastTheData(keras.callbacks.Callback):
@@ -386,21 +353,15 @@ class InterruptPastTheData(keras.callbacks.Callback):
 
 @pytest.mark.parametrize("face", FACES)
 def test_a_fit_interrupted_at_the_call_past_the_data_resumes_exactly(ref, tmp_path, face):
-    backup_dir = str(tmp_path / "subdir")
-    stream = stream_of(ref)
-    data = data_of(stream, face)
-    trained = []
-    model = make_model(trained)
-    cbk = ydl.keras.BackupAndRestore(backup_dir, stream, save_freq=1)
-    with pytest.raises(RuntimeError, match="StepsInterruption"):
-        model.fit(data, callbacks=[cbk, InterruptingCallback(2, None)], epochs=5, verbose=0)
+    job = Job(ref, tmp_path, face, save_freq=1)
+    job.interrupted(epochs=5, steps_int=2)
     # The call that would find no data is left prepared: the next fit's first call is made to
     # take its batch before the step runs, and trains on it.
     with pytest.raises(RuntimeError, match="PastTheData"):
-        model.fit(data, callbacks=[cbk, InterruptPastTheData()], epochs=5, verbose=0)
-    assert canary(model) == 3
+        job.fit(5, InterruptPastTheData())
+    assert job.canary == 3
 
     counts = Counts()
-    model.fit(data, callbacks=[cbk, counts], epochs=5, verbose=0)
+    job.fit(5, counts)
     assert counts.seen == expected_counts(1, calls=3, steps_of_first=STEPS)
-    assert trained == epochs_ids(ref, 0, 5)
+    assert job.trained == epochs_ids(ref, 0, 5)

@@ -63,6 +63,11 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
     switched in by renames. A backup made for another dataset, order or batch size is refused
     with a ``ValueError``; one whose weights are not the ones its metadata names raises
     ``CacheCorrupted``.
+
+    After a restore, Keras's step counters, ``optimizer.iterations`` and every variable the
+    model updates per call (a layer's, a metric's) move once per step trained, as in a run never
+    interrupted: no part of a step runs past the end of an epoch's data
+    (``on_train_batch_begin``).
     """
 
     def __init__(self, backup_dir: str, stream: Stream, **keras_kwargs: Any) -> None:
@@ -125,14 +130,24 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
         """Whether the running epoch may have no batch ``batch`` (its 0-based step) for Keras."""
         if self._length is not None:  # known before the epoch ran
             return batch >= self._length
-        # A predicate's epoch: while the stream has handed out more batches than Keras took,
-        # the next one is on its way (at step 0 the count may be an earlier iteration's).
-        return batch == 0 or self.stream.handed_out(self._epoch) <= batch
+        if batch == 0:  # (the stream's record of the epoch may be of an earlier iteration)
+            return True
+        # A predicate's epoch: a batch the stream has handed out is on its way to Keras. The
+        # stream answers for batches it handed out, and for more once the epoch was read to
+        # its end (then with the epoch's end: the one handed out may have ended there too).
+        try:
+            after = self.stream.offset_after(self._epoch, batch + 1)
+        except ValueError:  # not handed out yet: it may never be
+            return True
+        return after == self.stream.offset_after(self._epoch)
 
     def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
-        # Keras numbers a call's last step as if it ran all its steps_per_execution; at an
-        # epoch's end it ran only those the stream had left.
-        done = min(batch + 1, self.stream.handed_out(self._epoch))
+        done = batch + 1
+        if self._length is not None:
+            # Keras numbers a call's last step as if it ran all its steps_per_execution; at an
+            # epoch's end it ran those left. (A predicate's epoch has ended by then: the stream
+            # takes a count past its end as the whole epoch.)
+            done = min(done, self._length)
         self._since_backup += done - self._steps
         self._steps = done
         if self.save_freq != "epoch" and self.save_freq and self._since_backup >= self.save_freq:
@@ -281,12 +296,12 @@ def _runs_the_step_without_data(model: Any) -> bool:
 
 def _take_the_batch_first(model: Any) -> None:
     """Make Keras's next call of ``model.train_function`` take its batch from the iterator
-    before any of the step runs (see BatchFirst)."""
-    if not isinstance(model.train_function, BatchFirst):  # (one left by a fit that raised)
-        model.train_function = BatchFirst(model, model.train_function)
+    before any of the step runs (see _BatchFirst)."""
+    if not isinstance(model.train_function, _BatchFirst):  # (one left by a fit that raised)
+        model.train_function = _BatchFirst(model, model.train_function)
 
 
-class BatchFirst:
+class _BatchFirst:
     """Keras's train function (TensorFlow's, which takes the data's iterator) for one call that
     takes its batch before any of the step runs: without one, it ends the epoch as Keras's own
     function does when the data has ended (``StopIteration``); with one, the step is trained

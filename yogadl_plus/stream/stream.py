@@ -179,13 +179,6 @@ class Stream:
         items = check_int("items", items, 0)
         return plan.offset_of(epoch, _after(plan, self._ledgers, self._next, epoch, items))
 
-    def handed_out(self, epoch: int) -> int:
-        """How many items this stream's latest iteration of ``epoch`` has handed out so far (0
-        for an epoch it has not iterated): a consumer that reads ahead knows, while the count
-        is past those it consumed, that the epoch has another item for it."""
-        epoch = check_int("epoch", epoch, 0)
-        return next((led.count for led in reversed(self._ledgers) if led.epoch == epoch), 0)
-
     def lineage(self, n: int, start_offset: int | None = None) -> list[Any]:
         """The records each of the next ``n`` items is made of, from ``offset`` (or
         ``start_offset``): see stream/lineage.py. Hands out nothing and moves nothing."""
