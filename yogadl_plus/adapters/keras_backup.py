@@ -89,6 +89,7 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
         self._steps = 0  # batches trained in it
         self._since_backup = 0  # batches trained since the last backup (save_freq=int)
         self._length: int | None = None  # the batches of the running epoch (None: unknown)
+        self._resumed = False  # whether it begins mid-way
         self._quiet: tuple[Any, ...] | None = None
 
     # --- Keras's hooks ---
@@ -116,6 +117,7 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
         self._steps = 0
         plan = self.stream.plan()
         self._length = None if plan.boundary.filtered else plan.items_from(self._epoch, start)
+        self._resumed = start > 0
 
     def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
         # An epoch shorter than Keras's count of its steps (the rest of a resumed one, one
@@ -130,16 +132,13 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
         """Whether the running epoch may have no batch ``batch`` (its 0-based step) for Keras."""
         if self._length is not None:  # known before the epoch ran
             return batch >= self._length
-        if batch == 0:  # (the stream's record of the epoch may be of an earlier iteration)
-            return True
-        # A predicate's epoch: a batch the stream has handed out is on its way to Keras. The
-        # stream answers for batches it handed out, and for more once the epoch was read to
-        # its end (then with the epoch's end: the one handed out may have ended there too).
-        try:
-            after = self.stream.offset_after(self._epoch, batch + 1)
-        except ValueError:  # not handed out yet: it may never be
-            return True
-        return after == self.stream.offset_after(self._epoch)
+        # A predicate's epoch, known as it is read. Before its first step the stream has not
+        # begun it: the rest of a resumed epoch may pass nothing, a whole epoch passes nothing
+        # only if the predicate keeps none of its records (the stream warns). Then, a batch
+        # the stream has handed out is on its way to Keras.
+        if batch == 0:
+            return self._resumed
+        return self.stream.handed_out(self._epoch) <= batch
 
     def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
         done = batch + 1
