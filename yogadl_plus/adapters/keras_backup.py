@@ -315,7 +315,7 @@ class _BatchFirst:
         batch = iterator.get_next_as_optional()
         if not batch.has_value():
             raise StopIteration
-        return self.train([batch.get_value()])  # (Keras's function also takes batches)
+        return self.train(iter([batch.get_value()]))  # (as Keras's train_on_batch calls it)
 
 
 def _digest_or_none(path: str) -> str | None:
