@@ -292,6 +292,25 @@ def test_blocks_of_whole_batches_are_iters_batches_with_the_same_ledger(
     assert by_blocks.stats().batches == by_items.stats().batches == len(batches)
 
 
+def test_handed_out_counts_what_an_epochs_latest_iteration_handed_out(ref):
+    # What a consumer that reads ahead asks to know whether the epoch has another item for it.
+    odd = ydl.predicates.in_lambda(["i"], lambda i: i % 2 == 1)
+    stream = ref.stream(shuffle=True, shuffle_seed=4, batch_size=3, predicate=odd)
+    assert stream.handed_out(0) == 0  # not iterated yet
+    batches = iter(stream)
+    for k in range(1, 4):
+        next(batches)
+        assert stream.handed_out(0) == k
+    assert 3 + len(list(batches)) == stream.handed_out(0) == 16  # the 48 odd ids of 97, by 3
+    next(iter(stream))
+    assert (stream.handed_out(0), stream.handed_out(1)) == (16, 1)
+    stream.seek(0)  # epoch 0 again: its latest iteration counts
+    next(iter(stream))
+    assert stream.handed_out(0) == 1
+    with pytest.raises(ValueError, match="epoch"):
+        stream.handed_out(-1)
+
+
 def test_iter_blocks_refuses_batches_that_are_not_plain_runs(ref):
     odd = ydl.predicates.in_lambda(["i"], lambda i: i % 2 == 1)
     for kwargs in ({"predicate": odd}, {"transform": lambda r: r}):

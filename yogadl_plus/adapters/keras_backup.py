@@ -63,6 +63,11 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
     switched in by renames. A backup made for another dataset, order or batch size is refused
     with a ``ValueError``; one whose weights are not the ones its metadata names raises
     ``CacheCorrupted``.
+
+    After a restore, Keras's step counters, ``optimizer.iterations`` and every variable the
+    model updates per call (a layer's, a metric's) move once per step trained, as in a run never
+    interrupted: no part of a step runs past the end of an epoch's data
+    (``on_train_batch_begin``).
     """
 
     def __init__(self, backup_dir: str, stream: Stream, **keras_kwargs: Any) -> None:
@@ -83,7 +88,8 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
         self._epoch = 0  # the stream's epoch it iterates
         self._steps = 0  # batches trained in it
         self._since_backup = 0  # batches trained since the last backup (save_freq=int)
-        self._iterations = 0  # the optimizer's step count when the epoch began
+        self._length: int | None = None  # the batches of the running epoch (None: unknown)
+        self._resumed = False  # whether it begins mid-way
         self._quiet: tuple[Any, ...] | None = None
 
     # --- Keras's hooks ---
@@ -107,25 +113,46 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
 
     def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
         self._keras_epoch = epoch
-        self._epoch = self.stream.next_epoch_position[0]
+        self._epoch, start = self.stream.next_epoch_position
         self._steps = 0
-        self._iterations = _iterations(self.model)
+        plan = self.stream.plan()
+        self._length = None if plan.boundary.filtered else plan.items_from(self._epoch, start)
+        self._resumed = start > 0
+
+    def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
+        # An epoch shorter than Keras's count of its steps (the rest of a resumed one, one
+        # thinned by a predicate) ends when Keras's train function finds no data; with
+        # TensorFlow that call still runs the parts of the step that do not wait for the data
+        # (a layer's count of its calls, a metric's, the optimizer's step). So a call that may
+        # find none takes its batch before the step runs.
+        if _runs_the_step_without_data(self.model) and self._may_have_ended(batch):
+            _take_the_batch_first(self.model)
+
+    def _may_have_ended(self, batch: int) -> bool:
+        """Whether the running epoch may have no batch ``batch`` (its 0-based step) for Keras."""
+        if self._length is not None:  # known before the epoch ran
+            return batch >= self._length
+        # A predicate's epoch, known as it is read. Before its first step the stream has not
+        # begun it: the rest of a resumed epoch may pass nothing, a whole epoch passes nothing
+        # only if the predicate keeps none of its records (the stream warns). Then, a batch
+        # the stream has handed out is on its way to Keras.
+        if batch == 0:
+            return self._resumed
+        return self.stream.handed_out(self._epoch) <= batch
 
     def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
-        done = batch + 1  # the last step's index, several steps per call included
+        done = batch + 1
+        if self._length is not None:
+            # Keras numbers a call's last step as if it ran all its steps_per_execution; at an
+            # epoch's end it ran those left. (A predicate's epoch has ended by then: the stream
+            # takes a count past its end as the whole epoch.)
+            done = min(done, self._length)
         self._since_backup += done - self._steps
         self._steps = done
         if self.save_freq != "epoch" and self.save_freq and self._since_backup >= self.save_freq:
             self._back_up(self._keras_epoch, finished=False)
 
     def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
-        # An epoch that ends before Keras's count of its batches (the rest of a resumed one, or
-        # one thinned by a predicate) ends in one more call of Keras's train function, which
-        # finds no data; with TensorFlow it still counts an optimizer step. Take it back, so
-        # that step counters and learning-rate schedules go on as in an uninterrupted run.
-        trained = self._iterations + self._steps
-        if _iterations(self.model) > trained:
-            self.model.optimizer.iterations.assign(trained)
         if self.save_freq == "epoch":
             self._back_up(epoch, finished=True)
 
@@ -257,10 +284,38 @@ def _identity(stream: Stream, saved_order: Any = None) -> dict[str, Any]:
     }
 
 
-def _iterations(model: Any) -> int:
-    """The optimizer's count of steps (0 without an optimizer)."""
-    optimizer = getattr(model, "optimizer", None)
-    return 0 if optimizer is None else int(optimizer.iterations)
+def _runs_the_step_without_data(model: Any) -> bool:
+    """Whether Keras's call of its train function that finds no data runs a part of the step:
+    with TensorFlow, one step per call (``steps_per_execution=1``) is run on the data's
+    iterator's next batch, and a step's operations that do not wait for it run all the same.
+    (Several steps per call run only on batches they have; the other backends take the batch
+    before the call, and make no call without one.)"""
+    return keras.backend.backend() == "tensorflow" and model.steps_per_execution == 1
+
+
+def _take_the_batch_first(model: Any) -> None:
+    """Make Keras's next call of ``model.train_function`` take its batch from the iterator
+    before any of the step runs (see _BatchFirst)."""
+    if not isinstance(model.train_function, _BatchFirst):  # (one left by a fit that raised)
+        model.train_function = _BatchFirst(model, model.train_function)
+
+
+class _BatchFirst:
+    """Keras's train function (TensorFlow's, which takes the data's iterator) for one call that
+    takes its batch before any of the step runs: without one, it ends the epoch as Keras's own
+    function does when the data has ended (``StopIteration``); with one, the step is trained
+    on it. Then the model's function is Keras's own again."""
+
+    def __init__(self, model: Any, train: Any) -> None:
+        self.model = model
+        self.train = train
+
+    def __call__(self, iterator: Any) -> Any:
+        self.model.train_function = self.train
+        batch = iterator.get_next_as_optional()
+        if not batch.has_value():
+            raise StopIteration
+        return self.train(iter([batch.get_value()]))  # (as Keras's train_on_batch calls it)
 
 
 def _digest_or_none(path: str) -> str | None:

@@ -180,6 +180,13 @@ class Stream:
         items = check_int("items", items, 0)
         return plan.offset_of(epoch, _after(plan, self._ledgers, self._next, epoch, items))
 
+    def handed_out(self, epoch: int) -> int:
+        """How many items this stream's latest iteration of ``epoch`` has handed out so far (0
+        for an epoch it has not iterated). For a consumer that reads ahead: while the count is
+        past the items it consumed, the epoch has another one on its way to it."""
+        epoch = check_int("epoch", epoch, 0)
+        return next((led.count for led in reversed(self._ledgers) if led.epoch == epoch), 0)
+
     def lineage(self, n: int, start_offset: int | None = None) -> list[Any]:
         """The records each of the next ``n`` items is made of, from ``offset`` (or
         ``start_offset``): see stream/lineage.py. Hands out nothing and moves nothing."""
@@ -255,19 +262,8 @@ class Stream:
         units = plan.units.runs(epoch, position, unit, first_short=boundary.batch_size is None)
         units = plan.units.announced(units)
         if self._pool is None:
-            return self._timed(map(plan.reader, units), waited=False)
-        return self._timed(self._pool.map(units), waited=True)
-
-    def _timed(self, blocks: Iterator[Block], waited: bool) -> Iterator[Block]:
-        """``blocks``, each counted in the stats with the time it took to arrive."""
-        stats = self._plan.stats
-        while True:
-            began = perf_counter()
-            block = next(blocks, None)
-            if block is None:
-                return
-            stats.add_block(len(block), block.nbytes, block.work, perf_counter() - began, waited)
-            yield block
+            return _timed(plan.stats, map(plan.reader, units), waited=False)
+        return _timed(plan.stats, self._pool.map(units), waited=True)
 
     def _epoch_done(self, epoch: int, ledger: Ledger) -> None:
         self._epoch, self._position = epoch, self._plan.epoch_length(epoch)
@@ -343,6 +339,17 @@ class Stream:
         self._epoch, self._position = epoch, end
         self._plan.stats.handed(records, 1)
         return batch
+
+
+def _timed(stats: StatsCounter, blocks: Iterator[Block], waited: bool) -> Iterator[Block]:
+    """``blocks``, each counted in ``stats`` with the time it took to arrive."""
+    while True:
+        began = perf_counter()
+        block = next(blocks, None)
+        if block is None:
+            return
+        stats.add_block(len(block), block.nbytes, block.work, perf_counter() - began, waited)
+        yield block
 
 
 def _after(
