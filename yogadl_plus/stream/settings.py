@@ -56,9 +56,10 @@ class BoundarySettings:
                 raise ValueError("predicate= and ngram= cannot be combined in one stream")
         if self.skip is not None:
             skips = self.skip if isinstance(self.skip, Skips) else Skips(self.skip)
-            # (An empty list skips nothing: the stream is then as without one.)
-            object.__setattr__(self, "skip", skips if len(skips) else None)
-            if self.skip is not None and self.ngram is not None:
+            # (An empty list skips nothing: the stream is then as without one. A mask that
+            # skips nothing is kept, to be checked against the source's length.)
+            object.__setattr__(self, "skip", skips if len(skips) or skips.mask_lengths else None)
+            if self.skipping and self.ngram is not None:
                 raise ValueError(
                     "skip= and ngram= cannot be combined in one stream: a window would hold "
                     "skipped records; use a transform that rejects such windows"
@@ -68,7 +69,12 @@ class BoundarySettings:
     def filtered(self) -> bool:
         """Whether some positions hand out nothing (a predicate, or records skipped): an
         epoch's items are then at most its positions."""
-        return self.predicate is not None or self.skip is not None
+        return self.predicate is not None or self.skipping
+
+    @property
+    def skipping(self) -> bool:
+        """Whether the skip list skips any record."""
+        return self.skip is not None and len(self.skip) > 0
 
     @property
     def batching(self) -> bool:
