@@ -156,6 +156,7 @@ class StreamPlan:
             ngram=ngram.identity() if ngram is not None else None,
             offset=check_int("offset", offset, 0),
             schedule=self.source.schedule_of_state(),
+            boundary=self.boundary.identity(),
         )
 
     def check_state(self, state: StreamState) -> None:

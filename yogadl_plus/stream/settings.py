@@ -17,6 +17,9 @@ from yogadl_plus.stream.workers import KINDS
 
 __all__ = ["BoundarySettings", "WorkerSettings"]
 
+# Characters of a predicate's repr a stream state keeps (it is there to be recognized).
+_PREDICATE_SHOWN = 200
+
 
 @dataclass(frozen=True)
 class BoundarySettings:
@@ -75,6 +78,19 @@ class BoundarySettings:
     def skipping(self) -> bool:
         """Whether the skip list skips any record."""
         return self.skip is not None and len(self.skip) > 0
+
+    def identity(self) -> dict[str, Any]:
+        """What a stream state records of how items were made (``StreamState.boundary``):
+        batch size, ``drop_last``, the skip list's count and digest, the predicate's repr."""
+        predicate = None if self.predicate is None else repr(self.predicate)
+        if predicate is not None and len(predicate) > _PREDICATE_SHOWN:
+            predicate = predicate[: _PREDICATE_SHOWN - 3] + "..."
+        return {
+            "batch_size": self.batch_size,
+            "drop_last": self.drop_last,
+            "skip": self.skip.identity() if self.skipping else None,
+            "predicate": predicate,
+        }
 
     @property
     def batching(self) -> bool:
