@@ -154,7 +154,9 @@ def test_a_bool_mask_skips_the_records_it_marks(ref: ydl.DataRef) -> None:
         ref.stream(skip=[False, False, False])
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(
     chosen=st.lists(st.integers(0, N - 1), max_size=40),
     form=st.sampled_from(["list", "int32", "uint64", "mask", "tuple"]),

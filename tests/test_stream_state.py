@@ -266,5 +266,5 @@ def test_a_state_saved_before_the_boundary_was_recorded_loads(ref):
 )
 def test_a_malformed_boundary_is_a_clear_error(ref, boundary):
     data = {**ref.stream().state().to_dict(), "boundary": boundary}
-    with pytest.raises(ValueError, match="boundary|batch_size|skipped records"):
+    with pytest.raises(ValueError, match=r"boundary|batch_size|skipped records"):
         StreamState.from_dict(data)
