@@ -11,6 +11,7 @@ import base64
 import contextlib
 import functools
 import importlib
+import io
 import json
 import logging
 import math
@@ -159,7 +160,47 @@ def _show(value: Any, width: int = 60) -> str:
         return str(value)
     if isinstance(value, np.generic):
         value = value.item()
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return _show_bytes(bytes(value))[:width]
     return (value if isinstance(value, str) else repr(value))[:width]
+
+
+# The first bytes of the image formats ``head`` names: PNG, JPEG, GIF, WebP (a RIFF file).
+_IMAGE_MAGIC = (b"\x89PNG\r\n\x1a\n", b"\xff\xd8\xff", b"GIF87a", b"GIF89a", b"RIFF")
+_BYTES_SHOWN = 8  # first bytes shown of a value that is no image, in hex (twice as many of text)
+
+
+def _show_bytes(value: bytes) -> str:
+    """What a bytes value is: an image's format and size (from its header alone), else its
+    length and first bytes in hex."""
+    image = _image_header(value)
+    if image is not None:
+        return f"<{image}, {len(value):,} bytes>"
+    if not value:
+        return "<0 bytes>"
+    text = value[: 2 * _BYTES_SHOWN]
+    if text.isascii() and text.decode("ascii").isprintable():  # text: as text
+        more = "..." if len(value) > len(text) else ""
+        return f"<{len(value):,} bytes: {text!r}{more}>"
+    more = " ..." if len(value) > _BYTES_SHOWN else ""
+    return f"<{len(value):,} bytes: {value[:_BYTES_SHOWN].hex(' ')}{more}>"
+
+
+def _image_header(value: bytes) -> str | None:
+    """An image's format and size, as "PNG image 32x32", from the header Pillow reads
+    (nothing is decoded); None for anything else."""
+    if not value.startswith(_IMAGE_MAGIC):
+        return None
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # (a huge image's size is all that is asked)
+            with Image.open(io.BytesIO(value)) as image:  # reads the header only
+                width, height = image.size
+                return f"{image.format} image {width}x{height}"
+    except (UnidentifiedImageError, Image.DecompressionBombError, OSError, ValueError, SyntaxError):
+        return None  # a header that only looks like one (SyntaxError: Pillow's for some)
 
 
 # Floats JSON has no number for (as protobuf's JSON mapping writes them).
