@@ -743,7 +743,8 @@ def _exit_code(exc: BaseException) -> int | None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; return its exit status (errors: one line on stderr, see EXIT_CODES)."""
     args = build_parser().parse_args(argv)
-    with _log_to_stderr():
+    # (The demo tells what it built or reused itself: the library's log would say it twice.)
+    with _log_to_stderr(logging.WARNING if args.command == "demo" else logging.INFO):
         return _run(args)
 
 
@@ -768,9 +769,9 @@ def _run(args: argparse.Namespace) -> int:
 
 
 @contextlib.contextmanager
-def _log_to_stderr() -> Iterator[None]:
+def _log_to_stderr(level: int) -> Iterator[None]:
     """While a command runs: the library's log (what was built, pulled, evicted; retries) on
-    stderr, INFO and up, unless the program running us set up the ``yogadl_plus`` logger
+    stderr, ``level`` and up, unless the program running us set up the ``yogadl_plus`` logger
     itself. Taken away after (main() may run in a process that goes on: a test, a notebook)."""
     logger = logging.getLogger("yogadl_plus")
     if logger.handlers:
@@ -778,14 +779,14 @@ def _log_to_stderr() -> Iterator[None]:
         return
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("yogadl-plus: %(message)s"))
-    level = logger.level
+    before = logger.level
     logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
+    logger.setLevel(level)
     try:
         yield
     finally:
         logger.removeHandler(handler)
-        logger.setLevel(level)
+        logger.setLevel(before)
 
 
 def _message(exc: BaseException) -> str:
