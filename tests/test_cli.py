@@ -816,6 +816,8 @@ def test_usage_errors_are_one_line_and_exit_2(local, capsys):
 def test_a_build_function_that_raises_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys):
     (tmp_path / "cli_raising.py").write_text(
         "def make():\n    raise RuntimeError('the bucket is\\nnot there')\n"
+        "def records():\n    yield {'a': 1}\n    raise OSError('record 2 is gone')\n"
+        "def generate():\n    return records()\n"
     )
     (tmp_path / "cli_broken.py").write_text("def make(:\n")
     (tmp_path / "cli_failing.py").write_text("raise KeyError('at import')\n")
@@ -826,6 +828,9 @@ def test_a_build_function_that_raises_is_one_line_and_exit_2(tmp_path, monkeypat
         ("cli_raising:make", "cli_raising:make() raised RuntimeError: the bucket is not there; "
          "fix it, or see its traceback with `python -c 'import cli_raising; "
          "cli_raising.make()'`"),
+        ("cli_raising:generate", "the records cli_raising:generate() returned raised OSError: "
+         "record 2 is gone; fix it, or see its traceback with `python -c 'import cli_raising; "
+         "list(cli_raising.generate())'`"),
         ("cli_broken:make", "cannot import module 'cli_broken' (SyntaxError: "),
         ("cli_failing:make", "cannot import module 'cli_failing' (KeyError: 'at import')"),
         ("cli_nowhere:make", "cannot import module 'cli_nowhere' (ModuleNotFoundError: "),

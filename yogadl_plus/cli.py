@@ -294,16 +294,29 @@ def _call_factory(spec: str) -> ydl.sources.Source:
     try:
         made = function()
     except Exception as exc:  # the user's code: one line, and how to see its traceback
-        module_call = f"import {module_name}; {module_name}.{attribute}()"
         raise ValueError(
             f"{spec}() raised {_raised(exc)}; fix it, or see its traceback with "
-            f"`python -c '{module_call}'`"
+            f"`python -c 'import {module_name}; {module_name}.{attribute}()'`"
         ) from None
+    if isinstance(made, Iterator):  # records made as they are read: their errors are the user's
+        made = _records_of(spec, made, f"import {module_name}; list({module_name}.{attribute}())")
     try:
         return ydl.sources.as_source(made)
     except TypeError as exc:
         raise ValueError(
             f"{spec}() returned a {type(made).__name__}, not a source: {exc}"
+        ) from None
+
+
+def _records_of(spec: str, records: Iterator[Any], call: str) -> Iterator[Any]:
+    """``records``, an error raised in making them said in one line (the user's code: bad
+    input, not a bug of ours), with how to see its traceback."""
+    try:
+        yield from records
+    except Exception as exc:
+        raise ValueError(
+            f"the records {spec}() returned raised {_raised(exc)}; fix it, or see its "
+            f"traceback with `python -c '{call}'`"
         ) from None
 
 
