@@ -307,3 +307,15 @@ def test_lineage_says_when_it_cannot_tell_whether_more_come(small) -> None:
     stream = small[13].stream(predicate=keeps_two, batch_size=4, drop_last=True)
     with pytest.raises(ValueError, match=r"found 0 of 3 items: epochs 0 to 7 .* fewer records"):
         stream.lineage(3)
+
+
+def test_an_empty_epoch_of_a_shard_is_not_said_to_empty_them_all(small) -> None:
+    keep = ydl.predicates.in_set("i", [3])
+    stream = small[13].stream(shuffle=True, shuffle_seed=1, num_shards=4, predicate=keep)
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        epochs = [[item_records(r) for r in stream] for _ in range(12)]
+    assert [] in epochs and [[3]] in epochs  # this shard holds record 3 in some epochs only
+    messages = [str(w.message) for w in said if w.category is RuntimeWarning]
+    assert len(messages) == epochs.count([])
+    assert all("of this shard" in m and "epochs are empty" not in m for m in messages)

@@ -367,18 +367,19 @@ def _check_plain_batches(boundary: BoundarySettings) -> None:
 
 def _finished(plan: StreamPlan, ledger: Ledger) -> None:
     """``ledger``'s iteration reached the end of its epoch. A RuntimeWarning when the predicate
-    kept nothing of a whole epoch that had records (as Petastorm warns): every epoch is then
-    empty, which is rarely what was meant."""
+    kept nothing of a whole epoch that had records (as Petastorm warns): rarely what was meant.
+    (Of one shard's epoch it says no more: shuffled shards hold other records each epoch.)"""
     ledger.finished = True
     predicate = plan.boundary.predicate
     if predicate is None or ledger.count or ledger.start:
         return
     positions = plan.epoch_length(ledger.epoch)
     if positions:
+        shard = " of this shard" if plan.order.settings.num_shards > 1 else ""
         warnings.warn(
             f"the predicate {predicate!r} kept none of the {positions} records of epoch "
-            f"{ledger.epoch}: this stream's epochs are empty (check the fields and values it "
-            "tests)",
+            f"{ledger.epoch}{shard}: check the fields and values it tests (one that keeps no "
+            "record leaves every epoch empty)",
             RuntimeWarning,
             stacklevel=3,
         )
