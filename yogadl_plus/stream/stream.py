@@ -181,7 +181,7 @@ class Stream:
 
     def lineage(self, n: int, start_offset: int | None = None) -> list[Any]:
         """The records each of the next ``n`` items is made of, from ``offset`` (or
-        ``start_offset``): see stream/lineage.py. Hands out nothing and moves nothing."""
+        ``start_offset``): see stream/lineage.py (fewer only where no more can follow)."""
         offset = self.offset if start_offset is None else start_offset
         return lineage(self._plan, *self._plan.position_of(offset), check_int("n", n, 0))
 
