@@ -643,3 +643,236 @@ def test_bench_plot_names_the_extra_it_needs(local, monkeypatch, capsys):
     argv = ["bench", "sensors", "v1", "--storage", local.root, "--plot", "x.png"]
     assert main(argv) == 2
     assert "pip install 'yogadl_plus[plot]'" in error_line(capsys)
+
+
+# --------------------------------------------------------------------------- lineage
+
+
+@pytest.fixture
+def lineage_store(tmp_path: Path) -> tuple[ydl.DataRef, list[str], Path]:
+    """A version of 200 records (field "i": the index), the --storage option, a folder."""
+    storage = ydl.LocalStorage(tmp_path / "store")
+    ref = ydl.cache_dataset({"i": np.arange(200)}, "d", "v1", storage, progress=False)
+    return ref, ["--storage", str(storage.root)], tmp_path
+
+
+def lineage_rows(capsys: pytest.CaptureFixture[str]) -> list[list[int]]:
+    return [row["records"] for row in json.loads(capsys.readouterr().out)]
+
+
+def test_lineage_of_a_skip_stream_needs_its_skip_list(lineage_store, capsys):
+    ref, store, folder = lineage_store
+    bad = np.arange(0, 200, 3)
+    args = dict(shuffle=True, shuffle_seed=4, batch_size=8)
+    run = ref.stream(skip=bad, **args)
+    epoch = iter(run)
+    next(epoch)
+    state = folder / "state.json"
+    state.write_text(json.dumps(run.state().to_dict()))
+    coming = [b["i"].tolist() for b in [next(epoch) for _ in range(4)]]
+    argv = ["lineage", "d", "v1", "--state", str(state), "--items", "0:4", "--json", *store]
+    # Before: the skipped records were named, as if handed out, without a word.
+    assert main(argv) == 2
+    line = error_line(capsys)
+    assert "skipped 67 records" in line and "pass them with --skip FILE" in line
+    np.save(folder / "bad.npy", bad)
+    mask = np.isin(np.arange(200), bad)
+    np.save(folder / "mask.npy", mask)
+    (folder / "bad.txt").write_text("\n".join(map(str, bad)))
+    (folder / "bad.csv").write_text(", ".join(map(str, bad[::-1])))
+    (folder / "mask.txt").write_text(" ".join(str(v) for v in mask))
+    for name in ("bad.npy", "mask.npy", "bad.txt", "bad.csv", "mask.txt"):
+        assert main([*argv, "--skip", str(folder / name)]) == 0, name
+        assert lineage_rows(capsys) == coming  # the batch size is the state's
+    (folder / "other.txt").write_text("1 2 4")
+    assert main([*argv, "--skip", str(folder / "other.txt")]) == 2
+    assert "holds 3 records, not the 67 records" in error_line(capsys)
+    for text, said in [("1 x 2", "word 2, 'x', is not a record index"),
+                       ("1 200", "record 200, out of range [0, 200)")]:  # fmt: skip
+        (folder / "wrong.txt").write_text(text)
+        assert main([*argv, "--skip", str(folder / "wrong.txt")]) == 2
+        assert said in error_line(capsys)
+    np.save(folder / "short.npy", mask[:-1])
+    assert main([*argv, "--skip", str(folder / "short.npy")]) == 2
+    assert "bool mask of 199 values, but the source has 200 records" in error_line(capsys)
+    assert main([*argv, "--skip", str(folder / "none.npy")]) == 2
+    assert "cannot read it" in error_line(capsys)
+
+
+def test_lineage_refuses_a_predicate_stream_and_other_batches(lineage_store, capsys):
+    ref, store, folder = lineage_store
+    state = folder / "state.json"
+    even = ydl.predicates.in_lambda("i", lambda i: i % 2 == 0)
+    state.write_text(json.dumps(ref.stream(predicate=even, batch_size=4).state().to_dict()))
+    argv = ["lineage", "d", "v1", "--state", str(state), *store]
+    assert main(argv) == 2
+    line = error_line(capsys)
+    assert "with the predicate in_lambda('i'" in line and "in Python" in line
+    state.write_text(json.dumps(ref.stream(batch_size=4, start_offset=10).state().to_dict()))
+    assert main([*argv, "--batch-size", "5"]) == 2
+    assert "batches of 4: --batch-size 5 would number other items" in error_line(capsys)
+    assert main([*argv, "--drop-last"]) == 2
+    assert "leave out --drop-last" in error_line(capsys)
+    assert main([*argv, "--json"]) == 0
+    assert lineage_rows(capsys) == [list(range(10, 14))]
+    # A state saved before the boundary was recorded: as the options say, and a note says so.
+    old = ref.stream(batch_size=4, start_offset=10).state().to_dict()
+    del old["boundary"]
+    state.write_text(json.dumps(old))
+    assert main([*argv, "--json", "--batch-size", "3"]) == 0
+    out = capsys.readouterr()
+    assert [row["records"] for row in json.loads(out.out)] == [[10, 11, 12]]
+    assert "saved by an earlier release" in out.err and out.err.count("\n") == 1
+
+
+def test_lineage_computes_only_the_items_asked_for(lineage_store, monkeypatch, capsys):
+    ref, store, folder = lineage_store
+    args = dict(shuffle=True, shuffle_seed=2, batch_size=7, drop_last=True, skip=[5, 6, 7])
+    state = folder / "state.json"
+    state.write_text(json.dumps(ref.stream(**args, start_offset=30).state().to_dict()))
+    asked: list[int] = []
+    lineage = ydl.Stream.lineage
+
+    def counted(self: ydl.Stream, n: int, start_offset: int | None = None) -> list[Any]:
+        asked.append(n)
+        return lineage(self, n, start_offset)
+
+    monkeypatch.setattr(ydl.Stream, "lineage", counted)
+    np.save(folder / "skip.npy", np.array([5, 6, 7]))
+    argv = ["lineage", "d", "v1", "--state", str(state), "--skip", str(folder / "skip.npy")]
+    assert main([*argv, "--items", "60:64", "--json", *store]) == 0
+    assert asked == [4]  # before: the first 64 items were made, and 60 thrown away
+    expected = [a.tolist() for a in lineage(ref.stream(**args, start_offset=30), 64)[60:]]
+    assert lineage_rows(capsys) == expected
+
+
+def test_lineage_says_where_there_are_no_more_items(lineage_store, capsys):
+    ref, store, folder = lineage_store
+    state = folder / "state.json"
+    # Shard 250 of 300 holds no record: its epochs hand out nothing.
+    empty = ref.stream(num_shards=300, shard_rank=250).state().to_dict()
+    state.write_text(json.dumps(empty))
+    assert main(["lineage", "d", "v1", "--state", str(state), "--items", "0:3", *store]) == 0
+    out = capsys.readouterr()
+    assert out.out == "" and "there are no items 0 to 2" in out.err
+
+
+@pytest.mark.parametrize(
+    ("content", "said"),
+    [
+        (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
+        (b"{" * 2_000_000, "over 1 MiB"),
+        (b'{"offset": ', "Expecting value"),
+        (b"\xff\xfe\x00garbage", "--state"),
+        (b"[1, 2]", "a stream state is a dict"),
+        (b'{"format": 2}', "not a stream state: it lacks"),
+        (b'{"format": 2, "dataset": "d:v1", "fingerprint": "x", "positions": 200, "order": '
+         b'{"shuffle": [[[]]]}, "ngram": null, "offset": 0}', "'order' must hold"),
+    ],
+    ids=["deep", "huge", "not-json", "not-utf8", "a-list", "lacking", "bad-order"],
+)
+def test_a_bad_state_file_is_one_line_and_exit_2(lineage_store, capsys, content, said):
+    _, store, folder = lineage_store
+    state = folder / "state.json"
+    state.write_bytes(content)
+    assert main(["lineage", "d", "v1", "--state", str(state), *store]) == 2
+    line = error_line(capsys)
+    assert line.startswith(f"yogadl-plus lineage: error: --state {state}") and said in line
+
+
+def test_a_state_whose_values_are_of_the_wrong_kind_is_one_line_and_exit_2(
+    lineage_store, capsys
+):
+    ref, store, folder = lineage_store
+    state = folder / "state.json"
+    for name, value in [("shuffle_seed", [[1]]), ("num_shards", "3"), ("shard_by", {"a": 1})]:
+        saved = ref.stream().state().to_dict()
+        saved["order"][name] = value
+        state.write_text(json.dumps(saved))
+        assert main(["lineage", "d", "v1", "--state", str(state), *store]) == 2, name
+        assert name in error_line(capsys)
+    assert main(["lineage", "d", "v1", "--state", str(folder), *store]) == 2
+    assert "cannot read it" in error_line(capsys)
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+def test_usage_errors_are_one_line_and_exit_2(local, capsys):
+    store = ["--storage", str(local.root)]
+    for argv, said in [
+        (["bench", "sensors", "v1", "--epochs", "0"], "argument --epochs: must be 1 or more"),
+        (["bench", "sensors", "v1", "--epochs", "-2"], "argument --epochs: must be 0 or more"),
+        (["lineage", "sensors", "v1", "--state", "s", "--items", "3"], "expected A:B"),
+        (["head"], "the following arguments are required"),
+    ]:
+        with pytest.raises(SystemExit) as exited:
+            main([*argv, *store])
+        line = error_line(capsys)
+        assert exited.value.code == 2 and said in line, argv
+        assert line.endswith(f"(see yogadl-plus {argv[0]} --help)")
+
+
+def test_a_build_function_that_raises_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys):
+    (tmp_path / "cli_raising.py").write_text(
+        "def make():\n    raise RuntimeError('the bucket is\\nnot there')\n"
+        "def records():\n    yield {'a': 1}\n    raise OSError('record 2 is gone')\n"
+        "def generate():\n    return records()\n"
+    )
+    (tmp_path / "cli_broken.py").write_text("def make(:\n")
+    (tmp_path / "cli_failing.py").write_text("raise KeyError('at import')\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    store = ["--storage", str(tmp_path / "store")]
+    for spec, said in [
+        ("cli_raising:make", "cli_raising:make() raised RuntimeError: the bucket is not there; "
+         "fix it, or see its traceback with `python -c 'import cli_raising; "
+         "cli_raising.make()'`"),
+        ("cli_raising:generate", "the records cli_raising:generate() returned raised OSError: "
+         "record 2 is gone; fix it, or see its traceback with `python -c 'import cli_raising; "
+         "list(cli_raising.generate())'`"),
+        ("cli_broken:make", "cannot import module 'cli_broken' (SyntaxError: "),
+        ("cli_failing:make", "cannot import module 'cli_failing' (KeyError: 'at import')"),
+        ("cli_nowhere:make", "cannot import module 'cli_nowhere' (ModuleNotFoundError: "),
+    ]:  # fmt: skip
+        assert main(["build", spec, "made", "v1", *store]) == 2, spec
+        line = error_line(capsys)
+        assert said in line and "Traceback" not in line, line
+
+
+# --------------------------------------------------------------------------- head, demo
+
+
+def test_head_shows_what_a_bytes_value_is(tmp_path, capsys):
+    from PIL import Image
+
+    def encoded(fmt: str) -> bytes:
+        out = io.BytesIO()
+        Image.fromarray(np.zeros((24, 40, 3), np.uint8)).save(out, format=fmt)
+        return out.getvalue()
+
+    images = [encoded(fmt) for fmt in ("PNG", "JPEG", "WEBP", "GIF")]
+    others = [bytes(range(200)), b"plain text, not an image", b"\x89PNG\r\n\x1a\nbroken", b""]
+    values = [*images, *others]
+    ydl.cache_dataset(
+        [{"blob": v} for v in values], "b", "v1", ydl.LocalStorage(tmp_path), progress=False
+    )
+    store = ["--storage", str(tmp_path)]
+    assert main(["head", "b", "v1", "-n", "8", *store]) == 0
+    _, *rows = capsys.readouterr().out.splitlines()
+    shown = [row.split(None, 1)[1] for row in rows]
+    for fmt, row, value in zip(["PNG", "JPEG", "WEBP", "GIF"], shown, values):
+        assert row == f"<{fmt} image 40x24, {len(value):,} bytes>"  # before: b'\x89PNG\r...
+    assert shown[4] == "<200 bytes: 00 01 02 03 04 05 06 07 ...>"
+    assert shown[5] == "<24 bytes: b'plain text, not '...>"
+    assert shown[6] == "<14 bytes: 89 50 4e 47 0d 0a 1a 0a ...>"  # only looks like a PNG
+    assert shown[7] == "<0 bytes>"
+    assert main(["head", "b", "v1", "-n", "1", "--json", *store]) == 0  # JSON: still whole
+    record = json.loads(capsys.readouterr().out)["records"][0]
+    assert base64.b64decode(record["blob"]) == values[0]
+
+
+def test_the_demo_reports_its_build_once(tmp_path, capsys):
+    assert main(["demo", "--storage", str(tmp_path)]) == 0
+    out = capsys.readouterr()
+    assert out.out.count("built the cache") == 1 and "built demo-sensors" not in out.err

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import yogadl_plus as ydl
 
@@ -105,23 +107,71 @@ def test_a_mixture_skips_by_source(tmp_path) -> None:
         mix.stream(skip=[1])
     with pytest.raises(ValueError, match="for one dataset give the indices themselves"):
         a.stream(skip={"a": [1]})
-    with pytest.raises(IndexError, match="record 50 of source 'b', out of range"):
+    with pytest.raises(ValueError, match="record 50 of source 'b', out of range"):
         mix.stream(skip={"b": [50]})
+    # A mask per source, as long as that source.
+    in_b = np.zeros(50, bool)
+    in_b[[0, 49]] = True
+    masked = ids(mix.stream(shuffle=True, shuffle_seed=3, skip={"b": in_b}, batch_size=10))
+    assert masked == got
+    with pytest.raises(ValueError, match="skip of source 'b' is a bool mask of 100 values, but "):
+        mix.stream(skip={"b": np.zeros(100, bool)})
 
 
 @pytest.mark.parametrize(
     ("skip", "error", "match"),
     [
-        ([N], IndexError, rf"record {N}, out of range"),
+        ([N], ValueError, rf"record {N}, out of range"),
         ([-1], ValueError, "record indices are >= 0"),
         (["a"], ValueError, "must be record indices"),
         ("12", ValueError, "must be record indices"),
         ([1.5], ValueError, "must be record indices"),
+        ([[1, 2], [3, 4]], ValueError, r"skip must be .* one flat list: .* shape \(2, 2\)"),
+        ([[1, 2], [3]], ValueError, r"skip must be .* one flat list: it holds \[1, 2\]"),
+        ([1, [2]], ValueError, r"it holds \[2\] \(not flat\)"),
+        (np.array([1.0, 2.0]), ValueError, r"skip must be record indices .* holds 1\.0"),
+        ([3, 2**64], ValueError, f"skip holds record {2**64}, out of range"),
+        (np.array([3, 2**63 + 5], np.uint64), ValueError, f"skip holds record {2**63 + 5}, "),
+        ([True, 2, [3]], ValueError, r"it holds True \(a bool among indices\)"),
+        (np.zeros(N + 1, bool), ValueError, f"skip is a bool mask of {N + 1} values, but the "
+         f"source has {N} records"),
     ],
 )
 def test_bad_skip_lists_are_refused_naming_the_index(ref, skip, error, match) -> None:
     with pytest.raises(error, match=match):
         ref.stream(skip=skip)
+
+
+def test_a_bool_mask_skips_the_records_it_marks(ref: ydl.DataRef) -> None:
+    mask = np.zeros(N, bool)
+    mask[SKIP] = True
+    args = dict(shuffle=True, shuffle_seed=4, batch_size=7)
+    assert ids(ref.stream(skip=mask, **args)) == ids(ref.stream(skip=SKIP, **args))
+    assert ids(ref.stream(skip=mask.tolist(), **args)) == ids(ref.stream(skip=SKIP, **args))
+    # A mask that skips nothing is still checked against the source.
+    assert ids(ref.stream(skip=np.zeros(N, bool))) == list(range(N))
+    with pytest.raises(ValueError, match=f"mask of 3 values, but the source has {N} records"):
+        ref.stream(skip=[False, False, False])
+
+
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    chosen=st.lists(st.integers(0, N - 1), max_size=40),
+    form=st.sampled_from(["list", "int32", "uint64", "mask", "tuple"]),
+)
+def test_any_form_of_a_skip_list_skips_exactly_its_records(ref, chosen, form) -> None:
+    given = {
+        "list": chosen,
+        "tuple": tuple(chosen),
+        "int32": np.array(chosen, np.int32),
+        "uint64": np.array(chosen, np.uint64),
+        "mask": np.isin(np.arange(N), chosen),
+    }[form]
+    got = ids(ref.stream(shuffle=True, shuffle_seed=6, batch_size=9, skip=given))
+    plain = ids(ref.stream(shuffle=True, shuffle_seed=6, batch_size=9))
+    assert got == [i for i in plain if i not in set(chosen)]
 
 
 def test_what_needs_whole_batches_or_windows_refuses_a_skip_list(ref: ydl.DataRef) -> None:

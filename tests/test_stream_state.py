@@ -208,3 +208,63 @@ def test_a_state_saved_before_an_order_setting_existed_still_loads(ref):
     )
     with pytest.raises(ValueError, match="pad_shard_remainder: saved False, this stream True"):
         padded.load_state(saved)
+
+
+# --- how the stream made its items: recorded, never compared ---
+
+
+def test_a_state_says_how_its_stream_made_items_and_loads_across_them(ref):
+    keep = ydl.predicates.in_set("i", [1, 2, 3])
+    stream = ref.stream(batch_size=4, drop_last=True, skip=[5, 1, 5], predicate=keep)
+    saved = json.loads(json.dumps(stream.state().to_dict()))
+    made = saved["boundary"]
+    assert (made["batch_size"], made["drop_last"]) == (4, True)
+    assert made["skip"]["records"] == 2 and len(made["skip"]["sha256"]) == 64
+    assert made["predicate"] == "in_set('i', {1, 2, 3})"
+    # Never compared: a state loads into a stream with another skip list, or none.
+    for other in (ref.stream(), ref.stream(skip=[7]), ref.stream(batch_size=2)):
+        other.load_state(saved)
+    assert StreamState.from_dict(saved).boundary == made
+    # A mask and the indices of its True values are the same skip list.
+    mask = np.zeros(N, bool)
+    mask[[1, 5]] = True
+    assert ref.stream(skip=mask).state().boundary["skip"] == made["skip"]
+    assert ref.stream(skip=[1, 6]).state().boundary["skip"] != made["skip"]
+    assert ref.stream().state().boundary == {
+        "batch_size": None, "drop_last": False, "skip": None, "predicate": None
+    }  # fmt: skip
+
+
+def test_a_state_saved_before_the_boundary_was_recorded_loads(ref):
+    stream = ref.stream(shuffle=True, shuffle_seed=2, batch_size=3)
+    next(iter(stream))
+    saved = stream.state().to_dict()
+    assert saved["format"] == 2  # an earlier release reads it: the key is optional
+    del saved["boundary"]
+    again = ref.stream(shuffle=True, shuffle_seed=2, skip=[0])
+    again.load_state(saved)
+    assert again.offset == stream.offset
+    assert StreamState.from_dict(saved).boundary is None
+    # Keys a later release adds to it are information too: they are left out.
+    later = {**stream.state().to_dict()}
+    later["boundary"] = {**later["boundary"], "transform": "crop"}
+    assert "transform" not in StreamState.from_dict(later).boundary
+
+
+@pytest.mark.parametrize(
+    "boundary",
+    [
+        [],
+        {"batch_size": 4},
+        {"batch_size": 0, "drop_last": False, "skip": None, "predicate": None},
+        {"batch_size": None, "drop_last": "no", "skip": None, "predicate": None},
+        {"batch_size": None, "drop_last": False, "skip": {"records": 3}, "predicate": None},
+        {"batch_size": None, "drop_last": False, "skip": {"records": -1, "sha256": ""},
+         "predicate": None},
+        {"batch_size": None, "drop_last": False, "skip": None, "predicate": 3},
+    ],
+)
+def test_a_malformed_boundary_is_a_clear_error(ref, boundary):
+    data = {**ref.stream().state().to_dict(), "boundary": boundary}
+    with pytest.raises(ValueError, match=r"boundary|batch_size|skipped records"):
+        StreamState.from_dict(data)

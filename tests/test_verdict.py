@@ -80,3 +80,35 @@ def test_stats_in_prometheus_text_format(ref: ydl.DataRef) -> None:
         float(sample.rsplit(" ", 1)[1])
     with pytest.raises(ValueError, match="label names"):
         stream.stats().to_prometheus({"bad-name": "1"})
+
+
+def stats_of(**given: float) -> ydl.StreamStats:
+    """Stats with the figures given (seconds, items, reading, ...), the rest 0."""
+    figures = {f: 0.0 for f in ydl.StreamStats.__dataclass_fields__}
+    return ydl.StreamStats(**{**figures, **given})
+
+
+@pytest.mark.parametrize(
+    ("figures", "why"),
+    [
+        # `yogadl-plus bench` of the demo: 5,000 small records in a few hundredths of a second.
+        (dict(items=5000, seconds=0.034, reading=0.021, decoding=0.010), "too short"),
+        # A long run of records that cost a microsecond each: a hand-over costs as much.
+        (dict(items=2_000_000, seconds=3.0, reading=2.0, decoding=0.5), "1.2 µs an item"),
+        # ... with workers already reading.
+        (dict(items=2_000_000, seconds=3.0, reading=2.5, waiting_on_workers=1.0), "1.2 µs"),
+    ],
+    ids=["demo", "cheap records", "cheap, with workers"],
+)
+def test_no_workers_are_advised_where_they_cannot_help(figures, why) -> None:
+    summary = stats_of(**figures).summary()
+    assert summary.startswith("data-bound") and "workers would not help" in summary
+    assert why in summary and "num_workers" not in summary and "more workers" not in summary
+    assert "check the disk or the bucket" in summary  # what else to do
+
+
+def test_workers_are_advised_where_the_work_is_worth_handing_over() -> None:
+    transform = stats_of(items=400, seconds=0.9, transforms=0.85, reading=0.01)
+    assert "add num_workers" in transform.summary()
+    reading = stats_of(items=10_000, seconds=1.0, reading=0.9, waiting_on_workers=0.4)
+    assert "more workers" in reading.summary()

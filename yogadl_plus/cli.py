@@ -11,6 +11,7 @@ import base64
 import contextlib
 import functools
 import importlib
+import io
 import json
 import logging
 import math
@@ -19,8 +20,8 @@ import re
 import sys
 import traceback
 import warnings
-from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, NoReturn
 
 import numpy as np
 
@@ -29,6 +30,8 @@ from yogadl_plus.build import ENGINES
 from yogadl_plus.progress import progress_bar
 from yogadl_plus.storage import copy_version, local_root
 from yogadl_plus.stream import StreamState
+from yogadl_plus.stream.lineage import skip_items
+from yogadl_plus.stream.skips import Skips
 from yogadl_plus.stream.stats import TIMED, time_epoch
 
 __all__ = ["EXIT_CODES", "INTERNAL_ERROR", "main"]
@@ -159,7 +162,47 @@ def _show(value: Any, width: int = 60) -> str:
         return str(value)
     if isinstance(value, np.generic):
         value = value.item()
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return _show_bytes(bytes(value))[:width]
     return (value if isinstance(value, str) else repr(value))[:width]
+
+
+# The first bytes of the image formats ``head`` names: PNG, JPEG, GIF, WebP (a RIFF file).
+_IMAGE_MAGIC = (b"\x89PNG\r\n\x1a\n", b"\xff\xd8\xff", b"GIF87a", b"GIF89a", b"RIFF")
+_BYTES_SHOWN = 8  # first bytes shown of a value that is no image, in hex (twice as many of text)
+
+
+def _show_bytes(value: bytes) -> str:
+    """What a bytes value is: an image's format and size (from its header alone), else its
+    length and first bytes in hex."""
+    image = _image_header(value)
+    if image is not None:
+        return f"<{image}, {len(value):,} bytes>"
+    if not value:
+        return "<0 bytes>"
+    text = value[: 2 * _BYTES_SHOWN]
+    if text.isascii() and text.decode("ascii").isprintable():  # text: as text
+        more = "..." if len(value) > len(text) else ""
+        return f"<{len(value):,} bytes: {text!r}{more}>"
+    more = " ..." if len(value) > _BYTES_SHOWN else ""
+    return f"<{len(value):,} bytes: {value[:_BYTES_SHOWN].hex(' ')}{more}>"
+
+
+def _image_header(value: bytes) -> str | None:
+    """An image's format and size, as "PNG image 32x32", from the header Pillow reads
+    (nothing is decoded); None for anything else."""
+    if not value.startswith(_IMAGE_MAGIC):
+        return None
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # (a huge image's size is all that is asked)
+            with Image.open(io.BytesIO(value)) as image:  # reads the header only
+                width, height = image.size
+                return f"{image.format} image {width}x{height}"
+    except (UnidentifiedImageError, Image.DecompressionBombError, OSError, ValueError, SyntaxError):
+        return None  # a header that only looks like one (SyntaxError: Pillow's for some)
 
 
 # Floats JSON has no number for (as protobuf's JSON mapping writes them).
@@ -209,6 +252,14 @@ def _count(text: str) -> int:
     return value
 
 
+def _positive(text: str) -> int:
+    """A count option that must be 1 or more."""
+    value = _count(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, got {value}")
+    return value
+
+
 # --- build ---
 
 
@@ -229,21 +280,50 @@ def _call_factory(spec: str) -> ydl.sources.Source:
         sys.path.insert(0, os.getcwd())
     try:
         module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ValueError(f"{spec}: cannot import module {module_name!r} ({exc})") from None
+    except Exception as exc:  # not found, or its own code failed (a SyntaxError, a raise)
+        raise ValueError(
+            f"{spec}: cannot import module {module_name!r} ({_raised(exc)}); "
+            f"`python -c 'import {module_name}'` shows where"
+        ) from None
     try:
         function = functools.reduce(getattr, attribute.split("."), module)
     except AttributeError:
         raise ValueError(f"{spec}: module {module_name!r} has no {attribute!r}") from None
     if not callable(function):
         raise ValueError(f"{spec}: {attribute!r} is a {type(function).__name__}, not a function")
-    made = function()
+    try:
+        made = function()
+    except Exception as exc:  # the user's code: one line, and how to see its traceback
+        raise ValueError(
+            f"{spec}() raised {_raised(exc)}; fix it, or see its traceback with "
+            f"`python -c 'import {module_name}; {module_name}.{attribute}()'`"
+        ) from None
+    if isinstance(made, Iterator):  # records made as they are read: their errors are the user's
+        made = _records_of(spec, made, f"import {module_name}; list({module_name}.{attribute}())")
     try:
         return ydl.sources.as_source(made)
     except TypeError as exc:
         raise ValueError(
             f"{spec}() returned a {type(made).__name__}, not a source: {exc}"
         ) from None
+
+
+def _records_of(spec: str, records: Iterator[Any], call: str) -> Iterator[Any]:
+    """``records``, an error raised in making them said in one line (the user's code: bad
+    input, not a bug of ours), with how to see its traceback."""
+    try:
+        yield from records
+    except Exception as exc:
+        raise ValueError(
+            f"the records {spec}() returned raised {_raised(exc)}; fix it, or see its "
+            f"traceback with `python -c '{call}'`"
+        ) from None
+
+
+def _raised(exc: BaseException) -> str:
+    """An exception from the user's code, on one line: its type and message."""
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def cmd_build(args: argparse.Namespace) -> int:
@@ -403,31 +483,163 @@ def cmd_rm(args: argparse.Namespace) -> int:
 
 # --- lineage ---
 
+# A stream state is a few hundred bytes (a mixture's schedule adds some): a file far bigger is
+# not one, and is not read whole.
+_STATE_MOST_BYTES = 1 << 20
+
 
 def cmd_lineage(args: argparse.Namespace) -> int:
+    state = _saved_state(args.state)
     ref = _storage(args, reading=True).fetch(args.dataset_id, args.version)
-    try:
-        with open(args.state) as f:
-            saved = json.load(f)
-    except (OSError, ValueError) as exc:
-        raise ValueError(f"--state {args.state}: {exc}") from None
-    state = StreamState.from_dict(saved)
     if state.ngram is not None:
         raise ValueError(
             "--state is an n-gram stream's: its windows need the NGram, which the command "
             "line cannot rebuild; ask stream.lineage() in Python"
         )
-    stream = ref.stream(**state.order, batch_size=args.batch_size, drop_last=args.drop_last)
+    try:
+        stream = ref.stream(**state.order, **_lineage_boundary(args, state, ref))
+    except TypeError as exc:  # a value of the state's order of the wrong kind
+        raise ValueError(f"--state {args.state}: {exc}") from None
     stream.load_state(state)
     first, stop = args.items
-    found = stream.lineage(stop)[first:]
+    # Items A..B only: where item A begins is arithmetic (counted, with a skip list).
+    plan = stream.plan()
+    start = plan.offset_of(*skip_items(plan, *plan.position_of(stream.offset), first))
+    found = stream.lineage(stop - first, start_offset=start)
     rows = [
         {"item": first + k, "records": np.asarray(records).tolist()}
         for k, records in enumerate(found)
     ]
     text = "\n".join(f"{row['item']}\t{' '.join(map(str, row['records']))}" for row in rows)
     _emit(args, rows, text)
+    if len(found) < stop - first:
+        print(
+            f"yogadl-plus lineage: note: there are no items {first + len(found)} to {stop - 1}:"
+            " no later epoch of this shard hands out an item",
+            file=sys.stderr,
+        )
     return 0
+
+
+def _saved_state(path: str) -> StreamState:
+    """The stream state saved as JSON at ``path``; ValueError saying what is wrong with it."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read(_STATE_MOST_BYTES + 1)
+    except OSError as exc:
+        raise ValueError(f"--state {path}: cannot read it ({exc.strerror or exc})") from None
+    if len(data) > _STATE_MOST_BYTES:
+        raise ValueError(
+            f"--state {path} is over {_STATE_MOST_BYTES >> 20} MiB, so not a stream state "
+            "(stream.state().to_dict() saved as JSON: a few hundred bytes)"
+        )
+    try:
+        return StreamState.from_dict(json.loads(data))
+    except RecursionError:
+        raise ValueError(
+            f"--state {path}: its JSON is nested too deeply to be a stream state "
+            "(stream.state().to_dict() saved as JSON)"
+        ) from None
+    except ValueError as exc:  # not JSON, not UTF-8, or not a state
+        raise ValueError(f"--state {path}: {exc}") from None
+
+
+def _lineage_boundary(
+    args: argparse.Namespace, state: StreamState, ref: ydl.DataRef
+) -> dict[str, Any]:
+    """The stream's ``batch_size``, ``drop_last`` and ``skip``: the options, checked against
+    what the state says of the stream that saved it, so that no record it did not hand out
+    is named without a word (a state saved before this was recorded: a note says so)."""
+    skip = _skip_file(args.skip, ref) if args.skip is not None else None
+    made = state.boundary
+    if made is None:
+        skipped = "the records of --skip" if skip is not None else "no record"
+        print(
+            f"yogadl-plus lineage: note: {args.state} was saved by an earlier release, which "
+            "did not record the stream's batches, skip list or predicate: the items are as "
+            f"--batch-size and --drop-last say, with {skipped} skipped",
+            file=sys.stderr,
+        )
+        return {"batch_size": args.batch_size, "drop_last": args.drop_last, "skip": skip}
+    if made["predicate"] is not None:
+        raise ValueError(
+            f"--state {args.state} was saved by a stream with the predicate "
+            f"{made['predicate']}, which the command line cannot rebuild (without it, records "
+            "the predicate rejected would be named): ask stream.lineage() of a stream made "
+            "with it, in Python"
+        )
+    _check_skip(args, made["skip"], skip)
+    size = made["batch_size"]
+    if size is not None and args.batch_size not in (None, size):
+        raise ValueError(
+            f"--state {args.state} was saved by a stream of batches of {size}: --batch-size "
+            f"{args.batch_size} would number other items; leave it out (the state says it)"
+        )
+    if size is not None and args.drop_last and not made["drop_last"]:
+        raise ValueError(
+            f"--state {args.state} was saved by a stream that kept each epoch's short last "
+            "batch: leave out --drop-last"
+        )
+    return {
+        "batch_size": args.batch_size if size is None else size,
+        "drop_last": args.drop_last or made["drop_last"],
+        "skip": skip,
+    }
+
+
+def _check_skip(
+    args: argparse.Namespace, saved: Mapping[str, Any] | None, skip: Skips | None
+) -> None:
+    """ValueError unless --skip gives the skip list the state's stream had (any skip list
+    where it had none: a state loads into a stream with one)."""
+    if saved is None:
+        return
+    said = f"{saved['records']:,} records (sha256 {saved['sha256'][:16]}...)"
+    if skip is None:
+        raise ValueError(
+            f"--state {args.state} was saved by a stream that skipped {said}: pass them with "
+            "--skip FILE (a .npy or text file of their indices, or a bool mask), or records "
+            "it never handed out would be named"
+        )
+    if skip.identity() != saved:
+        raise ValueError(
+            f"--skip {args.skip} holds {len(skip):,} records, not the {said} that the stream "
+            f"which saved --state {args.state} skipped: pass that skip list"
+        )
+
+
+def _skip_file(path: str, ref: ydl.DataRef) -> Skips:
+    """The skip list in ``path``, checked against ``ref``: a .npy array (indices, or a bool
+    mask), or text of indices (or of true and false: a mask) apart by spaces, commas or lines."""
+    try:
+        if path.endswith(".npy"):
+            given = np.load(path, allow_pickle=False)
+        else:
+            with open(path) as f:
+                given = _skip_words(f.read().replace(",", " ").split())
+        skips = Skips(given)
+        skips.for_source(ref)
+    except OSError as exc:
+        raise ValueError(f"--skip {path}: cannot read it ({exc.strerror or exc})") from None
+    except ValueError as exc:  # not .npy, not UTF-8, or not record indices
+        raise ValueError(f"--skip {path}: {exc}") from None
+    return skips
+
+
+def _skip_words(words: list[str]) -> Any:
+    """A text skip list's words: a bool mask, or record indices."""
+    if words and all(word.lower() in ("true", "false") for word in words):
+        return np.array([word.lower() == "true" for word in words])
+    indices = []
+    for number, word in enumerate(words, 1):
+        try:
+            indices.append(int(word))
+        except ValueError:
+            raise ValueError(
+                f"word {number}, {word[:40]!r}, is not a record index: a text skip list is "
+                "whole numbers apart by spaces, commas or lines (or true and false, a mask)"
+            ) from None
+    return indices
 
 
 def _items(text: str) -> tuple[int, int]:
@@ -529,8 +741,16 @@ def cmd_demo(args: argparse.Namespace) -> int:
 # --- the parser ---
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, whose usage errors are one line, as every other error is, naming
+    the --help that shows the usage."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="yogadl-plus",
         description="Versioned, random-access caches of deep-learning datasets.",
         epilog="exit codes: 0 ok, 1 verification failed, 2 bad usage or input, "
@@ -545,7 +765,7 @@ def build_parser() -> argparse.ArgumentParser:
         name: str,
         run: Callable[[argparse.Namespace], int],
         about: str,
-        *parents: argparse.ArgumentParser,
+        *parents: _Parser,
         options: Callable[[argparse.ArgumentParser], None] | None = None,
     ) -> None:
         p = sub.add_parser(name, parents=list(parents), help=about, description=about)
@@ -592,19 +812,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _shared_options() -> tuple[argparse.ArgumentParser, ...]:
+def _shared_options() -> tuple[_Parser, ...]:
     """Parent parsers of the options several commands take: --storage; --json;
     --no-progress; and a version (--storage, --json, dataset_id, version)."""
-    storage = argparse.ArgumentParser(add_help=False)
+    storage = _Parser(add_help=False)
     # (SUPPRESS: given before the command, the main parser's value stands.)
     _storage_option(storage, argparse.SUPPRESS)
-    output = argparse.ArgumentParser(add_help=False)
+    output = _Parser(add_help=False)
     output.add_argument("--json", action="store_true", help="print JSON for scripts")
-    progress = argparse.ArgumentParser(add_help=False)
+    progress = _Parser(add_help=False)
     progress.add_argument(
         "--no-progress", action="store_true", help="no progress bar (shown only on a terminal)"
     )
-    version = argparse.ArgumentParser(add_help=False, parents=[storage, output])
+    version = _Parser(add_help=False, parents=[storage, output])
     version.add_argument("dataset_id")
     version.add_argument("version")
     return storage, output, progress, version
@@ -663,8 +883,23 @@ def _lineage_options(p: argparse.ArgumentParser) -> None:
         metavar="A:B",
         help="items A to B-1 after the state's offset (default 0:1)",
     )
-    p.add_argument("--batch-size", type=int, help="the stream's batch size (default: records)")
-    p.add_argument("--drop-last", action="store_true", help="the stream drops short batches")
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        help="the stream's batch size (default: the state's; records for a state saved by an "
+        "earlier release)",
+    )
+    p.add_argument(
+        "--drop-last",
+        action="store_true",
+        help="the stream drops short batches (default: as the state says)",
+    )
+    p.add_argument(
+        "--skip",
+        metavar="FILE",
+        help="the stream's skip list: a .npy array of record indices or a bool mask, or a text "
+        "file of indices (needed when the state's stream had one)",
+    )
 
 
 def _copy_options(p: argparse.ArgumentParser) -> None:
@@ -683,7 +918,7 @@ def _bench_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-shards", type=int, default=1, help="shards (default 1)")
     p.add_argument("--shard-rank", type=int, default=0, help="this shard (default 0)")
     p.add_argument("--shard-by", choices=["records", "chunks"], default="records")
-    p.add_argument("--epochs", type=int, default=1, help="epochs to time (default 1)")
+    p.add_argument("--epochs", type=_positive, default=1, help="epochs to time (default 1)")
     p.add_argument(
         "--plot",
         metavar="FILE.png",
@@ -702,7 +937,8 @@ def _exit_code(exc: BaseException) -> int | None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; return its exit status (errors: one line on stderr, see EXIT_CODES)."""
     args = build_parser().parse_args(argv)
-    with _log_to_stderr():
+    # (The demo tells what it built or reused itself: the library's log would say it twice.)
+    with _log_to_stderr(logging.WARNING if args.command == "demo" else logging.INFO):
         return _run(args)
 
 
@@ -727,9 +963,9 @@ def _run(args: argparse.Namespace) -> int:
 
 
 @contextlib.contextmanager
-def _log_to_stderr() -> Iterator[None]:
+def _log_to_stderr(level: int) -> Iterator[None]:
     """While a command runs: the library's log (what was built, pulled, evicted; retries) on
-    stderr, INFO and up, unless the program running us set up the ``yogadl_plus`` logger
+    stderr, ``level`` and up, unless the program running us set up the ``yogadl_plus`` logger
     itself. Taken away after (main() may run in a process that goes on: a test, a notebook)."""
     logger = logging.getLogger("yogadl_plus")
     if logger.handlers:
@@ -737,14 +973,14 @@ def _log_to_stderr() -> Iterator[None]:
         return
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("yogadl-plus: %(message)s"))
-    level = logger.level
+    before = logger.level
     logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
+    logger.setLevel(level)
     try:
         yield
     finally:
         logger.removeHandler(handler)
-        logger.setLevel(level)
+        logger.setLevel(before)
 
 
 def _message(exc: BaseException) -> str:

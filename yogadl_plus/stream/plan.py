@@ -91,14 +91,16 @@ class StreamPlan:
     def items_per_epoch(self) -> int:
         """Items (records, windows or batches) in a whole epoch of this shard; with a
         predicate, an upper bound."""
-        return self._items_in(self.positions_per_epoch)
+        return self.items_in(self.positions_per_epoch)
 
     def items_from(self, epoch: int, position: int) -> int:
         """Items an iteration of ``epoch`` begun at ``position`` hands out; with a predicate,
         an upper bound."""
-        return self._items_in(max(self.epoch_length(epoch) - position, 0))
+        return self.items_in(max(self.epoch_length(epoch) - position, 0))
 
-    def _items_in(self, positions: int) -> int:
+    def items_in(self, positions: int) -> int:
+        """Items (records, windows or batches) that ``positions`` positions which each hand
+        one out make in an iteration."""
         size = self.boundary.batch_size
         if size is None:
             return positions
@@ -108,7 +110,7 @@ class StreamPlan:
         """Items every shard (rank 0, 1, ...) hands out in ``epoch``: equal with
         ``drop_shard_remainder`` or ``pad_shard_remainder``, else they may differ by one; with
         a predicate, upper bounds."""
-        return [self._items_in(length) for length in self.order.shard_lengths(epoch)]
+        return [self.items_in(length) for length in self.order.shard_lengths(epoch)]
 
     def indices(self, epoch: int, start: int, stop: int) -> np.ndarray:
         """What the order puts at this shard's positions [start, stop) of ``epoch``: record
@@ -154,6 +156,7 @@ class StreamPlan:
             ngram=ngram.identity() if ngram is not None else None,
             offset=check_int("offset", offset, 0),
             schedule=self.source.schedule_of_state(),
+            boundary=self.boundary.identity(),
         )
 
     def check_state(self, state: StreamState) -> None:

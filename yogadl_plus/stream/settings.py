@@ -17,6 +17,9 @@ from yogadl_plus.stream.workers import KINDS
 
 __all__ = ["BoundarySettings", "WorkerSettings"]
 
+# Characters of a predicate's repr a stream state keeps (it is there to be recognized).
+_PREDICATE_SHOWN = 200
+
 
 @dataclass(frozen=True)
 class BoundarySettings:
@@ -56,9 +59,10 @@ class BoundarySettings:
                 raise ValueError("predicate= and ngram= cannot be combined in one stream")
         if self.skip is not None:
             skips = self.skip if isinstance(self.skip, Skips) else Skips(self.skip)
-            # (An empty list skips nothing: the stream is then as without one.)
-            object.__setattr__(self, "skip", skips if len(skips) else None)
-            if self.skip is not None and self.ngram is not None:
+            # (An empty list skips nothing: the stream is then as without one. A mask that
+            # skips nothing is kept, to be checked against the source's length.)
+            object.__setattr__(self, "skip", skips if len(skips) or skips.mask_lengths else None)
+            if self.skipping and self.ngram is not None:
                 raise ValueError(
                     "skip= and ngram= cannot be combined in one stream: a window would hold "
                     "skipped records; use a transform that rejects such windows"
@@ -68,7 +72,25 @@ class BoundarySettings:
     def filtered(self) -> bool:
         """Whether some positions hand out nothing (a predicate, or records skipped): an
         epoch's items are then at most its positions."""
-        return self.predicate is not None or self.skip is not None
+        return self.predicate is not None or self.skipping
+
+    @property
+    def skipping(self) -> bool:
+        """Whether the skip list skips any record."""
+        return self.skip is not None and len(self.skip) > 0
+
+    def identity(self) -> dict[str, Any]:
+        """What a stream state records of how items were made (``StreamState.boundary``):
+        batch size, ``drop_last``, the skip list's count and digest, the predicate's repr."""
+        predicate = None if self.predicate is None else repr(self.predicate)
+        if predicate is not None and len(predicate) > _PREDICATE_SHOWN:
+            predicate = predicate[: _PREDICATE_SHOWN - 3] + "..."
+        return {
+            "batch_size": self.batch_size,
+            "drop_last": self.drop_last,
+            "skip": self.skip.identity() if self.skipping else None,
+            "predicate": predicate,
+        }
 
     @property
     def batching(self) -> bool:

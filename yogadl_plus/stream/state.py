@@ -9,6 +9,14 @@ transform and workers do not change what an offset means (offsets count position
 batches): a state loads across those. A mixture's schedule is kept apart from the rest: only
 the epochs a state has read must be dealt alike (``StreamPlan.check_state``), so a run can
 append stages.
+
+A state also says how the stream that saved it made its items (``boundary``: batch size,
+``drop_last``, how many records its skip list skipped and their digest, its predicate's repr),
+so that what is told from the state alone (``yogadl-plus lineage --state``) can be checked
+against it. That is information, never compared on load: a state loads into a stream with
+another skip list or predicate. States saved before it was recorded have none; the key is
+optional, so the format is unchanged and an earlier release loads these states too (it
+ignores the key, and the offset means the same records there).
 """
 
 from __future__ import annotations
@@ -38,6 +46,9 @@ _KEYS = ("format", "dataset", "fingerprint", "positions", "order", "ngram", "off
 # (Optional: a state of a mixture with a schedule has it; others, and states saved before
 # schedules were, do not.)
 _SCHEDULE = "schedule"
+# (Optional too: states saved before it was recorded have none.)
+_BOUNDARY = "boundary"
+_BOUNDARY_KEYS = ("batch_size", "drop_last", "skip", "predicate")
 
 
 def order_identity(settings: OrderSettings) -> dict[str, Any]:
@@ -59,11 +70,16 @@ class StreamState:
     offset: int
     #: A mixture's stages, of it and its inner ones (``MixOrder.schedule``); None without one.
     schedule: Mapping[str, Any] | None = None
+    #: How the stream made its items, never compared on load: ``batch_size``, ``drop_last``,
+    #: ``skip`` ({"records": count, "sha256": digest} of its skip list, or None) and
+    #: ``predicate`` (its repr, or None). None in a state saved before it was recorded.
+    boundary: Mapping[str, Any] | None = None
 
     def identity(self) -> dict[str, Any]:
-        """Everything but the offset and a schedule: what two streams must share to exchange
-        states (a schedule needs to agree only as far as the state has read)."""
-        return {k: v for k, v in self.to_dict().items() if k not in ("format", "offset", _SCHEDULE)}
+        """Everything but the offset, a schedule and the boundary: what two streams must share
+        to exchange states (a schedule needs to agree only as far as the state has read)."""
+        ignored = ("format", "offset", _SCHEDULE, _BOUNDARY)
+        return {k: v for k, v in self.to_dict().items() if k not in ignored}
 
     def to_dict(self) -> dict[str, Any]:
         out = {
@@ -79,6 +95,8 @@ class StreamState:
             out[_SCHEDULE] = {
                 path: [list(s) for s in stages] for path, stages in self.schedule.items()
             }
+        if self.boundary is not None:
+            out[_BOUNDARY] = dict(self.boundary)
         return out
 
     @classmethod
@@ -116,6 +134,7 @@ class StreamState:
             ngram=data["ngram"],
             offset=check_int("stream state's offset", data["offset"], 0),
             schedule=_checked_schedule(data.get(_SCHEDULE)),
+            boundary=_checked_boundary(data.get(_BOUNDARY)),
         )
 
     def check_loads_into(self, here: StreamState) -> None:
@@ -173,3 +192,39 @@ def _checked_schedule(schedule: Any) -> dict[str, list[list[Any]]] | None:
             )
         out[path] = rows
     return out
+
+
+def _checked_boundary(boundary: Any) -> dict[str, Any] | None:
+    """A state's boundary: {"batch_size", "drop_last", "skip", "predicate"}; ValueError if
+    malformed."""
+    if boundary is None:
+        return None
+    malformed = ValueError(
+        "stream state: 'boundary' must be {batch_size: int or null, drop_last: bool, skip: "
+        f"{{records, sha256}} or null, predicate: str or null}}, got {_cut(boundary)}"
+    )
+    # (Keys a later release may add are left out: they are information too.)
+    if not isinstance(boundary, Mapping) or not set(_BOUNDARY_KEYS) <= set(boundary):
+        raise malformed
+    size, skip, predicate = boundary["batch_size"], boundary["skip"], boundary["predicate"]
+    if not isinstance(boundary["drop_last"], bool) or not isinstance(predicate, (str, type(None))):
+        raise malformed
+    if skip is not None:
+        if not (isinstance(skip, Mapping) and set(skip) == {"records", "sha256"}):
+            raise malformed
+        if not isinstance(skip["sha256"], str):
+            raise malformed
+        skip = {"records": check_int("a state's skipped records", skip["records"], 0),
+                "sha256": skip["sha256"]}  # fmt: skip
+    return {
+        "batch_size": None if size is None else check_int("a state's batch_size", size, 1),
+        "drop_last": boundary["drop_last"],
+        "skip": skip,
+        "predicate": predicate,
+    }
+
+
+def _cut(value: Any, most: int = 200) -> str:
+    """``value``'s repr, cut short for an error message."""
+    text = repr(value)
+    return text if len(text) <= most else text[: most - 3] + "..."

@@ -189,7 +189,7 @@ class Stream:
 
     def lineage(self, n: int, start_offset: int | None = None) -> list[Any]:
         """The records each of the next ``n`` items is made of, from ``offset`` (or
-        ``start_offset``): see stream/lineage.py. Hands out nothing and moves nothing."""
+        ``start_offset``): see stream/lineage.py (fewer only where no more can follow)."""
         offset = self.offset if start_offset is None else start_offset
         return lineage(self._plan, *self._plan.position_of(offset), check_int("n", n, 0))
 
@@ -376,17 +376,19 @@ def _check_plain_batches(boundary: BoundarySettings) -> None:
 def _finished(plan: StreamPlan, ledger: Ledger) -> None:
     """``ledger``'s iteration reached the end of its epoch. A NothingPassedWarning (a
     UserWarning, as Petastorm's) when the predicate kept nothing of a whole epoch that had
-    records: every epoch is then empty, which is rarely what was meant."""
+    records: rarely what was meant. (Of one shard's epoch it says no more: shuffled shards hold
+    other records each epoch.)"""
     ledger.finished = True
     predicate = plan.boundary.predicate
     if predicate is None or ledger.count or ledger.start:
         return
     positions = plan.epoch_length(ledger.epoch)
     if positions:
+        shard = " of this shard" if plan.order.settings.num_shards > 1 else ""
         warnings.warn(
             f"the predicate {predicate!r} kept none of the {positions} records of epoch "
-            f"{ledger.epoch}: this stream's epochs are empty (check the fields and values it "
-            "tests)",
+            f"{ledger.epoch}{shard}: check the fields and values it tests (one that keeps no "
+            "record leaves every epoch empty)",
             NothingPassedWarning,
             stacklevel=3,
         )

@@ -7,6 +7,12 @@ fifth of the wall time getting items, the stream is not what limits the run: the
 (``"read"``, ``"decode"``, ``"predicate"``, ``"transform"``), or ``"workers"`` when the
 consuming thread waited on workers longer than all their work took (they were not busy: the
 hand-over is the cost).
+
+Workers are advised only where they can help: not where the run was too short to tell (a pool
+costs its start and a hand-over per unit, as much as a run of a fraction of a second takes),
+nor where the loader's work is already a few microseconds an item (for records that cheap, a
+worker's hand-over costs about what reading them does, and threads share one interpreter
+lock). There the advice is what else to do, and why workers are not it.
 """
 
 from __future__ import annotations
@@ -31,6 +37,17 @@ _ADVICE = {
 }
 # With workers already reading, the advice is for them.
 _WORKERS_ADVICE = "more workers, or worker_type='process' (threads share one interpreter lock)"
+# Where workers cannot help: what else there is to do.
+_WITHOUT_WORKERS = {
+    "read": "check the disk or the bucket (docs/stats.md)",
+    "decode": "decode fewer fields (fields=)",
+    "predicate": "vectorize the predicate (in_lambda(..., vectorized=True))",
+    "transform": "make the transform cheaper",
+}
+# A run shorter than this (seconds) is too short to tell what workers would do...
+_TOO_SHORT_S = 0.2
+# ... and loader work under this per item (seconds) is too little for a worker to take over.
+_CHEAP_ITEM_S = 10e-6
 
 
 def bottleneck(stats: StreamStats) -> str:
@@ -60,11 +77,33 @@ def summary(stats: StreamStats) -> str:
         )
     work = _work(stats)
     part = work[verdict] / sum(work.values())
-    advice = _WORKERS_ADVICE if stats.waiting_on_workers > 0 else _ADVICE[verdict]
+    why_not = _why_workers_cannot_help(stats, sum(work.values()))
+    if why_not is not None:
+        advice = f"{_WITHOUT_WORKERS[verdict]}; workers would not help: {why_not}"
+    elif stats.waiting_on_workers > 0:
+        advice = _WORKERS_ADVICE
+    else:
+        advice = _ADVICE[verdict]
     return (
         f"data-bound {share:.0%} of the time; {verdict} is {part:.0%} of the loader's work: "
         f"{advice}"
     )
+
+
+def _why_workers_cannot_help(stats: StreamStats, work: float) -> str | None:
+    """Why more workers would not make this run faster (None: they may)."""
+    if stats.seconds < _TOO_SHORT_S:
+        return (
+            f"the run took {stats.seconds:.2f} s, too short for them to pay off or to tell "
+            "(measure more epochs)"
+        )
+    per_item = work / stats.items if stats.items else 0.0
+    if per_item < _CHEAP_ITEM_S:
+        return (
+            f"the loader's work is {per_item * 1e6:.1f} µs an item, about what handing it "
+            "over would cost"
+        )
+    return None
 
 
 def _getting(stats: StreamStats) -> float:
