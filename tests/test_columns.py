@@ -552,3 +552,15 @@ def test_a_dataset_whose_files_disagree_on_a_type_is_refused_naming_the_file(
     )
     ref = _cache(local_storage, wide, "wide")
     assert [float(ref[i]["x"]) for i in range(2)] == [1.5, 0.1]
+
+
+def test_a_dataset_file_whose_int_does_not_fit_the_datasets_type_is_named(local_storage, tmp_path):
+    folder = tmp_path / "ints"
+    folder.mkdir()
+    pq.write_table(pa.table({"i": pa.array([1], pa.int32())}), folder / "a.parquet")
+    pq.write_table(pa.table({"i": pa.array([2, 2**31], pa.int64())}), folder / "b.parquet")
+    dataset = pads.dataset(str(folder), format="parquet")
+    for workers in (None, 2):
+        with pytest.raises(ydl.SchemaError, match=r"b\.parquet: a value does not fit.*int32"):
+            _cache(local_storage, dataset, "ints", workers=workers)
+    assert local_storage.list() == []

@@ -435,6 +435,28 @@ def test_files_that_disagree_on_a_column_type_are_named(tmp_path, workers):
 
 
 @pytest.mark.parametrize("workers", [None, 2])
+def test_a_wider_int_column_is_read_as_the_datasets_type_unless_a_value_does_not_fit(
+    tmp_path, workers
+):
+    """The dataset's int32 (its first file's) holds a later file's int64 values that fit; a
+    value that does not is refused naming the file, never wrapped around."""
+    storage = ydl.LocalStorage(tmp_path / "s")
+    for name, last in (("fits", 2**31 - 1), ("over", 2**31)):
+        folder = tmp_path / name
+        folder.mkdir()
+        pq.write_table(pa.table({"i": pa.array([1], pa.int32())}), folder / "a.parquet")
+        pq.write_table(pa.table({"i": pa.array([2, last], pa.int64())}), folder / "b.parquet")
+        if last < 2**31:
+            ref = ydl.cache_dataset(str(folder), name, "v", storage, progress=False,
+                                    workers=workers)  # fmt: skip
+            assert [int(ref[i]["i"]) for i in range(3)] == [1, 2, last]
+            continue
+        with pytest.raises(ydl.SchemaError, match=r"b\.parquet.*does not fit.*int64 to int32"):
+            ydl.cache_dataset(str(folder), name, "v", storage, progress=False, workers=workers)
+    assert storage.list() == [("fits", "v")]
+
+
+@pytest.mark.parametrize("workers", [None, 2])
 def test_a_file_without_rows_caches_no_record(tmp_path, workers):
     pq.write_table(table(0, 3).slice(0, 0), tmp_path / "empty.parquet")
     pq.write_table(table(0, 3), tmp_path / "full.parquet")

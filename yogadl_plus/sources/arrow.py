@@ -23,6 +23,7 @@ __all__ = [
     "arrow_to_schema",
     "batch_columns",
     "check_file_types",
+    "refused_cast",
     "column_values",
     "is_list_type",
 ]
@@ -96,27 +97,48 @@ def arrow_to_schema(arrow_schema: Any, nullable_columns: set[str] | None = None)
     return Schema(fields)
 
 
-def check_file_types(path: str, file_schema: Any, arrow_schema: Any) -> None:
+def check_file_types(path: str, file_schema: Any, arrow_schema: Any) -> list[str]:
     """A SchemaError unless each column of the file ``path`` (of ``file_schema``) that
     ``arrow_schema`` (the whole dataset's) also has is of its type there, or of one that Arrow
-    casts to it keeping every value (a narrower int or float, another string encoding)."""
+    casts to it keeping every value (a narrower float, another string encoding) or refusing a
+    value it cannot hold (any int to any int). The casts of the second kind, in words ("column
+    'id' int64 to int32"): what ``refused_cast`` names if a value does not fit."""
+    checked = []
     for want in arrow_schema:
         index = file_schema.get_field_index(want.name)
         if index < 0:
             continue  # a column this file lacks: nulls (Arrow's dataset readers add them)
         got = file_schema.field(index).type
+        if got.equals(want.type):
+            continue
         if not _casts_exactly(got, want.type):
             raise SchemaError(
                 f"{path}: column {want.name!r} is {got} in this file but {want.type} in the "
-                "dataset's schema (which pyarrow takes from one file unless it is given), and "
-                "casting it could change values: cache pyarrow.dataset.dataset(files, "
-                "schema=...) with a type that holds every file's values, or rewrite this "
-                f"file's column as {want.type}"
+                f"dataset's schema {_HOLD_EVERY_VALUE}, and casting it could change values: "
+                f"cache pyarrow.dataset.dataset(files, schema=...) with a type that holds every "
+                f"file's values, or rewrite this file's column as {want.type}"
             )
+        checked.append(f"column {want.name!r} {got} to {want.type}")
+    return checked
+
+
+def refused_cast(where: str, casts: list[str], exc: Exception) -> SchemaError:
+    """The error for a value that Arrow refused to cast to the dataset's type while reading
+    ``where`` (one file, or the files whose ``casts`` made it possible)."""
+    return SchemaError(
+        f"{where}: a value does not fit the dataset's type ({exc}); the casts it needed: "
+        f"{'; '.join(casts) or 'none'}. The dataset's schema {_HOLD_EVERY_VALUE}: cache "
+        "pyarrow.dataset.dataset(files, schema=...) with a type that holds every file's values"
+    )
+
+
+# (Where a dataset's types come from, for the messages above.)
+_HOLD_EVERY_VALUE = "(which pyarrow takes from one file unless it is given)"
 
 
 def _casts_exactly(got: Any, want: Any) -> bool:
-    """Whether Arrow's cast of ``got`` values to ``want`` keeps every value (or fails)."""
+    """Whether Arrow's cast of ``got`` values to ``want`` keeps every value, or fails on one it
+    cannot hold (an int out of range, a timestamp that overflows): never another value."""
     import pyarrow.types as pat
 
     if got.equals(want) or pat.is_null(got):
@@ -125,8 +147,8 @@ def _casts_exactly(got: Any, want: Any) -> bool:
         return _casts_exactly(got.value_type, want)
     if pat.is_dictionary(want):
         return _casts_exactly(got, want.value_type)
-    if pat.is_integer(got) and pat.is_integer(want):
-        return bool(np.can_cast(got.to_pandas_dtype(), want.to_pandas_dtype(), "safe"))
+    if pat.is_integer(got) and pat.is_integer(want):  # (Arrow refuses a value out of range)
+        return True
     if pat.is_floating(got) and pat.is_floating(want):
         return bool(got.bit_width <= want.bit_width)
     if pat.is_timestamp(got) and pat.is_timestamp(want):  # (Arrow refuses an overflow)

@@ -20,7 +20,12 @@ import numpy as np
 
 from yogadl_plus.errors import SchemaError
 from yogadl_plus.schema import Field, Schema, infer_field, infer_value
-from yogadl_plus.sources.arrow import arrow_field, check_file_types, column_values
+from yogadl_plus.sources.arrow import (
+    arrow_field,
+    check_file_types,
+    column_values,
+    refused_cast,
+)
 from yogadl_plus.sources.base import (
     ColumnBatch,
     Piece,
@@ -214,10 +219,15 @@ def _given(schema: Schema | None, names: list[Any]) -> dict[str, Field] | None:
 def _fragment_batches(fragments: list[Any], arrow_schema: Any) -> Iterator[Any]:
     """The batches of a dataset's ``fragments``, in order, as columns of ``arrow_schema``;
     a SchemaError names a file whose column has another type."""
+    import pyarrow as pa
+
     for fragment in fragments:
         where = getattr(fragment, "path", "a fragment in memory")
-        check_file_types(where, fragment.physical_schema, arrow_schema)
-        yield from fragment.to_batches(schema=arrow_schema)
+        casts = check_file_types(where, fragment.physical_schema, arrow_schema)
+        try:
+            yield from fragment.to_batches(schema=arrow_schema)
+        except pa.ArrowInvalid as exc:
+            raise refused_cast(where, casts, exc) from None
 
 
 def _is_arrow_dataset(obj: Any) -> bool:

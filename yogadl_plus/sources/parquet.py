@@ -26,6 +26,7 @@ from yogadl_plus.sources.arrow import (
     check_file_types,
     column_values,
     is_list_type,
+    refused_cast,
 )
 from yogadl_plus.sources.base import ColumnBatch, Description, Piece, Source, even_cuts
 
@@ -363,17 +364,26 @@ class ParquetSource(Source):
             digest.update(f"partitions:{typed}".encode())
         return "parquet-sha256:" + digest.hexdigest()[:32]
 
-    def _check_files(self) -> None:
+    def _check_files(self) -> list[str]:
         """A SchemaError naming a file whose column has another type than the dataset's (the
-        first file's), before any is read."""
-        for path, meta in zip(self.paths, self._footers):
-            check_file_types(path, meta.schema.to_arrow_schema(), self.arrow_schema)
+        first file's), before any is read; the casts that a value out of range would fail, each
+        with its file."""
+        return [
+            f"{path}: {cast}"
+            for path, meta in zip(self.paths, self._footers)
+            for cast in check_file_types(path, meta.schema.to_arrow_schema(), self.arrow_schema)
+        ]
 
     def column_batches(self) -> Iterator[ColumnBatch]:
-        self._check_files()
+        import pyarrow as pa
+
+        casts = self._check_files()
         scanner = self._dataset.scanner(columns=list(self.schema.names), batch_size=BATCH_ROWS)
-        for batch in scanner.to_batches():
-            yield batch_columns(batch, self.schema, self.values)
+        try:
+            for batch in scanner.to_batches():
+                yield batch_columns(batch, self.schema, self.values)
+        except pa.ArrowInvalid as exc:
+            raise refused_cast(f"the Parquet files {self.paths[:3]}", casts, exc) from None
 
     def split(self, parts: int) -> list[Source]:
         """Runs of whole row groups, balanced by rows (a row group is never cut)."""
@@ -473,10 +483,8 @@ class _ParquetPiece(Piece):
         try:
             return table.cast(self.arrow_schema)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-            raise SchemaError(
-                f"{path}: its columns {table.schema} do not convert to the dataset's "
-                f"{self.arrow_schema}: {exc}"
-            ) from exc
+            casts = check_file_types(path, table.schema, self.arrow_schema)
+            raise refused_cast(path, casts, exc) from None
 
 
 def _expand(paths: Any, filesystem: Any) -> tuple[Any, list[tuple[str, str | None]]]:
