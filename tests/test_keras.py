@@ -7,6 +7,8 @@ import itertools
 import json
 import os
 import pickle
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -398,6 +400,13 @@ def logged_model(trained):
     return model, schedule
 
 
+def fit_data(stream, face):
+    """The stream as (x, y) batches for model.fit, by ``face``: "sequence" or "tf"."""
+    if face == "sequence":
+        return StreamSequence(stream, x="x", y="y")
+    return ydl.tensorflow.make_tf_dataset(stream).map(lambda b: (b["x"], b["y"]))
+
+
 @pytest.mark.parametrize("face", ["sequence", "tf"])
 @pytest.mark.parametrize("at", [3, 7, 9])  # mid-epoch, an epoch's last step, 2 into the next
 @pytest.mark.parametrize("same_model", [True, False])
@@ -408,10 +417,7 @@ def test_fit_retried_trains_each_batch_once_and_counts_steps_exactly(
     # all handed out already"; with tf.data, optimizer.iterations (and the learning rate) ran
     # one step ahead of the steps trained after the resumed epoch.
     stream = stream_of(ref, fields=["x", "y"])
-    if face == "sequence":
-        data = StreamSequence(stream, x="x", y="y")
-    else:
-        data = ydl.tensorflow.make_tf_dataset(stream).map(lambda b: (b["x"], b["y"]))
+    data = fit_data(stream, face)
     backup = ydl.keras.BackupAndRestore(str(tmp_path / "backup"), stream, save_freq=1)
     trained, steps = [], []
     model, schedule = logged_model(trained)
@@ -436,51 +442,51 @@ def test_fit_on_a_stream_resumed_by_start_offset_trains_every_later_epoch_whole(
     # length before training, and Keras kept it for every epoch: epochs 1 and 2 trained 4 of
     # their 7 batches, silently.
     stream = stream_of(ref, fields=["x", "y"], start_offset=3 * 8)
-    if face == "sequence":
-        data = StreamSequence(stream, x="x", y="y")
-    else:
-        data = ydl.tensorflow.make_tf_dataset(stream).map(lambda b: (b["x"], b["y"]))
+    data = fit_data(stream, face)
     trained = []
     model, _ = logged_model(trained)
     model.fit(data, epochs=3, verbose=0)
     assert trained == epoch_ids(ref, 0)[3:] + epoch_ids(ref, 1) + epoch_ids(ref, 2)
 
 
-_TORCH_BACKEND_FIT = """
-import os, sys
-os.environ["KERAS_BACKEND"] = "torch"
-import numpy as np, keras
-import yogadl_plus as ydl
-storage = ydl.LocalStorage(sys.argv[1])
-x = np.arange(40, dtype=np.float32).reshape(40, 1)
-ref = ydl.cache_dataset({"x": x, "y": x[:, 0]}, "k", "v1", storage, progress=False)
-stream = ref.stream(batch_size=10)
-trained = []
+# --- other backends, and TensorFlow under a distribution strategy ---
 
-class Seen(keras.callbacks.Callback):
-    def on_train_batch_end(self, batch, logs=None):
-        trained.append((stream.next_epoch_position[0] - 1, batch))
-
-model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
-model.compile("sgd", "mse")
-model.fit(ydl.keras.StreamSequence(stream, x="x", y="y"), epochs=2, verbose=0,
-          callbacks=[Seen()])
-print(stream.next_epoch_position, sorted({e for e, _ in trained}), len(trained))
-"""
+JOB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "keras_backend_job.py")
 
 
-def test_the_torch_backend_trains_the_streams_first_epoch(tmp_path):
-    # Before: Keras's torch trainer reads one batch in an epoch of its own to build the model,
-    # which took the stream's epoch 0: fit(epochs=2) trained epochs 1 and 2.
-    pytest.importorskip("torch")
-    import subprocess
-    import sys
-
+@pytest.mark.parametrize("backend", ["torch", "jax"])
+def test_other_backends_fit_evaluate_and_predict_on_the_streams_epochs(backend, tmp_path):
+    # Before: Keras's torch and JAX trainers read a batch to build the model from an iteration
+    # of the data of their own. make_tf_dataset gave it the stream's epoch 0: fit trained
+    # epochs 1, 2, ..., a stream resumed by start_offset lost the rest of its epoch, evaluate
+    # ran on epoch 1. So did JAX's predict of a model not built yet, with StreamSequence too.
+    pytest.importorskip(backend)
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")
     done = subprocess.run(
-        [sys.executable, "-c", _TORCH_BACKEND_FIT, str(tmp_path)],
+        [sys.executable, JOB, backend, str(tmp_path)],
+        env=env,
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.strip().splitlines()[-1] == "(2, 0) [0, 1] 8"
+    checks = json.loads(done.stdout.strip().splitlines()[-1])
+    assert {name: got for name, (got, _) in checks.items()} == {
+        name: want for name, (_, want) in checks.items()
+    }
+
+
+@pytest.mark.parametrize("face", ["sequence", "tf"])
+def test_under_a_distribution_strategy_fit_trains_the_streams_first_epochs(ref, face):
+    # Before: Keras's TensorFlow trainer, under a strategy, reads a batch of its own to build
+    # the model (in _maybe_symbolic_build) at every fit: that took the stream's epoch 0.
+    import tensorflow as tf
+
+    stream = stream_of(ref, fields=["x", "y"])
+    data = fit_data(stream, face)
+    trained = []
+    with tf.distribute.MirroredStrategy(["/cpu:0"]).scope():
+        model, _ = logged_model(trained)
+    model.fit(data, epochs=2, verbose=0)
+    assert trained == epoch_ids(ref, 0) + epoch_ids(ref, 1)
+    assert stream.next_epoch_position == (2, 0)

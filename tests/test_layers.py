@@ -19,7 +19,7 @@ import yogadl_plus
 PACKAGE = pathlib.Path(yogadl_plus.__file__).parent
 
 # Private names of the standard library that are its documented interface.
-STDLIB_PRIVATE = {("os", "_exit")}
+STDLIB_PRIVATE = {("os", "_exit"), ("sys", "_current_frames")}
 
 
 def _modules() -> dict[str, pathlib.Path]:

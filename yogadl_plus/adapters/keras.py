@@ -12,6 +12,7 @@ import keras
 import numpy as np
 
 from yogadl_plus.adapters.keras_backup import BackupAndRestore
+from yogadl_plus.adapters.keras_build import builds_the_model
 from yogadl_plus.columns import collate
 
 if TYPE_CHECKING:
@@ -32,7 +33,8 @@ class StreamSequence(keras.utils.PyDataset):
     tuples, column-stacked, when ``x`` and ``y`` are None. ``max_queue_size`` goes to
     ``PyDataset``.
 
-    Each Keras epoch is one iteration of the stream (its next epoch), handed over in the
+    Each Keras epoch is one iteration of the stream (its next epoch), with every backend
+    (the batch Keras reads to build the model is read as outside an epoch), handed over in the
     stream's order: inside an epoch (between Keras's ``on_epoch_begin`` and ``on_epoch_end``),
     the n-th batch Keras asks for is the stream's n-th, whatever index it asks with. So
     Keras's batch shuffle (``fit(shuffle=True)``, its default) has no effect: the stream
@@ -123,7 +125,7 @@ class StreamSequence(keras.utils.PyDataset):
         return self.plan.items_per_epoch
 
     def on_epoch_begin(self) -> None:
-        if _building_the_model():
+        if builds_the_model(inspect.currentframe()):
             return  # (its batch is read as outside an epoch: nothing of the stream moves)
         with self._lock:
             self._length = self.plan.items_from(*self.stream.next_epoch_position)
@@ -203,15 +205,3 @@ def _array(column: Any, name: str) -> np.ndarray:
             "pad them in a transform, or use ydl.tensorflow.make_tf_dataset (ragged tensors)"
         )
     return np.stack(column)
-
-
-def _building_the_model() -> bool:
-    """Whether Keras calls only to build the model: its torch backend's trainer runs an epoch
-    of its own and reads one batch from it before training (``Trainer._symbolic_build``),
-    which would take the stream's first epoch for that one batch."""
-    frame = inspect.currentframe()
-    while frame is not None:
-        if frame.f_code.co_name == "_symbolic_build":
-            return True
-        frame = frame.f_back
-    return False

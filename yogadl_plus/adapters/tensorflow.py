@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import tensorflow as tf
 
+from yogadl_plus.adapters.keras_build import a_thread_builds_the_model
 from yogadl_plus.columns import collate
 
 if TYPE_CHECKING:
@@ -45,7 +46,10 @@ def make_tf_dataset(
     read_ahead: bool = True,
 ) -> tf.data.Dataset:
     """A ``tf.data.Dataset`` of the stream's items; each iteration of it (``.repeat()``
-    included) is the stream's next epoch.
+    included) is the stream's next epoch, except one Keras makes only to take a batch and build
+    the model (with its JAX and torch backends, and TensorFlow's under a distribution
+    strategy): that one reads what the stream will hand out next without moving it, so
+    ``model.fit`` trains on the stream's next epoch first with every backend.
 
     Without a transform, the signature comes from the schema: ``tf.string`` for str and bytes
     fields (str values arrive UTF-8 encoded), fixed shapes as they are, ``None`` for variable
@@ -116,8 +120,8 @@ def _items_dataset(
         def to_tf(item: Any) -> Any:
             return _to_signature(item, signature)
 
-    def items() -> Iterator[Any]:
-        for item in iter(stream):  # each iter() is the stream's next epoch
+    def items(of: Stream) -> Iterator[Any]:
+        for item in iter(of):  # each iter() is the stream's next epoch
             yield to_tf(item)
 
     dense = all(isinstance(spec, tf.TensorSpec) for spec in tf.nest.flatten(signature))
@@ -128,12 +132,12 @@ def _items_dataset(
         if output_signature is None and _plain_batches(plan):
             # Blocks of whole batches as the stream reads them, reshaped to (batches, batch,
             # ...) without a copy: Python runs once per block, tf.data cuts the batches.
-            def groups() -> Iterator[Any]:
-                return _batch_groups(stream, to_tf)
+            def groups(of: Stream) -> Iterator[Any]:
+                return _batch_groups(of, to_tf)
         else:
 
-            def groups() -> Iterator[Any]:
-                return _groups(items())
+            def groups(of: Stream) -> Iterator[Any]:
+                return _groups(items(of))
 
         dataset = _epochs(stream, groups, group_signature, lambda d: d.unbatch())
         return dataset.prefetch(tf.data.AUTOTUNE)
@@ -151,12 +155,14 @@ def _items_dataset(
 
 def _epochs(
     stream: Stream,
-    epoch: Callable[[], Iterator[Any]],
+    epoch: Callable[[Stream], Iterator[Any]],
     signature: Any,
     per_element: Callable[[tf.data.Dataset], tf.data.Dataset] | None = None,
 ) -> tf.data.Dataset:
-    """The dataset whose every iteration is ``epoch()`` (with ``per_element`` applied), with
-    the cardinality ``len(stream)`` and no check that an iteration has that many elements.
+    """The dataset whose every iteration is ``epoch(stream)`` (with ``per_element``
+    applied), with the cardinality ``len(stream)`` and no check that an iteration has that many
+    elements; but an iteration Keras makes only to build the model reads without moving the
+    stream (see _unmoved).
 
     tf.data can only assert a cardinality (and fails an iteration that ends early: a resumed
     epoch, a predicate's epoch); ``take(n)`` of an infinite dataset states it without a check.
@@ -172,8 +178,11 @@ def _epochs(
         if ended:
             ended = False
             return
+        if a_thread_builds_the_model():
+            yield from _unmoved(stream, epoch)
+            return
         handed = False
-        for element in epoch():
+        for element in epoch(stream):
             handed = True
             yield element
         ended = handed
@@ -182,6 +191,25 @@ def _epochs(
     if per_element is not None:
         dataset = per_element(dataset)
     return dataset.take(len(stream))
+
+
+def _unmoved(stream: Stream, epoch: Callable[[Stream], Iterator[Any]]) -> Iterator[Any]:
+    """For an iteration Keras makes only to take one batch and build the model on it: what
+    the stream's next iterations will hand out, read by a copy of it, so that the stream does
+    not move and its ledger and stats hold nothing of it.
+
+    Epoch after epoch: the iteration ends at its cardinality (``take``), not here. Keras drops
+    it after one batch while tf.data may still be reading ahead in it; an end here would have
+    ``repeat()`` ask ``generate`` for another epoch, maybe once Keras is no longer building,
+    and that one would be the stream's. (Only an epoch with nothing to hand out ends it.)"""
+    copy = stream.replace(num_workers=0)  # (reads inline: no worker pool of its own)
+    copy.seek(stream.plan().offset_of(*stream.next_epoch_position))
+    handed = True
+    while handed:
+        handed = False
+        for element in epoch(copy):
+            handed = True
+            yield element
 
 
 def _empty_values(signature: Any) -> bool:
@@ -286,8 +314,8 @@ def _record_blocks_dataset(stream: Stream, output_signature: Any, nested: bool) 
         return _items_dataset(stream, output_signature, nested, read_ahead=True)
     block_signature = tf.nest.map_structure(_batched_spec, signature)
 
-    def blocks() -> Iterator[Any]:
-        for block in stream.iter_blocks():  # each call is the stream's next epoch
+    def blocks(of: Stream) -> Iterator[Any]:
+        for block in of.iter_blocks():  # each call is the stream's next epoch
             yield block_to_tf(block)
 
     def per_record(dataset: tf.data.Dataset) -> tf.data.Dataset:

@@ -1,0 +1,63 @@
+"""Whether Keras is reading a batch only to build the model, which it then drops.
+
+Keras builds a model (its variables, its metrics' and loss's) on the shapes of a real batch, and
+reads that batch from an iteration of the data of its own, before the epochs:
+
+- ``fit`` and ``evaluate`` with the torch and JAX backends, and any backend's for a model not
+  built yet (``Trainer._symbolic_build``);
+- every ``fit`` and ``evaluate`` with TensorFlow under a distribution strategy
+  (``_maybe_symbolic_build``);
+- ``predict`` with JAX, for a model not built yet (inline in its ``predict``).
+
+A face whose every iteration is the stream's next epoch would spend an epoch on that one batch.
+The faces ask here, and hand the batch over without moving the stream. Keras's functions are
+known by name and module (``keras.*``), so a Keras that renames them is missed: the tests run
+fit, evaluate and predict on each backend against the stream's epochs.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from types import FrameType
+
+__all__ = ["a_thread_builds_the_model", "builds_the_model"]
+
+# Keras's functions that read a batch only to build the model (see the module).
+_BUILDERS = ("_symbolic_build", "_maybe_symbolic_build")
+_JAX_TRAINER = "keras.src.backend.jax.trainer"
+
+
+def builds_the_model(frame: FrameType | None) -> bool:
+    """Whether the call stack from ``frame`` outwards is Keras reading a batch only to build
+    the model."""
+    while frame is not None:
+        if _reads_to_build(frame):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def a_thread_builds_the_model() -> bool:
+    """Whether a thread of this process is in Keras reading a batch only to build the model.
+
+    For tf.data, whose generators run in TensorFlow's threads, not in the one that waits for the
+    batch: while Keras waits for the first batch of its build's iteration, that iteration's
+    generator is called."""
+    return any(builds_the_model(frame) for frame in sys._current_frames().values())
+
+
+def _reads_to_build(frame: FrameType) -> bool:
+    module = frame.f_globals.get("__name__")
+    if not isinstance(module, str) or not module.startswith("keras."):
+        return False
+    name = frame.f_code.co_name
+    if name in _BUILDERS:
+        return True
+    # JAX's predict reads its batch for a model not built yet in predict itself, before
+    # predicting; once the batch has built it, the model is built.
+    if name == "predict" and module == _JAX_TRAINER:
+        return not getattr(frame.f_locals.get("self"), "built", True)
+    return False
