@@ -6,7 +6,6 @@ import os
 from pathlib import Path
 
 import pytest
-from servers import start_local_ray
 
 import yogadl_plus as ydl
 
@@ -34,6 +33,8 @@ def ray_cluster():
     # Workers unpickle the test modules' datasets and transforms by reference: they need tests/
     # on their path.
     path = os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])
+    from servers import start_local_ray  # (the plugin below, imported by then)
+
     ray.shutdown()  # one a documentation snippet started, without this runtime environment
     start_local_ray(ray, runtime_env={"env_vars": {"PYTHONPATH": path}})
     yield ray

@@ -436,6 +436,7 @@ def test_fit_retried_trains_each_batch_once_and_counts_steps_exactly(
     assert int(model.optimizer.iterations) == len(expected)
 
 
+@pytest.mark.filterwarnings("ignore:Your input ran out of data:UserWarning")  # (it does: resumed)
 @pytest.mark.parametrize("face", ["sequence", "tf"])
 def test_fit_on_a_stream_resumed_by_start_offset_trains_every_later_epoch_whole(ref, face):
     # Before: without BackupAndRestore, StreamSequence told Keras the resumed epoch's short
