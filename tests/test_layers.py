@@ -11,6 +11,8 @@ design decision, so those implicit steps are not edges).
 from __future__ import annotations
 
 import ast
+import functools
+import gc
 import pathlib
 from collections.abc import Iterator
 
@@ -33,6 +35,18 @@ def _modules() -> dict[str, pathlib.Path]:
 
 
 MODULES = _modules()
+
+
+@functools.cache
+def parsed(path: pathlib.Path) -> ast.Module:
+    """The syntax tree of the file ``path``, parsed once for every check. The collector is off
+    meanwhile: late in the suite the process holds millions of objects (every framework is
+    imported), and the nodes a parse makes set off full collections that took a minute."""
+    gc.disable()
+    try:
+        return ast.parse(path.read_text(), str(path))
+    finally:
+        gc.enable()
 
 
 def _is_type_checking(node: ast.If) -> bool:
@@ -80,7 +94,7 @@ def _targets(module: str, statement: ast.Import | ast.ImportFrom) -> Iterator[st
 def import_graph() -> dict[str, set[str]]:
     graph: dict[str, set[str]] = {module: set() for module in MODULES}
     for module, path in MODULES.items():
-        for statement in _imports(ast.parse(path.read_text(), str(path))):
+        for statement in _imports(parsed(path)):
             for target in _targets(module, statement):
                 owner = _owner(target)
                 if owner is not None and owner != module:
@@ -155,7 +169,7 @@ def _defined_names(tree: ast.Module) -> set[str]:
 def private_reaches(path: pathlib.Path) -> list[str]:
     """Where the module at ``path`` touches a private name that another module owns, or
     writes a private attribute onto another object."""
-    tree = ast.parse(path.read_text(), str(path))
+    tree = parsed(path)
     own = _defined_names(tree)
     found = []
     for node in ast.walk(tree):
@@ -216,7 +230,7 @@ def _in_layer(module: str, layer: tuple[str, ...]) -> bool:
 def source_kind_branches(path: pathlib.Path) -> list[str]:
     """Where the module at ``path`` asks what kind of source it has: isinstance/issubclass on
     a source class, hasattr of what only one kind has, or an import of those classes."""
-    tree = ast.parse(path.read_text(), str(path))
+    tree = parsed(path)
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
@@ -282,7 +296,7 @@ def test_only_lifecycle_registers_fork_and_exit_hooks() -> None:
     for module, path in MODULES.items():
         if module == "yogadl_plus.lifecycle":
             continue
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        for node in ast.walk(parsed(path)):
             if isinstance(node, ast.Attribute) and (
                 (node.attr == "register_at_fork")
                 or (node.attr == "register" and ast.unparse(node.value) == "atexit")
@@ -299,7 +313,7 @@ MAX_CLASS_LINES = 300
 
 def too_long(path: pathlib.Path) -> list[str]:
     found = []
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in ast.walk(parsed(path)):
         limit = (
             MAX_FUNCTION_LINES
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
