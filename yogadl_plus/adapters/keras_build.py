@@ -10,20 +10,26 @@ reads that batch from an iteration of the data of its own, before the epochs:
 - ``predict`` with JAX, for a model not built yet (inline in its ``predict``).
 
 A face whose every iteration is the stream's next epoch would spend an epoch on that one batch.
-The faces ask here, and hand the batch over without moving the stream. Keras's functions are
-known by name and module (``keras.*``), so a Keras that renames them is missed: the tests run
-fit, evaluate and predict on each backend against the stream's epochs.
+The faces ask here, and hand the batch over without moving the stream (``unmoved``). Keras's
+functions are known by name and module (``keras.*``), so a Keras that renames them is missed:
+the tests run fit, evaluate and predict on each backend against the stream's epochs.
 """
 
 from __future__ import annotations
 
+import itertools
 import sys
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, TypeVar
 
 if TYPE_CHECKING:
     from types import FrameType
 
-__all__ = ["a_thread_builds_the_model", "builds_the_model"]
+    from yogadl_plus.stream import Stream
+
+__all__ = ["a_thread_builds_the_model", "builds_the_model", "unmoved", "until_an_empty_epoch"]
+
+T = TypeVar("T")
 
 # Keras's functions that read a batch only to build the model (see the module).
 _BUILDERS = ("_symbolic_build", "_maybe_symbolic_build")
@@ -61,3 +67,31 @@ def _reads_to_build(frame: FrameType) -> bool:
     if name == "predict" and module == _JAX_TRAINER:
         return not getattr(frame.f_locals.get("self"), "built", True)
     return False
+
+
+def unmoved(
+    stream: Stream, offset: int, epoch: Callable[[Stream], Iterable[T]] = iter
+) -> Iterator[T]:
+    """For an iteration Keras makes only to build the model: what ``stream`` hands out from
+    ``offset`` on (its ``start_offset``), ``epoch(copy)`` after ``epoch(copy)``, read by a copy
+    of it, so that the stream does not move and its ledger and stats hold nothing of it.
+
+    Keras drops the iteration once it has its batches, so it need not end, and must not where
+    a face's end of an iteration would begin the next (tf.data's ``repeat()``). Epoch after
+    epoch, the batches are those training begins with, also where the next epoch to read has
+    nothing left (a state saved after an epoch's last batch). Only an epoch with nothing to
+    hand out ends it."""
+    copy = stream.replace(num_workers=0)  # (reads inline: no worker pool of its own)
+    copy.seek(offset)
+    return until_an_empty_epoch(epoch(copy) for _ in itertools.count())
+
+
+def until_an_empty_epoch(epochs: Iterable[Iterable[T]]) -> Iterator[T]:
+    """The elements of ``epochs``, one epoch after the other, up to the first that has none."""
+    for elements in epochs:
+        handed = False
+        for element in elements:
+            handed = True
+            yield element
+        if not handed:
+            return
