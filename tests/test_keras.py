@@ -3,6 +3,7 @@ ydl.keras.StreamSequence (batches by index, epochs, model.fit)."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -461,7 +462,13 @@ def test_other_backends_fit_evaluate_and_predict_on_the_streams_epochs(backend, 
     # of the data of their own. make_tf_dataset gave it the stream's epoch 0: fit trained
     # epochs 1, 2, ..., a stream resumed by start_offset lost the rest of its epoch, evaluate
     # ran on epoch 1. So did JAX's predict of a model not built yet, with StreamSequence too.
+    # A torch DataLoader (make_dataloader's, or a plain one with StreamSampler) gave it its
+    # next epoch likewise; with the torch backend and workers, a plain one's sampler also gave
+    # an epoch to the iterator Keras makes at each epoch's end and drops (fit trained 1, 3, 5).
     pytest.importorskip(backend)
+    pytest.importorskip("torch")  # (the job's DataLoaders)
+    if backend == "jax":
+        pytest.importorskip("grain")
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")
     done = subprocess.run(
         [sys.executable, JOB, backend, str(tmp_path)],
@@ -491,3 +498,43 @@ def test_under_a_distribution_strategy_fit_trains_the_streams_first_epochs(ref, 
     model.fit(data, epochs=2, verbose=0)
     assert trained == epoch_ids(ref, 0) + epoch_ids(ref, 1)
     assert stream.next_epoch_position == (2, 0)
+
+
+def torch_fit_data(ref, face):
+    """The stream's batches as (x, y) from a torch DataLoader: make_dataloader ("loader"), or a
+    plain one over RecordDataset with StreamSampler ("sampler")."""
+    torch = pytest.importorskip("torch")
+    from yogadl_plus.columns import collate
+
+    def as_xy(batch):
+        return torch.as_tensor(batch["x"]), torch.as_tensor(batch["y"])
+
+    if face == "loader":
+        return ydl.torch.make_dataloader(stream_of(ref, fields=["x", "y"]), collate_fn=as_xy)
+    return torch.utils.data.DataLoader(
+        ydl.torch.RecordDataset(ref, fields=["x", "y"]),
+        sampler=ydl.torch.StreamSampler(ref, shuffle=True, shuffle_seed=3),
+        batch_size=8,
+        collate_fn=lambda records: as_xy(collate(records)),
+    )
+
+
+@pytest.mark.parametrize(
+    "face, strategy", [("loader", False), ("sampler", False), ("loader", True)]
+)
+def test_with_tensorflow_a_torch_dataloader_trains_the_streams_first_epochs(ref, face, strategy):
+    # Before: Keras's TensorFlow backend reads a torch DataLoader's first batches to learn
+    # their signature from an iteration of its own, at every fit, evaluate and predict (and
+    # under a strategy another one to build the model): each took an epoch of the stream,
+    # make_dataloader's or StreamSampler's.
+    import tensorflow as tf
+
+    data = torch_fit_data(ref, face)
+    trained = []
+    scope = tf.distribute.MirroredStrategy(["/cpu:0"]).scope() if strategy else None
+    with scope or contextlib.nullcontext():
+        model, _ = logged_model(trained)
+    model.fit(data, epochs=2, verbose=0)
+    model.evaluate(data, verbose=0)
+    assert trained == epoch_ids(ref, 0) + epoch_ids(ref, 1)
+    assert next(iter(data))[0][:, 0].tolist() == epoch_ids(ref, 3)[0]

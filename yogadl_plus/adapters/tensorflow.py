@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import tensorflow as tf
 
-from yogadl_plus.adapters.keras_build import a_thread_builds_the_model
+from yogadl_plus.adapters.keras_build import a_thread_builds_the_model, unmoved
 from yogadl_plus.columns import collate
 
 if TYPE_CHECKING:
@@ -162,7 +162,7 @@ def _epochs(
     """The dataset whose every iteration is ``epoch(stream)`` (with ``per_element``
     applied), with the cardinality ``len(stream)`` and no check that an iteration has that many
     elements; but an iteration Keras makes only to build the model reads without moving the
-    stream (see _unmoved).
+    stream (``keras_build.unmoved``).
 
     tf.data can only assert a cardinality (and fails an iteration that ends early: a resumed
     epoch, a predicate's epoch); ``take(n)`` of an infinite dataset states it without a check.
@@ -179,7 +179,11 @@ def _epochs(
             ended = False
             return
         if a_thread_builds_the_model():
-            yield from _unmoved(stream, epoch)
+            # Epoch after epoch, ended by take(): Keras drops the iteration after one batch
+            # while tf.data may still read ahead in it; an end here would have repeat() ask
+            # for another epoch, maybe once Keras is no longer building: the stream's own.
+            offset = stream.plan().offset_of(*stream.next_epoch_position)
+            yield from unmoved(stream, offset, epoch)
             return
         handed = False
         for element in epoch(stream):
@@ -191,25 +195,6 @@ def _epochs(
     if per_element is not None:
         dataset = per_element(dataset)
     return dataset.take(len(stream))
-
-
-def _unmoved(stream: Stream, epoch: Callable[[Stream], Iterator[Any]]) -> Iterator[Any]:
-    """For an iteration Keras makes only to take one batch and build the model on it: what
-    the stream's next iterations will hand out, read by a copy of it, so that the stream does
-    not move and its ledger and stats hold nothing of it.
-
-    Epoch after epoch: the iteration ends at its cardinality (``take``), not here. Keras drops
-    it after one batch while tf.data may still be reading ahead in it; an end here would have
-    ``repeat()`` ask ``generate`` for another epoch, maybe once Keras is no longer building,
-    and that one would be the stream's. (Only an epoch with nothing to hand out ends it.)"""
-    copy = stream.replace(num_workers=0)  # (reads inline: no worker pool of its own)
-    copy.seek(stream.plan().offset_of(*stream.next_epoch_position))
-    handed = True
-    while handed:
-        handed = False
-        for element in epoch(copy):
-            handed = True
-            yield element
 
 
 def _empty_values(signature: Any) -> bool:

@@ -17,6 +17,8 @@ DataLoader's one result pipe.
 from __future__ import annotations
 
 import dataclasses
+import inspect
+import itertools
 import multiprocessing
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -27,6 +29,12 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler, get_worker_info
 
+from yogadl_plus.adapters.keras_build import (
+    a_thread_builds_the_model,
+    makes_an_iterator_to_drop,
+    unmoved,
+    until_an_empty_epoch,
+)
 from yogadl_plus.checks import check_int
 from yogadl_plus.columns import collate, records
 from yogadl_plus.mixture import Mixture
@@ -86,7 +94,10 @@ class StreamSampler(Sampler[int]):
 
     Each ``iter()`` is the next epoch; ``set_epoch(e)`` picks the epoch of the next ``iter()``
     (as DistributedSampler does). ``start_offset`` counts this shard's positions from epoch 0,
-    as for streams; ``shuffle_window`` is the stream's windowed shuffle.
+    as for streams; ``shuffle_window`` is the stream's windowed shuffle. An iteration Keras
+    makes only to drop it (``model.fit`` of a DataLoader with this sampler reads a batch to
+    build the model, and with workers makes each next epoch's iterator twice) hands out what
+    the next one will, and the epoch stays.
     """
 
     def __init__(
@@ -131,7 +142,16 @@ class StreamSampler(Sampler[int]):
 
     def __iter__(self) -> Iterator[int]:
         epoch = self._epoch
+        if a_thread_builds_the_model() or makes_an_iterator_to_drop(inspect.currentframe()):
+            # Keras drops this iteration (see keras_build): it gets what the next one will,
+            # and the epoch stays.
+            yield from until_an_empty_epoch(map(self._indices, itertools.count(epoch)))
+            return
         self._epoch = epoch + 1
+        yield from self._indices(epoch)
+
+    def _indices(self, epoch: int) -> Iterator[int]:
+        """The record indices of ``epoch``, from the start position in the epoch begun at."""
         position = self._start[1] if epoch == self._start[0] else 0
         length = self.order.epoch_length(epoch)
         for start in range(position, length, 4096):
@@ -341,6 +361,8 @@ class ResumableDataLoader(DataLoader):
         # each; arrays cross in the workers' rings (or pickled, when small).
         user_collate = kwargs.pop("collate_fn", None)
         self._convert: Callable[[Any], Any] | None = _to_tensors if user_collate is None else None
+        # (A stream's item as this loader hands it out.)
+        self._as_item: Callable[[Any], Any] = user_collate or _to_tensors
         # (Batches cut here are collated here.)
         self._collate_here = user_collate if boundary.filtered else None
         self._items = _StreamItems(plan, unit, None if boundary.filtered else user_collate)
@@ -371,8 +393,14 @@ class ResumableDataLoader(DataLoader):
         # Each iter() is the next epoch, also after an unfinished one, as for streams; the first
         # iter() (or the first after load_state_dict) starts where the state says.
         cursor = self._cursor
-        if not self._resume:
-            cursor.epoch, cursor.position = self._after, 0
+        start = (cursor.epoch, cursor.position) if self._resume else (self._after, 0)
+        if a_thread_builds_the_model():
+            # Keras reads a batch or two of this iteration only to build the model (or to
+            # learn their shapes), then drops it: it gets what the next one will hand out,
+            # read here without the workers, and the loader's state stays.
+            yield from map(self._as_item, unmoved(self.stream, self.plan.offset_of(*start)))
+            return
+        cursor.epoch, cursor.position = start
         self._resume, self._after = False, cursor.epoch + 1
         if self.num_workers:
             # Workers started by this iteration (if it starts any) end when this process does.
@@ -518,7 +546,9 @@ def make_dataloader(
 
     A batching stream gives batches (``batch_size=`` here sets the stream's batch size when it
     has none): a field of variable shape as a list of tensors, one per record (None for a
-    nullable field's missing value); strings and bytes stay lists. Work runs in
+    nullable field's missing value); strings and bytes stay lists. An iteration Keras makes
+    only to build the model (``model.fit(loader)``) reads what the next one will, without the
+    workers, and moves nothing: Keras trains on the loader's next epoch first. Work runs in
     ``num_workers`` DataLoader workers. ``state_dict()`` after k consumed items, loaded into a
     loader made the same way, resumes at item k+1 with any ``num_workers``, persistent workers
     or not; one taken in the loop after an epoch's last item resumes that epoch, with nothing
