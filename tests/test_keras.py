@@ -538,3 +538,20 @@ def test_with_tensorflow_a_torch_dataloader_trains_the_streams_first_epochs(ref,
     model.evaluate(data, verbose=0)
     assert trained == epoch_ids(ref, 0) + epoch_ids(ref, 1)
     assert next(iter(data))[0][:, 0].tolist() == epoch_ids(ref, 3)[0]
+
+
+def test_backup_and_restore_refuses_to_back_up_a_stream_that_fit_does_not_read(ref, tmp_path):
+    # Before: with a torch loader of make_dataloader (it keeps its own place), the callback
+    # backed up offsets the loader never reached and restored a stream the loader ignores:
+    # a silently wrong resume.
+    torch = pytest.importorskip("torch")
+    stream = stream_of(ref, fields=["x", "y"])
+    data = ydl.torch.make_dataloader(
+        stream, collate_fn=lambda b: (torch.as_tensor(b["x"]), torch.as_tensor(b["y"]))
+    )
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    callback = ydl.keras.BackupAndRestore(str(tmp_path / "backup"), stream, save_freq=1)
+    with pytest.raises(ValueError, match=r"handed out nothing of its epoch.*make_tf_dataset"):
+        model.fit(data, epochs=1, callbacks=[callback], verbose=0)
+    assert not os.path.exists(tmp_path / "backup" / "training_metadata.json")

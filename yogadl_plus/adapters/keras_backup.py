@@ -147,6 +147,15 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
             # epoch's end it ran those left. (A predicate's epoch has ended by then: the stream
             # takes a count past its end as the whole epoch.)
             done = min(done, self._length)
+        if not self._steps and not self.stream.handed_out(self._epoch):
+            raise ValueError(
+                "BackupAndRestore: Keras trained a step, but the stream it backs up has handed "
+                "out nothing of its epoch, so fit reads the data from elsewhere (a torch "
+                "DataLoader of make_dataloader keeps a place of its own): its backups would "
+                "resume at the wrong records. Give fit ydl.tensorflow.make_tf_dataset(stream) "
+                "or ydl.keras.StreamSequence(stream), or with a torch loader save its "
+                "state_dict() with your checkpoints instead"
+            )
         self._since_backup += done - self._steps
         self._steps = done
         if self.save_freq != "epoch" and self.save_freq and self._since_backup >= self.save_freq:
