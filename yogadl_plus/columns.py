@@ -101,7 +101,9 @@ def collate(items: list[Any]) -> Any:
         first,
         (str, bytes),  # np.str_ and np.bytes_ are np.generic too
     )
-    # (A nullable field's None has shape () too: with one, the values stay a list.)
-    if numeric and len({np.shape(v) for v in items}) == 1 and not any(v is None for v in items):
-        return np.stack([np.asarray(v) for v in items])
+    if numeric:
+        shapes = {np.shape(v) for v in items}
+        # (A nullable field's None has shape (): among scalars only, it needs looking for.)
+        if len(shapes) == 1 and (shapes != {()} or not any(v is None for v in items)):
+            return np.stack([np.asarray(v) for v in items])
     return list(items)
