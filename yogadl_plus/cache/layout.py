@@ -97,7 +97,8 @@ class RecordLayout:
         codec = field.codec
         assert codec is not None
         convert = field.converter()
-        if field.fixed:
+        # (A nullable scalar is variable only to hold a None: its value's bytes are as fixed.)
+        if field.fixed or isinstance(codec, codecs.Scalar):
             dtype, shape = field.dtype, field.shape
             # A datetime64 or timedelta64 scalar can have any unit: only the converter knows.
             scalar_type = dtype.type if dtype.kind not in "mM" else None
