@@ -1,4 +1,4 @@
-"""What a bucket's faults do to a run (issue 29): they stall it, never fail it or damage it.
+"""What a bucket's faults do to a run: they stall it, never fail it or damage it.
 
 A real SeaweedFS on 127.0.0.1 (the session's), reached through ``tests/fault_proxy.py``, which
 flips bytes of answers on the way, answers ``503 SlowDown`` or drops connections, and counts

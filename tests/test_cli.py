@@ -539,7 +539,7 @@ def test_build_with_workers_equals_the_serial_build(tmp_path, capsys):
     assert "workers must be" in capsys.readouterr().err
 
 
-# --- rough edges a new user met (issue 27) ---
+# --- rough edges a new user meets ---
 
 
 def test_head_json_writes_every_dtype_the_schema_allows(tmp_path, capsys):

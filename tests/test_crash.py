@@ -1,5 +1,5 @@
-"""Crash safety of LocalStorage: builders really killed with SIGKILL (DESIGN.md "Publishing is
-atomic": a crash at any point leaves either no version or a whole one, never a poisoned one)."""
+"""Crash safety of LocalStorage: builders really killed with SIGKILL (docs/design.md#publishing:
+a crash at any point leaves either no version or a whole one, never a poisoned one)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""ydl.grain (issue 18): a DataRef and a Mixture as Grain random-access sources, a Grain sampler
-with the stream's order, and grain.DataLoader reading every record once per epoch and resuming
-exactly from its own checkpoints, with worker processes too."""
+"""ydl.grain: a DataRef and a Mixture as Grain random-access sources, a Grain sampler with the
+stream's order, and grain.DataLoader reading every record once per epoch and resuming exactly from
+its own checkpoints, with worker processes too."""
 
 from __future__ import annotations
 

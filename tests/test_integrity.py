@@ -1,8 +1,7 @@
-"""Integrity on every read path (issue 13, findings 1 and 5): a chunk changed after publishing
-(a byte, a page, a column value, a truncation, a file swapped in from another version) is found
-before a record of it is served, by ``ref[i]``, ``get_batch``, record and batched streams,
-predicates and ``yogadl-plus head``, and LMDB's own errors become CacheCorrupted without
-poisoning the thread's reads of good records."""
+"""Integrity on every read path: a chunk changed after publishing (a byte, a page, a column value, a
+truncation, a file swapped in from another version) is found before a record of it is served, by
+``ref[i]``, ``get_batch``, record and batched streams, predicates and ``yogadl-plus head``, and
+LMDB's own errors become CacheCorrupted without poisoning the thread's reads of good records."""
 
 from __future__ import annotations
 

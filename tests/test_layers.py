@@ -1,5 +1,5 @@
 """The package's structure, checked over its source: no import cycles, no reaching into another
-module's private attributes (DESIGN.md: each layer knows only the ones below it).
+module's private attributes (docs/design.md#layers: each layer knows only the ones below it).
 
 Every import counts, the lazy ones inside functions included; only imports under
 ``if TYPE_CHECKING:`` are exempt, since they never run. An import names the module it takes
@@ -215,7 +215,7 @@ def test_private_check_can_fail(tmp_path: pathlib.Path) -> None:
     ]
 
 
-# --- the seams of the sequential layer (issue 25) ---
+# --- the seams of the sequential layer ---
 
 STREAM_LAYER = ("yogadl_plus.stream", "yogadl_plus.order")
 # What tells a mixture from a dataset: their classes, and what only one of them has.

@@ -1,6 +1,6 @@
-"""Manifests are checked strictly before use (issue 13, finding 4): every value of a real
-manifest changed (negated, grown, of the wrong type, removed) gives a CacheCorrupted naming the
-field, or exactly the right records; never wrong ones, never a bare exception."""
+"""Manifests are checked strictly before use: every value of a real manifest changed (negated,
+grown, of the wrong type, removed) gives a CacheCorrupted naming the field, or exactly the right
+records; never wrong ones, never a bare exception."""
 
 from __future__ import annotations
 
@@ -329,11 +329,11 @@ ydl.cache_dataset(records, "d", "v1", ydl.LocalStorage(sys.argv[1]), progress=Fa
 @pytest.fixture
 def format_1(tmp_path: Path) -> ydl.LocalStorage:
     """A version written by yogadl_plus 0.1.0 (format 1: flat chunk files, no chunk ids), when
-    its code is at hand (YOGADL_PLUS_OLD_CHECKOUT, or the worktree /work/base)."""
+    its code is at hand (YOGADL_PLUS_OLD_CHECKOUT, or a checkout named base beside this one)."""
     import subprocess
     import sys
 
-    old = os.environ.get("YOGADL_PLUS_OLD_CHECKOUT", "/work/base")
+    old = os.environ.get("YOGADL_PLUS_OLD_CHECKOUT", str(Path(__file__).parents[2] / "base"))
     if not os.path.isfile(os.path.join(old, "yogadl_plus", "cache", "manifest.py")):
         pytest.skip("no checkout of yogadl_plus 0.1.0 to write a format 1 cache with")
     root = tmp_path / "old"

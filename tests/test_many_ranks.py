@@ -1,5 +1,5 @@
-"""Many ranks of one node on one local cache (issue 29): 8 processes that start together on a
-cold cache read each chunk's bytes across the network once, and the manifest once.
+"""Many ranks of one node on one local cache: 8 processes that start together on a cold cache read
+each chunk's bytes across the network once, and the manifest once.
 
 A real SeaweedFS on 127.0.0.1 behind tests/fault_proxy.py, which counts the requests; the ranks
 are real processes, each making its own storage (as torchrun's ranks do) on one local cache.

@@ -1,4 +1,4 @@
-"""Mixtures (issue 17, API.md section 7a): ``ydl.mix(sources, weights, epoch_size)`` reads several
+"""Mixtures (docs/api.md#mixtures): ``ydl.mix(sources, weights, epoch_size)`` reads several
 cached datasets as one, each source at exactly its largest-remainder share of every epoch, with
 the Stream's order, resume, shard, elastic and boundary contract unchanged.
 

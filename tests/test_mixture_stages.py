@@ -1,4 +1,4 @@
-"""Mixture stages (issue 28, API.md section 7a): ``ydl.mix(..., schedule={first_epoch: weights})``
+"""Mixture stages (docs/api.md#mixtures): ``ydl.mix(..., schedule={first_epoch: weights})``
 changes the shares from given epochs on. Every epoch holds the exact shares of the weights then
 in force; each source goes on with its own sequence of epochs across a change (nothing repeated
 before its epoch ends, nothing skipped); a weight of 0 pauses a source; resume, shards and

@@ -1,4 +1,4 @@
-"""Local builds are immutable (issue 13, findings 2 and 3).
+"""Local builds are immutable.
 
 A reader of a version keeps reading the build it opened to the end while another process
 overwrites the version, never a mix of builds; and a builder killed with SIGKILL right after any
@@ -398,7 +398,8 @@ MAKE_FORMAT_1 = textwrap.dedent(
 
 
 def test_a_format_1_version_overwritten_while_read_goes_once_its_reader_is_done(tmp_path):
-    old_code = os.environ.get("YOGADL_PLUS_OLD_CHECKOUT", "/work/base")
+    # A checkout of 0.1.0: YOGADL_PLUS_OLD_CHECKOUT, or one named base beside this one.
+    old_code = os.environ.get("YOGADL_PLUS_OLD_CHECKOUT", str(Path(__file__).parents[2] / "base"))
     if not os.path.isfile(os.path.join(old_code, "yogadl_plus", "cache", "manifest.py")):
         pytest.skip("no checkout of yogadl_plus 0.1.0 to write a format 1 cache with")
     root = tmp_path / "store"

@@ -1,4 +1,4 @@
-"""Predicates (API.md section 6): include and include_batch agree, on hand-built columns and on
+"""Predicates (docs/api.md#boundary): include and include_batch agree, on hand-built columns and on
 columns from a real cache; check(schema) errors; pickling; the pseudorandom split's contract."""
 
 from __future__ import annotations

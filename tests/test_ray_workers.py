@@ -1,7 +1,7 @@
-"""Ray workers (issue 29): ``stream(..., num_workers=K, worker_type="ray")`` runs the boundary's
-work (predicate, decode, transform) on Ray actors of the cluster ``ray.init`` joined, with the
-output of ``worker_type="thread"`` item for item, exact resume and ``offset_after``, and an actor
-killed mid-epoch replaced, its units run again.
+"""Ray workers: ``stream(..., num_workers=K, worker_type="ray")`` runs the boundary's work
+(predicate, decode, transform) on Ray actors of the cluster ``ray.init`` joined, with the output of
+``worker_type="thread"`` item for item, exact resume and ``offset_after``, and an actor killed
+mid-epoch replaced, its units run again.
 
 A real local Ray cluster on 127.0.0.1 (conftest's ``ray_cluster``); the transforms are this
 module's functions, which the actors import by reference (tests/ is on their path).

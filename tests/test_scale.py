@@ -1,6 +1,6 @@
-"""The bookkeeping of a version with many chunks (issue 16, item 5): a manifest of 10^4 chunks
-reads back exactly and its damage is named down to the chunk; a DataRef sends its manifest to
-other processes without encoding it again. (The figures: bench/bench_scale.py.)"""
+"""The bookkeeping of a version with many chunks: a manifest of 10^4 chunks reads back exactly and
+its damage is named down to the chunk; a DataRef sends its manifest to other processes without
+encoding it again. (The figures: bench/bench_scale.py.)"""
 
 from __future__ import annotations
 

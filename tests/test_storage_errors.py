@@ -1,7 +1,7 @@
-"""Errors that say what happened (issue 13, finding 7, the storage side): a full disk, names the
-filesystem cannot hold, permissions, a storage folder removed under us, a read-only local cache.
-Each is one of yogadl_plus's own exceptions naming the path and what to do, and nothing of a
-failed build is left behind; a version already cached is never lost."""
+"""Errors that say what happened, on the storage side: a full disk, names the filesystem cannot
+hold, permissions, a storage folder removed under us, a read-only local cache. Each is one of
+yogadl_plus's own exceptions naming the path and what to do, and nothing of a failed build is left
+behind; a version already cached is never lost."""
 
 from __future__ import annotations
 
@@ -170,7 +170,7 @@ def test_a_removed_storage_folder_is_named(tmp_path):
     ):
         with pytest.raises(ydl.StorageError, match="storage folder does not exist any more"):
             call()
-    # The command line only reads: it names the missing root and makes nothing (issue 18).
+    # The command line only reads: it names the missing root and makes nothing.
     assert main(["ls", "--storage", str(tmp_path / "store")]) == 3
     assert not (tmp_path / "store").exists()
     # A build makes the folder again, as LocalStorage() does.

@@ -1,5 +1,6 @@
 """LocalStorage: names, on-disk layout, versions, verification, concurrency, fingerprints,
-storage URLs and DataRef pickling (API.md sections 1, 2, 4, 8; DESIGN.md "The cache format")."""
+storage URLs and DataRef pickling (docs/api.md#storage, #caching, #dataref and #errors;
+docs/design.md#cache-format)."""
 
 from __future__ import annotations
 
@@ -117,7 +118,7 @@ def leftovers(storage: ydl.LocalStorage, dataset_id: str = "ds") -> list[str]:
     return sorted(e for e in os.listdir(folder) if e.startswith(("+staging.", "+trash.")))
 
 
-# --- names (API.md section 1) ------------------------------------------------------------------
+# --- names (docs/api.md#storage) ---------------------------------------------------------------
 
 VALID_NAMES = ["a", "mnist-v1.2_x", "Z9", "v1.0", "a.b.c", "x-", "_", "A_b-C.9"]
 INVALID_NAMES = [
@@ -241,7 +242,7 @@ def test_name_rule_matches_the_documented_rule(tmp_path_factory, name):
     assert tree(storage.root) == before
 
 
-# --- layout and manifest (DESIGN.md "The cache format") -----------------------------------------
+# --- layout and manifest (docs/design.md#cache-format) -------------------------------------------
 
 
 def test_version_folder_layout_and_manifest(local_storage):

@@ -1,4 +1,4 @@
-"""Stream: the order contract of API.md section 5 (epochs, shards, offsets, batches, fields)."""
+"""Stream: the order contract of docs/api.md#stream (epochs, shards, offsets, batches, fields)."""
 
 from __future__ import annotations
 

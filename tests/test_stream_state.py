@@ -1,4 +1,4 @@
-"""The Stream's public position API and its checked state (issue 15): what adapters build on."""
+"""The Stream's public position API and its checked state: what adapters build on."""
 
 from __future__ import annotations
 

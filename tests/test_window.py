@@ -1,7 +1,7 @@
-"""The windowed shuffle (issue 16): ``stream(shuffle=True, shuffle_window=W)`` permutes the
-chunks, then the records within each window of W consecutive chunks of that permutation, as a
-pure function of (seed, epoch, position) with the resume, shard and elastic contract of the full
-shuffle (API.md section 7b)."""
+"""The windowed shuffle: ``stream(shuffle=True, shuffle_window=W)`` permutes the chunks, then the
+records within each window of W consecutive chunks of that permutation, as a pure function of (seed,
+epoch, position) with the resume, shard and elastic contract of the full shuffle
+(docs/windowed-shuffle.md, docs/design.md#windowed-shuffle)."""
 
 from __future__ import annotations
 

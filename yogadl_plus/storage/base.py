@@ -63,7 +63,7 @@ class Storage(ABC):
     @abstractmethod
     def _remove(self, dataset_id: str, version: str) -> None: ...
 
-    # --- the public face (API.md section 1) ---
+    # --- the public face (docs/api.md#storage) ---
 
     def fetch(self, dataset_id: str, version: str) -> DataRef:
         """The DataRef of a published version; raises DatasetNotFound if it is not there."""
