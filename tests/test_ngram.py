@@ -276,6 +276,19 @@ def test_anchors_are_read_once_per_dataref_and_shared(ref, monkeypatch):
     assert calls
 
 
+def test_the_stream_reads_windows_through_the_reader_that_ngram_hands_over_to(ref):
+    ngram = NGram({0: ["id"], 2: ["x"]}, 1, "ts")
+    first = ngram_reader.anchors(ngram, ref)
+    assert ngram.anchors(ref) is first  # one cache, whichever way it is asked
+    picked = first[[0, 3]]
+    batch = ngram_reader.read_batch(ngram, ref, picked)
+    assert ngram.read_batch(ref, picked).keys() == batch.keys() == {0, 1, 2}
+    via_method = ngram.read_windows(ref, picked)
+    assert [w[0]["id"] for w in via_method] == [
+        w[0]["id"] for w in ngram_reader.read_windows(ngram, ref, picked)
+    ]
+
+
 def test_a_pickled_dataref_computes_its_own(ref):
     ngram = NGram({0: ["id"], 1: ["id"]}, 1, "ts")
     expected = ngram.anchors(ref).tolist()
