@@ -876,3 +876,19 @@ def test_the_demo_reports_its_build_once(tmp_path, capsys):
     assert main(["demo", "--storage", str(tmp_path)]) == 0
     out = capsys.readouterr()
     assert out.out.count("built the cache") == 1 and "built demo-sensors" not in out.err
+
+
+def test_the_console_script_names_main_and_the_package_keeps_every_command():
+    import importlib
+    import re
+
+    import yogadl_plus.cli as cli
+
+    pyproject = (Path(__file__).parents[1] / "pyproject.toml").read_text()
+    (target,) = re.findall(r'^yogadl-plus = "(.+)"$', pyproject, re.M)
+    module, _, name = target.partition(":")
+    assert getattr(importlib.import_module(module), name) is main
+    for command in ("demo", "build", "ls", "info", "head", "verify", "push", "pull", "rm"):
+        assert callable(getattr(cli, f"cmd_{command}"))
+    assert callable(cli.cmd_lineage) and callable(cli.cmd_bench) and callable(cli.build_parser)
+    assert dict(cli.EXIT_CODES)[(ydl.DatasetNotFound,)] == 3 and cli.INTERNAL_ERROR == 70

@@ -14,10 +14,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import yogadl_plus as ydl
-from yogadl_plus import ngram as ngram_module
 from yogadl_plus.columns import collate
 from yogadl_plus.errors import NGramError
 from yogadl_plus.ngram import NGram
+from yogadl_plus.stream import ngram_reader
 
 # --- helpers ---
 
@@ -103,12 +103,12 @@ def test_anchors_match_brute_force(gaps, offsets, delta, overlap, block, as_floa
     if as_float:
         ts = ts.astype(np.float64)
     ngram = NGram({o: ["x"] for o in offsets}, delta, "ts", overlap)
-    saved = ngram_module._TS_BLOCK
-    ngram_module._TS_BLOCK = block  # windows across many read blocks
+    saved = ngram_reader._TS_BLOCK
+    ngram_reader._TS_BLOCK = block  # windows across many read blocks
     try:
         got = ngram.anchors(FakeRef(ts))
     finally:
-        ngram_module._TS_BLOCK = saved
+        ngram_reader._TS_BLOCK = saved
     assert got.dtype == np.int64
     assert got.tolist() == brute_anchors(ts.tolist(), offsets, delta, overlap)
 
@@ -221,7 +221,7 @@ def test_datetime64_timestamps_with_a_timedelta_threshold(tmp_path):
 
 @pytest.mark.parametrize("block", [65536, 42, 7])
 def test_unsorted_timestamps_inside_a_window_raise_naming_both_records(block, monkeypatch):
-    monkeypatch.setattr(ngram_module, "_TS_BLOCK", block)
+    monkeypatch.setattr(ngram_reader, "_TS_BLOCK", block)
     ts = np.concatenate([np.linspace(0.0, 17.0, 42), 12.5 + np.arange(18.0)])
     assert (np.diff(ts) < 0).sum() == 1
     ngram = NGram({0: ["x"], 1: ["x"]}, 100, "ts")
@@ -274,6 +274,19 @@ def test_anchors_are_read_once_per_dataref_and_shared(ref, monkeypatch):
     # Another threshold is another computation.
     NGram({0: ["id"], 1: ["id"], 4: ["x"]}, 2, "ts").anchors(ref)
     assert calls
+
+
+def test_the_stream_reads_windows_through_the_reader_that_ngram_hands_over_to(ref):
+    ngram = NGram({0: ["id"], 2: ["x"]}, 1, "ts")
+    first = ngram_reader.anchors(ngram, ref)
+    assert ngram.anchors(ref) is first  # one cache, whichever way it is asked
+    picked = first[[0, 3]]
+    batch = ngram_reader.read_batch(ngram, ref, picked)
+    assert ngram.read_batch(ref, picked).keys() == batch.keys() == {0, 1, 2}
+    via_method = ngram.read_windows(ref, picked)
+    assert [w[0]["id"] for w in via_method] == [
+        w[0]["id"] for w in ngram_reader.read_windows(ngram, ref, picked)
+    ]
 
 
 def test_a_pickled_dataref_computes_its_own(ref):

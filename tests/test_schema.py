@@ -524,3 +524,14 @@ def test_records_over_4_gib_are_refused_before_they_are_joined(tmp_path, sizes):
     ):
         build(tmp_path, records, schema)
     assert_nothing_left(tmp_path)
+
+
+def test_the_schema_package_exports_what_the_module_did():
+    import yogadl_plus.schema as schema
+    from yogadl_plus.schema import inference, model, values
+
+    assert schema.Field is model.Field is ydl.Field and schema.Schema is ydl.Schema
+    assert schema.infer_schema is inference.infer_schema
+    assert schema.cast_exactly is values.cast_exactly
+    names = {"MAX_NAME_BYTES", "Field", "Schema", "cast_exactly", "infer_field", "infer_schema"}
+    assert names | {"infer_value"} <= set(schema.__all__)

@@ -5,6 +5,7 @@
 - ``settings``: ``BoundarySettings`` and ``WorkerSettings`` (with order/'s ``OrderSettings``);
 - ``units``: an epoch cut into units of work, announced ahead;
 - ``reader``: the boundary's work on a unit (predicate, decode, transform), per source leaf;
+- ``ngram_reader``: n-gram windows read from a DataRef, and the anchors each DataRef has;
 - ``block``, ``batching``: what a unit gives, and batches cut from blocks;
 - ``ledger``: where each item handed out ends, for ``offset_after``;
 - ``state``: ``StreamState``, a checkpoint's position, checked when loaded;

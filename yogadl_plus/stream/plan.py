@@ -15,6 +15,7 @@ import numpy as np
 
 from yogadl_plus.checks import check_int
 from yogadl_plus.order.shards import shard_order
+from yogadl_plus.stream import ngram_reader
 from yogadl_plus.stream.block import Block, as_items
 from yogadl_plus.stream.reader import SourceReader
 from yogadl_plus.stream.state import StreamState, order_identity
@@ -52,7 +53,7 @@ class StreamPlan:
         source.check_stream(order, windows)
         self.source = source
         self.boundary = boundary
-        anchors = boundary.ngram.anchors(source.leaves[0].ref) if windows else None
+        anchors = ngram_reader.anchors(boundary.ngram, source.leaves[0].ref) if windows else None
         self.reader = SourceReader(source, boundary, anchors, order.shuffle_seed or 0)
         #: The fields items hold (a mixture's records: those every source has alike).
         self.fields: tuple[Field, ...] = source.stream_fields(boundary.fields, boundary.batching)

@@ -24,6 +24,7 @@ import numpy as np
 from yogadl_plus.augment import RandomMap
 from yogadl_plus.columns import columns_nbytes, merge_columns, records, stacking
 from yogadl_plus.errors import SchemaError, TransformError
+from yogadl_plus.stream import ngram_reader
 from yogadl_plus.stream.block import Block, as_items
 from yogadl_plus.stream.skips import skipped
 from yogadl_plus.stream.stats import (
@@ -159,9 +160,9 @@ class LeafReader:
         assert self.ngram is not None and self.anchors is not None
         anchors = self.anchors[positions]
         if self.as_columns:
-            columns = self.ngram.read_batch(self.dataref, anchors, self.allocate)
+            columns = ngram_reader.read_batch(self.ngram, self.dataref, anchors, self.allocate)
             return Block(ends, columns=columns, nbytes=columns_nbytes(columns))
-        windows: list[Any] = self.ngram.read_windows(self.dataref, anchors)
+        windows: list[Any] = ngram_reader.read_windows(self.ngram, self.dataref, anchors)
         block = Block(ends, items=windows)
         if self.transform is not None:
             began = perf_counter()
