@@ -296,7 +296,7 @@ def test_a_local_spark_on_another_python_is_said_before_the_tasks_start(caplog):
     import logging
     import types
 
-    from yogadl_plus.build.spark import _check_local_python
+    from yogadl_plus.building.spark import _check_local_python
 
     elsewhere = types.SimpleNamespace(master="local[2]", pythonExec="/nowhere/python3")
     with caplog.at_level(logging.WARNING, logger="yogadl_plus"):

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from yogadl_plus import codecs, predicates, sources
 from yogadl_plus._version import __version__
 from yogadl_plus.augment import random_map
-from yogadl_plus.build import cache_dataset
+from yogadl_plus.building import cache_dataset
 from yogadl_plus.dataref import DataRef
 from yogadl_plus.errors import (
     CacheCorrupted,

@@ -26,7 +26,7 @@ from typing import Any, NoReturn
 import numpy as np
 
 import yogadl_plus as ydl
-from yogadl_plus.build import ENGINES
+from yogadl_plus.building import ENGINES
 from yogadl_plus.progress import progress_bar
 from yogadl_plus.storage import copy_version, local_root
 from yogadl_plus.stream import StreamState

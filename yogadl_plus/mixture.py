@@ -35,13 +35,13 @@ from yogadl_plus.schema import Field, Schema
 
 __all__ = ["Mixture", "mix"]
 
-Source = Union[DataRef, "Mixture"]
+Mixable = Union[DataRef, "Mixture"]
 # (Epochs are int64 in the order's arithmetic, with room for the slots of an epoch.)
 _LAST_EPOCH = 1 << 62
 
 
 def mix(
-    sources: Mapping[str, Source],
+    sources: Mapping[str, Mixable],
     weights: Mapping[str, float] | None = None,
     *,
     epoch_size: int | None = None,
@@ -66,7 +66,7 @@ class Mixture(RecordSource):
 
     def __init__(
         self,
-        sources: Mapping[str, Source],
+        sources: Mapping[str, Mixable],
         weights: Mapping[str, float] | None = None,
         *,
         epoch_size: int | None = None,
@@ -277,7 +277,7 @@ class Mixture(RecordSource):
             )
 
 
-def _checked_sources(sources: Mapping[str, Source]) -> tuple[tuple[str, ...], tuple[Source, ...]]:
+def _checked_sources(sources: Mapping[str, Mixable]) -> tuple[tuple[str, ...], tuple[Mixable, ...]]:
     if not isinstance(sources, Mapping):
         raise TypeError(
             f"sources must be a mapping of name -> DataRef or Mixture, got {type(sources).__name__}"
@@ -392,7 +392,7 @@ def _exact(value: numbers.Real) -> Fraction:
     return Fraction(float(value))
 
 
-def _leaves(names: Sequence[str], sources: Sequence[Source], used: Sequence[bool]) -> list[Leaf]:
+def _leaves(names: Sequence[str], sources: Sequence[Mixable], used: Sequence[bool]) -> list[Leaf]:
     return [
         Leaf((name, *leaf.path), leaf.ref, leaf.used and read)
         for name, source, read in zip(names, sources, used)
