@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from yogadl_plus import codecs, predicates, sources
+from yogadl_plus import codecs, deprecation, predicates, sources
 from yogadl_plus._version import __version__
 from yogadl_plus.augment import random_map
 from yogadl_plus.building import cache_dataset
@@ -41,6 +41,8 @@ from yogadl_plus.storage import (
     open_storage,
 )
 from yogadl_plus.stream import Stream, StreamStats
+
+deprecation.install()  # the import paths of the last release, with a DeprecationWarning
 
 if TYPE_CHECKING:
     from yogadl_plus.adapters import grain as grain

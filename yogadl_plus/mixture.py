@@ -18,13 +18,14 @@ import math
 import numbers
 from collections.abc import Mapping, Sequence
 from fractions import Fraction
-from typing import Any, Union
+from typing import TYPE_CHECKING, Any, Union
 
 import numpy as np
 
 from yogadl_plus.checks import check_indices, check_int, check_selection
 from yogadl_plus.columns import merge_columns, stacking
 from yogadl_plus.dataref import DataRef
+from yogadl_plus.deprecation import old_names
 from yogadl_plus.errors import SchemaError
 from yogadl_plus.order.interleave import shares
 from yogadl_plus.order.mixing import MixOrder, Schedule
@@ -34,6 +35,9 @@ from yogadl_plus.recordsource import Leaf, RecordSource
 from yogadl_plus.schema import Field, Schema
 
 __all__ = ["Mixture", "mix"]
+
+if not TYPE_CHECKING:  # its names of the last release, with a DeprecationWarning
+    __getattr__ = old_names(__name__)
 
 Mixable = Union[DataRef, "Mixture"]
 # (Epochs are int64 in the order's arithmetic, with room for the slots of an epoch.)

@@ -17,15 +17,19 @@ opening chunks on demand, does the fetching, opening and unmapping.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import lmdb
 
 from yogadl_plus.cache.held import Held
 from yogadl_plus.cache.opening import OpenChunks
 from yogadl_plus.cache.workingset import Retired, WorkingSet
+from yogadl_plus.deprecation import old_names
 
 __all__ = ["ChunkProvider", "ChunksOnDemand"]
+
+if not TYPE_CHECKING:  # its names of the last release, with a DeprecationWarning
+    __getattr__ = old_names(__name__)
 
 
 class ChunkProvider(Protocol):

@@ -16,10 +16,12 @@ import threading
 import time
 import warnings
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from filelock import FileLock, Timeout
 
 from yogadl_plus.cache.integrity import STAMP_SUFFIX
+from yogadl_plus.deprecation import old_names
 from yogadl_plus.errors import CacheLimitWarning, NoRoom
 from yogadl_plus.storage.local import LocalStorage
 from yogadl_plus.storage.mirrorfiles import (
@@ -36,6 +38,9 @@ from yogadl_plus.storage.mirrorpins import MirrorPins
 from yogadl_plus.storage.pins import exclusively
 
 __all__ = ["MirrorSpace"]
+
+if not TYPE_CHECKING:  # its names of the last release, with a DeprecationWarning
+    __getattr__ = old_names(__name__)
 
 log = logging.getLogger(__name__)
 

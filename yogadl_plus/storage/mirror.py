@@ -13,10 +13,12 @@ import dataclasses
 import os
 import shutil
 from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING
 
 from yogadl_plus.cache.integrity import stamp
 from yogadl_plus.cache.manifest import MANIFEST_NAME, ChunkInfo, Manifest
 from yogadl_plus.checks import check_int
+from yogadl_plus.deprecation import old_names
 from yogadl_plus.errors import PinGone, StorageError
 from yogadl_plus.files import write_durably
 from yogadl_plus.storage.eviction import MirrorSpace
@@ -26,6 +28,9 @@ from yogadl_plus.storage.mirrorpins import MirrorPins, builds
 from yogadl_plus.storage.pins import Pins, exclusively
 
 __all__ = ["Mirror", "RemoteManifest"]
+
+if not TYPE_CHECKING:  # its names of the last release, with a DeprecationWarning
+    __getattr__ = old_names(__name__)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -6,9 +6,11 @@ from __future__ import annotations
 import os
 import threading
 import time
+from typing import TYPE_CHECKING
 
 from yogadl_plus import lifecycle
 from yogadl_plus.cache.manifest import Manifest
+from yogadl_plus.deprecation import old_names
 from yogadl_plus.errors import PinGone, StorageError, unwritable
 from yogadl_plus.storage.local import build_pin_path, builds_named
 from yogadl_plus.storage.mirrorfiles import (
@@ -20,6 +22,9 @@ from yogadl_plus.storage.mirrorfiles import (
 from yogadl_plus.storage.pins import Pin, Pins
 
 __all__ = ["MirrorPins", "builds"]
+
+if not TYPE_CHECKING:  # its names of the last release, with a DeprecationWarning
+    __getattr__ = old_names(__name__)
 
 _PIN_ATTEMPTS = 200
 
