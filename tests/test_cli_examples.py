@@ -137,11 +137,12 @@ def test_every_way_of_importing_a_face_gives_one_module_and_no_framework_before(
         "from yogadl_plus.torch import make_dataloader\n"
         "import yogadl_plus.torch\n"
         "import yogadl_plus.adapters.torch as adapter\n"
-        "assert yogadl_plus.torch is ydl.torch is adapter\n"
-        "assert make_dataloader is ydl.torch.make_dataloader\n"
+        "assert yogadl_plus.torch is ydl.torch and ydl.torch.__name__ == 'yogadl_plus.torch'\n"
+        "assert make_dataloader is ydl.torch.make_dataloader is adapter.make_dataloader\n"
         "assert 'tensorflow' not in sys.modules, 'the torch face imported tensorflow'\n"
         "from yogadl_plus import grain\n"
-        "assert grain is ydl.grain is sys.modules['yogadl_plus.adapters.grain']\n"
+        "from yogadl_plus.adapters.grain import source\n"
+        "assert grain is ydl.grain and grain.source is source\n"
         "print('ok')\n"
     )
     result = subprocess.run(
