@@ -45,7 +45,7 @@ class _Said(logging.Handler):
         self.lines: list[str] = []
 
     def emit(self, record: logging.LogRecord) -> None:
-        if record.name == "yogadl_plus.build.pool":
+        if record.name == "yogadl_plus.building.pool":
             self.lines.append(record.getMessage())
 
 
@@ -60,7 +60,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.pool:
         try:
-            from yogadl_plus.build import starts
+            from yogadl_plus.building import starts
         except ImportError:  # a tree from before: always the pool
             pass
         else:

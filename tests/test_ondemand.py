@@ -237,7 +237,7 @@ def test_large_chunks_are_fetched_in_ranged_parts(s3_spec: dict, tmp_path: Path)
     machine = make_storage(s3_spec, tmp_path / "machine", local_cache_limit=limit)
     ref = machine.fetch("d", "v")
     assert isinstance(ref, DataRefOnDemand)
-    ref.source.settings = dataclasses.replace(ref.source.settings, part_bytes=5000)
+    ref.provider.settings = dataclasses.replace(ref.provider.settings, part_bytes=5000)
     ranges: list[tuple[int, int]] = []
     original = machine.objects.read_range
 
@@ -380,7 +380,7 @@ CHILD_READ = textwrap.dedent(
 
     ref = pickle.loads(open(sys.argv[1], "rb").read())
     log = []
-    objects = ref.source.objects
+    objects = ref.provider.objects
     original = objects.read_range
 
     def read_range(key, start, stop):
@@ -527,13 +527,13 @@ def test_reads_going_round_a_few_chunks_keep_them_open(s3_spec: dict, tmp_path: 
     ref = make_storage(s3_spec, tmp_path / "machine", local_cache_limit=limit).fetch("d", "v")
     starts = np.cumsum([0] + [c.records for c in built.manifest.chunks])
     opened: list[int] = []
-    original = ref.source.acquire
+    original = ref.provider.acquire
 
     def acquire(number: int) -> Any:
         opened.append(number)
         return original(number)
 
-    ref.source.acquire = acquire
+    ref.provider.acquire = acquire
     per_round = []
     for round_ in range(6):
         before = len(opened)

@@ -20,7 +20,7 @@ import pytest
 from damage import version_files
 
 import yogadl_plus as ydl
-from yogadl_plus.build import starts
+from yogadl_plus.building import starts
 from yogadl_plus.cache.manifest import MANIFEST_NAME, ChunkInfo
 from yogadl_plus.sources import as_source
 from yogadl_plus.storage.sink import UploadSink
@@ -197,7 +197,7 @@ def test_a_bad_record_fails_the_build_naming_it_and_publishes_nothing(local_stor
 
 
 def pool_lines(caplog) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.name == "yogadl_plus.build.pool"]
+    return [r.getMessage() for r in caplog.records if r.name == "yogadl_plus.building.pool"]
 
 
 def test_a_small_source_is_built_serially_and_says_why_once(local_storage, caplog, monkeypatch):
@@ -240,7 +240,7 @@ def test_workers_are_forked_only_where_that_is_safe(monkeypatch):
     served = starts.worker_start(torch_source)
     assert served.context.get_start_method() == "forkserver"
     assert served.how == (
-        "started from a forkserver, which imports yogadl_plus.build.pool, pyarrow.parquet, "
+        "started from a forkserver, which imports yogadl_plus.building.pool, pyarrow.parquet, "
         "torch once as it starts (not forked from this process: other threads run here "
         "(your-server))"
     )

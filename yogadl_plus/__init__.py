@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from yogadl_plus import codecs, predicates, sources
+from yogadl_plus import codecs, deprecation, predicates, sources
 from yogadl_plus._version import __version__
 from yogadl_plus.augment import random_map
-from yogadl_plus.build import cache_dataset
+from yogadl_plus.building import cache_dataset
 from yogadl_plus.dataref import DataRef
 from yogadl_plus.errors import (
     CacheCorrupted,
@@ -42,11 +42,13 @@ from yogadl_plus.storage import (
 )
 from yogadl_plus.stream import Stream, StreamStats
 
+deprecation.install()  # the import paths of the last release, with a DeprecationWarning
+
 if TYPE_CHECKING:
-    from yogadl_plus.adapters import grain as grain
-    from yogadl_plus.adapters import keras as keras
-    from yogadl_plus.adapters import tensorflow as tensorflow
-    from yogadl_plus.adapters import torch as torch
+    from yogadl_plus import grain as grain
+    from yogadl_plus import keras as keras
+    from yogadl_plus import tensorflow as tensorflow
+    from yogadl_plus import torch as torch
 
 
 def __dir__() -> list[str]:
@@ -60,10 +62,13 @@ def __getattr__(name: str) -> Any:
     """``ydl.tensorflow``, ``ydl.torch``, ``ydl.keras``, ``ydl.grain``: framework faces, imported
     (with their framework) only when first used, so ``import yogadl_plus`` imports no framework.
     ``import yogadl_plus.torch`` (and the others) gives the same module."""
+    import importlib
+
     from yogadl_plus.adapters import FACES, face
 
     if name in FACES:
-        module = face(name, f"ydl.{name}")
+        face(name, f"ydl.{name}")  # its framework missing: a MissingExtra naming ydl.<name>
+        module = importlib.import_module(f"{__name__}.{name}")
         globals()[name] = module
         return module
     raise AttributeError(f"module 'yogadl_plus' has no attribute {name!r}")

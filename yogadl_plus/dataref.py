@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from yogadl_plus.cache.demand import ChunkSource
+from yogadl_plus.cache.demand import ChunkProvider
 from yogadl_plus.cache.fixed import Allocate, Values
 from yogadl_plus.cache.layout import RecordLayout
 from yogadl_plus.cache.manifest import ChunkInfo, Manifest
@@ -227,7 +227,7 @@ class DataRef(RecordSource):
 
 class DataRefOnDemand(DataRef):
     """A DataRef whose chunks come to local disk when a read needs them (or ahead of it, see
-    ``read_ahead``), from ``source``: a bucket's version bigger than its local cache.
+    ``read_ahead``), from ``provider``: a bucket's version bigger than its local cache.
 
     Every read is bracketed for the ChunkSet (``read_begins`` / ``read_ends``), which so knows
     when no thread can hold views into a chunk it retired, and unmaps and unpins it: values a
@@ -235,20 +235,22 @@ class DataRefOnDemand(DataRef):
     next read. Picklable like any DataRef; the copy fetches through the same local cache.
     """
 
-    def __init__(self, directory: str, manifest: Manifest, hold: Any, source: ChunkSource) -> None:
-        self.source = source
+    def __init__(
+        self, directory: str, manifest: Manifest, hold: Any, provider: ChunkProvider
+    ) -> None:
+        self.provider = provider
         super().__init__(directory, manifest, hold)
 
     def _chunk_set(self, directory: str, manifest: Manifest) -> ChunkSet:
-        return ChunkSet(directory, manifest, self.source)
+        return ChunkSet(directory, manifest, self.provider)
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**super().__getstate__(), "source": self.source}
+        return {**super().__getstate__(), "provider": self.provider}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         manifest = Manifest.from_json(state["manifest"], state["directory"])
         self.__init__(  # type: ignore[misc]
-            state["directory"], manifest, state.get("hold"), state["source"]
+            state["directory"], manifest, state.get("hold"), state["provider"]
         )
 
     @contextlib.contextmanager

@@ -1,16 +1,11 @@
-"""``yogadl_plus.grain``, the same module as ``ydl.grain``: the face in adapters/grain.py."""
+"""``yogadl_plus.grain``, which is ``ydl.grain``: the Grain face (adapters/grain.py), imported
+with Grain only when first used."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from yogadl_plus.adapters import face
 
-if TYPE_CHECKING:
-    from yogadl_plus.adapters.grain import *  # noqa: F403
-else:
-    import sys
+face("grain", __name__)  # its framework missing: a MissingExtra naming this module
 
-    from yogadl_plus.adapters import face
-
-    # Importing this name gives the face's own module, not a copy of its names: its settings
-    # and the objects made through ``ydl.grain`` are the same ones.
-    sys.modules[__name__] = face("grain", __name__)
+from yogadl_plus.adapters.grain import *  # noqa: E402, F403
+from yogadl_plus.adapters.grain import __all__ as __all__  # noqa: E402

@@ -1,16 +1,11 @@
-"""``yogadl_plus.keras``, the same module as ``ydl.keras``: the face in adapters/keras.py."""
+"""``yogadl_plus.keras``, which is ``ydl.keras``: the Keras face (adapters/keras.py), imported
+with Keras only when first used."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from yogadl_plus.adapters import face
 
-if TYPE_CHECKING:
-    from yogadl_plus.adapters.keras import *  # noqa: F403
-else:
-    import sys
+face("keras", __name__)  # its framework missing: a MissingExtra naming this module
 
-    from yogadl_plus.adapters import face
-
-    # Importing this name gives the face's own module, not a copy of its names: its settings
-    # and the objects made through ``ydl.keras`` are the same ones.
-    sys.modules[__name__] = face("keras", __name__)
+from yogadl_plus.adapters.keras import *  # noqa: E402, F403
+from yogadl_plus.adapters.keras import __all__ as __all__  # noqa: E402

@@ -18,13 +18,14 @@ import math
 import numbers
 from collections.abc import Mapping, Sequence
 from fractions import Fraction
-from typing import Any, Union
+from typing import TYPE_CHECKING, Any, Union
 
 import numpy as np
 
 from yogadl_plus.checks import check_indices, check_int, check_selection
 from yogadl_plus.columns import merge_columns, stacking
 from yogadl_plus.dataref import DataRef
+from yogadl_plus.deprecation import old_names
 from yogadl_plus.errors import SchemaError
 from yogadl_plus.order.interleave import shares
 from yogadl_plus.order.mixing import MixOrder, Schedule
@@ -35,13 +36,16 @@ from yogadl_plus.schema import Field, Schema
 
 __all__ = ["Mixture", "mix"]
 
-Source = Union[DataRef, "Mixture"]
+if not TYPE_CHECKING:  # its names of the last release, with a DeprecationWarning
+    __getattr__ = old_names(__name__)
+
+Mixable = Union[DataRef, "Mixture"]
 # (Epochs are int64 in the order's arithmetic, with room for the slots of an epoch.)
 _LAST_EPOCH = 1 << 62
 
 
 def mix(
-    sources: Mapping[str, Source],
+    sources: Mapping[str, Mixable],
     weights: Mapping[str, float] | None = None,
     *,
     epoch_size: int | None = None,
@@ -66,7 +70,7 @@ class Mixture(RecordSource):
 
     def __init__(
         self,
-        sources: Mapping[str, Source],
+        sources: Mapping[str, Mixable],
         weights: Mapping[str, float] | None = None,
         *,
         epoch_size: int | None = None,
@@ -277,7 +281,7 @@ class Mixture(RecordSource):
             )
 
 
-def _checked_sources(sources: Mapping[str, Source]) -> tuple[tuple[str, ...], tuple[Source, ...]]:
+def _checked_sources(sources: Mapping[str, Mixable]) -> tuple[tuple[str, ...], tuple[Mixable, ...]]:
     if not isinstance(sources, Mapping):
         raise TypeError(
             f"sources must be a mapping of name -> DataRef or Mixture, got {type(sources).__name__}"
@@ -392,7 +396,7 @@ def _exact(value: numbers.Real) -> Fraction:
     return Fraction(float(value))
 
 
-def _leaves(names: Sequence[str], sources: Sequence[Source], used: Sequence[bool]) -> list[Leaf]:
+def _leaves(names: Sequence[str], sources: Sequence[Mixable], used: Sequence[bool]) -> list[Leaf]:
     return [
         Leaf((name, *leaf.path), leaf.ref, leaf.used and read)
         for name, source, read in zip(names, sources, used)

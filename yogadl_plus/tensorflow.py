@@ -1,16 +1,11 @@
-"""``yogadl_plus.tensorflow``, the same module as ``ydl.tensorflow``: adapters/tensorflow.py."""
+"""``yogadl_plus.tensorflow``, which is ``ydl.tensorflow``: the tf.data face
+(adapters/tensorflow.py), imported with TensorFlow only when first used."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from yogadl_plus.adapters import face
 
-if TYPE_CHECKING:
-    from yogadl_plus.adapters.tensorflow import *  # noqa: F403
-else:
-    import sys
+face("tensorflow", __name__)  # its framework missing: a MissingExtra naming this module
 
-    from yogadl_plus.adapters import face
-
-    # Importing this name gives the face's own module, not a copy of its names: its settings
-    # and the objects made through ``ydl.tensorflow`` are the same ones.
-    sys.modules[__name__] = face("tensorflow", __name__)
+from yogadl_plus.adapters.tensorflow import *  # noqa: E402, F403
+from yogadl_plus.adapters.tensorflow import __all__ as __all__  # noqa: E402

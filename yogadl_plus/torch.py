@@ -1,16 +1,11 @@
-"""``yogadl_plus.torch``, the same module as ``ydl.torch``: the face in adapters/torch.py."""
+"""``yogadl_plus.torch``, which is ``ydl.torch``: the PyTorch face (adapters/torch.py), imported
+with PyTorch only when first used."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from yogadl_plus.adapters import face
 
-if TYPE_CHECKING:
-    from yogadl_plus.adapters.torch import *  # noqa: F403
-else:
-    import sys
+face("torch", __name__)  # its framework missing: a MissingExtra naming this module
 
-    from yogadl_plus.adapters import face
-
-    # Importing this name gives the face's own module, not a copy of its names: its settings
-    # and the objects made through ``ydl.torch`` are the same ones.
-    sys.modules[__name__] = face("torch", __name__)
+from yogadl_plus.adapters.torch import *  # noqa: E402, F403
+from yogadl_plus.adapters.torch import __all__ as __all__  # noqa: E402

@@ -4,7 +4,6 @@ framework lazily, only when used."""
 from __future__ import annotations
 
 import importlib
-import sys
 from types import ModuleType
 
 from yogadl_plus.errors import missing_extra
@@ -16,14 +15,12 @@ FACES = ("tensorflow", "torch", "keras", "grain")
 
 
 def face(name: str, needed_by: str) -> ModuleType:
-    """The framework face ``name``, imported now with its framework, and registered as
-    ``yogadl_plus.<name>`` too, so that every way of importing it gives this one module.
+    """The framework face ``name`` (the module here that ``yogadl_plus.<name>`` re-exports),
+    imported now with its framework.
 
     Its framework missing: a MissingExtra naming ``needed_by`` and the pip install.
     """
     try:
-        module = importlib.import_module(f"{__name__}.{name}")
+        return importlib.import_module(f"{__name__}.{name}")
     except ModuleNotFoundError as exc:
         raise missing_extra(exc, needed_by) from None
-    sys.modules[f"yogadl_plus.{name}"] = module
-    return module

@@ -1,7 +1,7 @@
 """Reading a version whose chunk files come to local disk only when a read needs them.
 
-A ChunkSet reading on demand asks a ChunkSource (a bucket's version, see storage/ondemand.py)
-for each chunk it opens: the source puts the file in place, checked, and pins it so that nobody
+A ChunkSet reading on demand asks a ChunkProvider (a bucket's version, see storage/ondemand.py)
+for each chunk it opens: the provider puts the file in place, checked, and pins it so that nobody
 deletes it while it is mapped. The set keeps a bounded working set of chunks open
 (``keep_open_bytes``) and lets go of the others, so that a version bigger than the disk can
 be read through a cache of bounded size.
@@ -17,23 +17,22 @@ opening chunks on demand, does the fetching, opening and unmapping.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import lmdb
 
+from yogadl_plus.cache.held import Held
 from yogadl_plus.cache.opening import OpenChunks
 from yogadl_plus.cache.workingset import Retired, WorkingSet
+from yogadl_plus.deprecation import old_names
 
-__all__ = ["ChunkSource", "ChunksOnDemand", "Held"]
+__all__ = ["ChunkProvider", "ChunksOnDemand"]
 
-
-class Held(Protocol):
-    """What keeps one chunk file on disk (a pin); released once the chunk is unmapped."""
-
-    def release(self) -> None: ...
+if not TYPE_CHECKING:  # its names of the last release, with a DeprecationWarning
+    __getattr__ = old_names(__name__)
 
 
-class ChunkSource(Protocol):
+class ChunkProvider(Protocol):
     """Where the chunks of a version read on demand come from."""
 
     #: How many bytes of chunks a reader keeps open beyond those its reads need at the moment,
@@ -58,15 +57,15 @@ class ChunkSource(Protocol):
 
 class ChunksOnDemand:
     """How a ChunkSet reading on demand opens chunks and lets go of them: each chunk is fetched
-    and pinned through ``source`` before ``opened`` opens (and checks) it, the chunks beyond
+    and pinned through ``provider`` before ``opened`` opens (and checks) it, the chunks beyond
     the working set are retired, and retired chunks nobody can reach any more are unmapped and
     unpinned."""
 
-    def __init__(self, opened: OpenChunks, source: ChunkSource) -> None:
+    def __init__(self, opened: OpenChunks, provider: ChunkProvider) -> None:
         self.opened = opened
-        self.source = source
+        self.provider = provider
         self.working = WorkingSet(
-            [c.bytes for c in opened.chunks], source.keep_open_bytes, source.max_open_bytes
+            [c.bytes for c in opened.chunks], provider.keep_open_bytes, provider.max_open_bytes
         )
 
     def env(self, number: int) -> lmdb.Environment:
@@ -77,7 +76,7 @@ class ChunksOnDemand:
         env = opened.envs[number]
         if env is not None:
             return env
-        held = self.source.acquire(number)
+        held = self.provider.acquire(number)
         with opened.lock:
             env = opened.envs[number]
             if env is not None:  # another thread opened it meanwhile
@@ -116,7 +115,7 @@ class ChunksOnDemand:
         """Chunks that reads will need soon, soonest first: those not open are fetched in the
         background."""
         envs = self.opened.envs
-        self.source.read_ahead([n for n in numbers if 0 <= n < len(envs) and envs[n] is None])
+        self.provider.read_ahead([n for n in numbers if 0 <= n < len(envs) and envs[n] is None])
 
     def _unmap(self, retired: list[Retired]) -> None:
         """Close retired chunks' environments and drop their pins. Under the opened lock."""
@@ -128,7 +127,7 @@ class ChunksOnDemand:
         """The pins of every chunk held, open or retired, and what was fetched ahead, go."""
         for _, held in self.working.everything():
             held.release()
-        self.source.close()
+        self.provider.close()
 
     def forget_after_fork(self) -> None:
         """In a forked child: the pins and threads are the parent's."""

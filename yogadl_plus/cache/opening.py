@@ -16,11 +16,11 @@ import os
 import threading
 import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import lmdb
 
 from yogadl_plus.cache.environments import ENVIRONMENTS, FileKey
+from yogadl_plus.cache.held import Held
 from yogadl_plus.cache.integrity import (
     DAMAGED,
     FileState,
@@ -34,9 +34,6 @@ from yogadl_plus.cache.manifest import MANIFEST_NAME, ChunkInfo, Manifest, schem
 from yogadl_plus.cache.pagemap import ValueMap, map_values
 from yogadl_plus.cache.writer import chunk_identity
 from yogadl_plus.errors import CacheCorrupted, unreadable
-
-if TYPE_CHECKING:
-    from yogadl_plus.cache.demand import Held
 
 __all__ = ["MAPPED_CHUNKS_KEPT", "MAPPED_RECORDS_KEPT", "USES_TO_MAKE_AGAIN", "OpenChunks"]
 

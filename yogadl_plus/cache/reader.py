@@ -8,7 +8,7 @@ open, so that the checks cost under 5% of the time), and a chunk whose file chan
 again before another record of it is served. Errors LMDB reports become CacheCorrupted, and the
 failed transaction is renewed, so later reads of good records go on.
 
-A set made with a ChunkSource reads on demand (cache/demand.py): a chunk not on disk is
+A set made with a ChunkProvider reads on demand (cache/demand.py): a chunk not on disk is
 fetched when a read needs it, and chunks it is done with are unmapped and unpinned, so that
 the cache they live in stays bounded.
 """
@@ -28,7 +28,7 @@ import lmdb
 import numpy as np
 
 from yogadl_plus import lifecycle
-from yogadl_plus.cache.demand import ChunksOnDemand, ChunkSource
+from yogadl_plus.cache.demand import ChunkProvider, ChunksOnDemand
 from yogadl_plus.cache.fixed import Values
 from yogadl_plus.cache.integrity import DAMAGED
 from yogadl_plus.cache.keys import column_key, record_key, record_keys
@@ -61,12 +61,12 @@ _OPEN_SETS: lifecycle.Registry[ChunkSet] = lifecycle.Registry(
 class ChunkSet:
     """The chunk files of one version, read by global record index.
 
-    ``source``: where chunks missing from ``directory`` come from (reading on demand); then
+    ``provider``: where chunks missing from ``directory`` come from (reading on demand); then
     every read is bracketed by ``read_begins`` / ``read_ends`` (DataRefOnDemand does it).
     """
 
     def __init__(
-        self, directory: str, manifest: Manifest, source: ChunkSource | None = None
+        self, directory: str, manifest: Manifest, provider: ChunkProvider | None = None
     ) -> None:
         self.directory = directory
         self.name = f"{manifest.dataset_id}:{manifest.version}"
@@ -77,7 +77,7 @@ class ChunkSet:
         lifecycle.allow_open_files(2 * len(self.chunks) + min(len(self.chunks), MAPPED_CHUNKS_KEPT))
         self._opened = OpenChunks(directory, manifest)
         # Reading on demand, chunks are opened (and let go of) by the working-set strategy.
-        self._demand = ChunksOnDemand(self._opened, source) if source is not None else None
+        self._demand = ChunksOnDemand(self._opened, provider) if provider is not None else None
         self._open_env = self._opened.env if self._demand is None else self._demand.env
         self._next_check = 0.0
         self._local = threading.local()
@@ -314,7 +314,7 @@ class ChunkSet:
         by its path. ``on_chunk(info)`` is called after each chunk that matches (progress)."""
         # On demand, each chunk is fetched (and so checked) if it is not here, and pinned
         # while it is hashed.
-        pin = self._demand.source.acquire if self._demand is not None else None
+        pin = self._demand.provider.acquire if self._demand is not None else None
         for number, info in enumerate(self.chunks):
             if not self._opened.verify(number, pin):
                 self._local = threading.local()  # the open one is forgotten, and its views

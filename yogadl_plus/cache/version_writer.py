@@ -3,7 +3,7 @@ schema to write with, records encoded into chunk files that are checked as they 
 manifest written last, the progress bar), and ``write_version``, which is those steps in a row.
 
 A storage publishes the folder (``Storage.cacheable`` writes with ``write_version``); the
-parallel builds of yogadl_plus.build run the same steps in their tasks.
+parallel builds of yogadl_plus.building run the same steps in their tasks.
 
 Every chunk of a build records the build's id, and the manifest names it (cache/manifest.py,
 format 3), so that no chunk of another build can pass for one of this one. The writers of a

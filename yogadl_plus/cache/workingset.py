@@ -15,10 +15,9 @@ import weakref
 from collections import OrderedDict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from yogadl_plus.cache.demand import Held
+from yogadl_plus.cache.held import Held
 
 __all__ = ["Retired", "WorkingSet"]
 

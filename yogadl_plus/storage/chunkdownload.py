@@ -22,8 +22,8 @@ from concurrent.futures import ThreadPoolExecutor
 from yogadl_plus.cache.integrity import check_chunk, stamp
 from yogadl_plus.cache.manifest import ChunkInfo
 from yogadl_plus.errors import CacheCorrupted, YogaError, unwritable
-from yogadl_plus.storage.cachefiles import FETCHING
-from yogadl_plus.storage.localcache import LocalCache
+from yogadl_plus.storage.mirror import Mirror
+from yogadl_plus.storage.mirrorfiles import FETCHING
 from yogadl_plus.storage.objects import ObjectStore
 from yogadl_plus.storage.parallel import in_threads, run_all
 
@@ -124,7 +124,7 @@ class VersionCopy:
 
     objects: ObjectStore
     base: str
-    cache: LocalCache
+    cache: Mirror
     folder: str
     version: tuple[str, str]
 

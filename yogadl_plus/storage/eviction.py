@@ -3,7 +3,7 @@
 
 Whole copies nobody reads go first, then single chunks nobody pins of copies nobody reads
 whole, then leftovers of fetches that were killed, so that the cache never grows over its limit
-while what is in use fits in it. Pins and their files: cachepins.py, cachefiles.py.
+while what is in use fits in it. Pins and their files: mirrorpins.py, mirrorfiles.py.
 """
 
 from __future__ import annotations
@@ -16,12 +16,15 @@ import threading
 import time
 import warnings
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from filelock import FileLock, Timeout
 
 from yogadl_plus.cache.integrity import STAMP_SUFFIX
+from yogadl_plus.deprecation import old_names
 from yogadl_plus.errors import CacheLimitWarning, NoRoom
-from yogadl_plus.storage.cachefiles import (
+from yogadl_plus.storage.local import LocalStorage
+from yogadl_plus.storage.mirrorfiles import (
     AHEAD_PIN,
     CHUNK_LOCK,
     CHUNK_PIN,
@@ -31,11 +34,13 @@ from yogadl_plus.storage.cachefiles import (
     holding,
     holds_chunk_bytes,
 )
-from yogadl_plus.storage.cachepins import CachePins
-from yogadl_plus.storage.local import LocalStorage
+from yogadl_plus.storage.mirrorpins import MirrorPins
 from yogadl_plus.storage.pins import exclusively
 
-__all__ = ["CacheSpace"]
+__all__ = ["MirrorSpace"]
+
+if not TYPE_CHECKING:  # its names of the last release, with a DeprecationWarning
+    __getattr__ = old_names(__name__)
 
 log = logging.getLogger(__name__)
 
@@ -50,11 +55,11 @@ _WARNED: set[str] = set()
 _WARNED_LOCK = threading.Lock()
 
 
-class CacheSpace:
+class MirrorSpace:
     """The size of the local cache ``local`` (its pins: ``pins``), kept at most ``limit``
     bytes (None: no limit, nothing to count)."""
 
-    def __init__(self, local: LocalStorage, pins: CachePins, limit: int | None) -> None:
+    def __init__(self, local: LocalStorage, pins: MirrorPins, limit: int | None) -> None:
         self.local = local
         self.root = local.root
         self.pins = pins
@@ -171,7 +176,7 @@ class CacheSpace:
 
     def _survey(self) -> tuple[int, list[_Evictable]]:
         """(bytes of chunks under the root, what could be evicted), in one walk. (The limit
-        counts chunk bytes only: cachefiles.py.)"""
+        counts chunk bytes only: mirrorfiles.py.)"""
         stats = dict(_walk(self.root))
         chunks = [path for path in stats if holds_chunk_bytes(os.path.basename(path))]
         usage = sum(stats[path].st_size for path in chunks)

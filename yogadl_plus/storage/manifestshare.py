@@ -23,7 +23,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from yogadl_plus.files import write_durably
-from yogadl_plus.storage.cachefiles import holding
+from yogadl_plus.storage.mirrorfiles import holding
 
 __all__ = ["WAIT_S", "forget", "read_once_per_machine"]
 

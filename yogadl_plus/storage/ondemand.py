@@ -8,7 +8,7 @@ them, or ahead of the reads a Stream announces, into the bounded local cache.
 cache), in ranged parts in parallel where it is large, into a file made at its full size first
 (so the room it takes is counted before a byte arrives), checked against the manifest's sha256
 and renamed into place; it is pinned while a reader has it open or fetched ahead, and otherwise
-evicted least recently used when room is needed (localcache.py).
+evicted least recently used when room is needed (mirror.py).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from yogadl_plus import lifecycle
 from yogadl_plus.cache.manifest import ChunkInfo
 from yogadl_plus.errors import NoRoom, StorageError
 from yogadl_plus.storage.chunkdownload import PART_BYTES, RangedDownload, VersionCopy
-from yogadl_plus.storage.localcache import LocalCache
+from yogadl_plus.storage.mirror import Mirror
 from yogadl_plus.storage.objects import ObjectStore
 from yogadl_plus.storage.pins import Pin
 
@@ -86,7 +86,7 @@ class DemandSettings:
 
 class ChunkFetcher:
     """The chunks of one bucket version, fetched into ``folder`` of the local ``cache`` when
-    a reader needs them (``acquire``) or will soon (``read_ahead``); a ChunkSource.
+    a reader needs them (``acquire``) or will soon (``read_ahead``); a ChunkProvider.
 
     ``base``: the version's key prefix in ``objects``; ``chunks``: the manifest's chunks;
     ``version``: its (dataset_id, version); ``on_fetch(bytes)``: called after each chunk
@@ -99,7 +99,7 @@ class ChunkFetcher:
     def __init__(
         self,
         objects: ObjectStore,
-        cache: LocalCache,
+        cache: Mirror,
         folder: str,
         base: str,
         chunks: Sequence[ChunkInfo],
@@ -160,7 +160,7 @@ class ChunkFetcher:
     def __repr__(self) -> str:
         return f"ChunkFetcher({self.objects.url}/{self.base}, into {self.folder!r})"
 
-    # --- the ChunkSource face (cache/demand.py) ---
+    # --- the ChunkProvider face (cache/demand.py) ---
 
     def acquire(self, number: int) -> _Opened:
         """Chunk ``number`` in place, checked, and pinned until the pin is released."""
@@ -389,7 +389,7 @@ def _present(path: str, info: ChunkInfo) -> bool:
 
 def check_fits(chunks: Sequence[ChunkInfo], limit: int | None, where: str) -> None:
     """StorageError unless each chunk fits the local cache on its own (one of exactly the
-    limit does: the limit counts chunk bytes, cachefiles.py)."""
+    limit does: the limit counts chunk bytes, mirrorfiles.py)."""
     if limit is None or not chunks:
         return
     largest = max(chunks, key=lambda c: c.bytes)

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from yogadl_plus.cache.manifest import MANIFEST_NAME, ChunkInfo, Manifest
 from yogadl_plus.errors import StorageError
 from yogadl_plus.storage.lease import BuildLease
-from yogadl_plus.storage.localcache import LocalCache, RemoteManifest
+from yogadl_plus.storage.mirror import Mirror, RemoteManifest
 from yogadl_plus.storage.objects import ObjectStore
 from yogadl_plus.storage.parallel import in_threads
 
@@ -44,7 +44,7 @@ class BucketPublisher:
     another build is published; a machine's build becomes its ``local_cache``'s copy."""
 
     def __init__(
-        self, objects: ObjectStore, local_cache: LocalCache, threads: int, lease_ttl: float
+        self, objects: ObjectStore, local_cache: Mirror, threads: int, lease_ttl: float
     ) -> None:
         self.objects = objects
         self.local_cache = local_cache

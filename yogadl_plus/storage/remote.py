@@ -35,8 +35,8 @@ from yogadl_plus.storage.base import OnTransfer, Storage, check_name
 from yogadl_plus.storage.chunkdownload import download_chunks
 from yogadl_plus.storage.lease import BuildLease
 from yogadl_plus.storage.local import default_storage, is_leftover
-from yogadl_plus.storage.localcache import LocalCache, RemoteManifest
 from yogadl_plus.storage.manifestshare import forget, read_once_per_machine
+from yogadl_plus.storage.mirror import Mirror, RemoteManifest
 from yogadl_plus.storage.objects import DEFAULT_RETRY_TIMEOUT, ObjectStore, Retries
 from yogadl_plus.storage.ondemand import ChunkFetcher, DemandSettings, check_fits
 from yogadl_plus.storage.publish import BucketBuild, BucketPublisher
@@ -103,7 +103,7 @@ class RemoteStorage(Storage):
         local_cache = settings.local_cache
         if local_cache is None:
             local_cache = os.path.join(default_storage().root, "+remote", _url_folder(self.url))
-        self.local_cache = LocalCache(os.fspath(local_cache), settings.local_cache_limit)
+        self.local_cache = Mirror(os.fspath(local_cache), settings.local_cache_limit)
         self.lease_ttl = float(settings.lease_ttl)
         self.max_transfers = settings.max_transfers
         self.publisher = BucketPublisher(

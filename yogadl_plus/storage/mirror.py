@@ -1,8 +1,8 @@
 """The local copies of remote versions on one machine: pulled once, shared by its processes,
 kept under a size limit without ever removing a version a live process is reading.
 
-The files of a copy and its pins are described in cachefiles.py; the pins are taken through
-cachepins.py, and room is made by eviction.py. A version read on demand (storage/ondemand.py)
+The files of a copy and its pins are described in mirrorfiles.py; the pins are taken through
+mirrorpins.py, and room is made by eviction.py. A version read on demand (storage/ondemand.py)
 is a copy with only some chunks present, fetched one by one as readers need them.
 """
 
@@ -13,19 +13,24 @@ import dataclasses
 import os
 import shutil
 from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING
 
 from yogadl_plus.cache.integrity import stamp
 from yogadl_plus.cache.manifest import MANIFEST_NAME, ChunkInfo, Manifest
 from yogadl_plus.checks import check_int
+from yogadl_plus.deprecation import old_names
 from yogadl_plus.errors import PinGone, StorageError
 from yogadl_plus.files import write_durably
-from yogadl_plus.storage.cachefiles import CHUNK_LOCK, PART, holding
-from yogadl_plus.storage.cachepins import CachePins, builds
-from yogadl_plus.storage.eviction import CacheSpace
+from yogadl_plus.storage.eviction import MirrorSpace
 from yogadl_plus.storage.local import LocalStorage, build_pin_path
+from yogadl_plus.storage.mirrorfiles import CHUNK_LOCK, PART, holding
+from yogadl_plus.storage.mirrorpins import MirrorPins, builds
 from yogadl_plus.storage.pins import Pins, exclusively
 
-__all__ = ["LocalCache", "RemoteManifest"]
+__all__ = ["Mirror", "RemoteManifest"]
+
+if not TYPE_CHECKING:  # its names of the last release, with a DeprecationWarning
+    __getattr__ = old_names(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,16 +47,16 @@ class RemoteManifest:
         return _read_bytes(os.path.join(folder, MANIFEST_NAME)) == self.data
 
 
-class LocalCache:
+class Mirror:
     """Pulled copies of remote versions under ``root``, at most ``limit`` bytes of chunks (None:
-    no limit; their bookkeeping beside them is not counted, see cachefiles.py)."""
+    no limit; their bookkeeping beside them is not counted, see mirrorfiles.py)."""
 
     def __init__(self, root: str, limit: int | None = None) -> None:
         self.limit = None if limit is None else check_int("local_cache_limit", limit, 0)
         self.local = LocalStorage(root)
         self.root = self.local.root
-        self.pins = CachePins(self.root)
-        self.space = CacheSpace(self.local, self.pins, self.limit)
+        self.pins = MirrorPins(self.root)
+        self.space = MirrorSpace(self.local, self.pins, self.limit)
 
     def path(self, dataset_id: str, version: str) -> str:
         return self.local.path(dataset_id, version)
@@ -212,7 +217,7 @@ class LocalCache:
     def open_on_demand(self, remote: RemoteManifest) -> tuple[str, Pins]:
         """The local copy of ``remote`` with the chunks it holds (none pulled now), pinned for
         reading on demand: not evicted as a whole while pinned, though chunks nobody pins may
-        be (see CachePins.chunk)."""
+        be (see MirrorPins.chunk)."""
         dataset_id, version, manifest = remote.dataset_id, remote.version, remote.manifest
         folder = self.path(dataset_id, version)
         if remote.is_in(folder):
@@ -221,7 +226,7 @@ class LocalCache:
                 if remote.is_in(folder):
                     return folder, pins
                 pins.release()
-        with self.local.lock(dataset_id, version):  # (a manifest takes no room: cachefiles.py)
+        with self.local.lock(dataset_id, version):  # (a manifest takes no room: mirrorfiles.py)
             self._update(remote, (), _nothing)
             for build in builds(manifest):  # (where its chunks and their pins will be)
                 os.makedirs(os.path.join(folder, build), exist_ok=True)

@@ -1,8 +1,8 @@
 """Parallel builds: cut a source into parts, write each part's chunks in its own task (a pool of
 processes on this machine, or Ray tasks on a cluster), then check them and publish one version.
-(Spark DataFrames are built by Spark's own tasks, the same way: see build/spark.py.)
+(Spark DataFrames are built by Spark's own tasks, the same way: see building/spark.py.)
 
-Both runners keep to the part protocol of build/parts.py: a part whose task died, or failed
+Both runners keep to the part protocol of building/parts.py: a part whose task died, or failed
 with an error worth retrying, runs again (up to ``ATTEMPTS`` times), and nothing is published
 unless every part is in place.
 """
@@ -23,9 +23,16 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from typing import TYPE_CHECKING, Any
 
-from yogadl_plus.build import starts
-from yogadl_plus.build.parts import ATTEMPTS, RETRIED, PartResult, PartTask, build_parts, write_part
-from yogadl_plus.build.plan import BuildPlan
+from yogadl_plus.building import starts
+from yogadl_plus.building.parts import (
+    ATTEMPTS,
+    RETRIED,
+    PartResult,
+    PartTask,
+    build_parts,
+    write_part,
+)
+from yogadl_plus.building.plan import BuildPlan
 from yogadl_plus.cache.layout import RecordLayout
 from yogadl_plus.cache.manifest import Manifest
 from yogadl_plus.cache.version_writer import INFER_RECORDS, caching_bar
@@ -112,7 +119,7 @@ def _inferred(parts: list[Source], length: int | None) -> tuple[Schema, float | 
 class _PoolRunner:
     """Parts on a pool of ``plan.workers`` processes: forked from this process where that is
     safe, else from a forkserver that imports the build code and the source's framework once,
-    or spawned (see build/starts.py); how is logged, once.
+    or spawned (see building/starts.py); how is logged, once.
 
     When a worker dies, every part in the pool fails with it; only the parts that had started
     (each marks its start in a folder) are charged an attempt, the others simply run again.

@@ -17,7 +17,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from yogadl_plus.build.plan import BuildPlan
+from yogadl_plus.building.plan import BuildPlan
 from yogadl_plus.cache.manifest import ChunkInfo, Manifest
 from yogadl_plus.cache.version_writer import finish_version, source_blocks, write_blocks
 from yogadl_plus.errors import TransientStorageError

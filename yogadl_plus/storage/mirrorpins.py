@@ -1,30 +1,35 @@
 """The pins of a local cache: which pin file keeps what on disk, taking them, and which chunk
-pins this process holds itself (file names: cachefiles.py; how a pin works: pins.py)."""
+pins this process holds itself (file names: mirrorfiles.py; how a pin works: pins.py)."""
 
 from __future__ import annotations
 
 import os
 import threading
 import time
+from typing import TYPE_CHECKING
 
 from yogadl_plus import lifecycle
 from yogadl_plus.cache.manifest import Manifest
+from yogadl_plus.deprecation import old_names
 from yogadl_plus.errors import PinGone, StorageError, unwritable
-from yogadl_plus.storage.cachefiles import (
+from yogadl_plus.storage.local import build_pin_path, builds_named
+from yogadl_plus.storage.mirrorfiles import (
     AHEAD_PIN,
     CHUNK_PIN,
     copy_pin_path,
     demand_pin_path,
 )
-from yogadl_plus.storage.local import build_pin_path, builds_named
 from yogadl_plus.storage.pins import Pin, Pins
 
-__all__ = ["CachePins", "builds"]
+__all__ = ["MirrorPins", "builds"]
+
+if not TYPE_CHECKING:  # its names of the last release, with a DeprecationWarning
+    __getattr__ = old_names(__name__)
 
 _PIN_ATTEMPTS = 200
 
 
-class CachePins:
+class MirrorPins:
     """The pins of the local cache under ``root``."""
 
     def __init__(self, root: str) -> None:
@@ -58,7 +63,7 @@ class CachePins:
     def chunk(self, path: str, ahead: bool = False) -> Pin:
         """A pin on the chunk file ``path`` of a copy read on demand (present or not): it is
         not evicted while the pin is held. Its time of last use is now. ``ahead``: a softer
-        pin, for a chunk fetched ahead of its reader (see cachefiles.py)."""
+        pin, for a chunk fetched ahead of its reader (see mirrorfiles.py)."""
         for _ in range(_PIN_ATTEMPTS):
             try:
                 os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -91,7 +96,7 @@ def builds(manifest: Manifest) -> list[str]:
 
 class _HeldCount:
     """The chunk pins this process holds, by path: one count per process, whatever the number
-    of LocalCache objects on one root."""
+    of Mirror objects on one root."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()

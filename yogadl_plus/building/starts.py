@@ -56,7 +56,7 @@ def worker_start(src: Source) -> WorkerStart:
     if "forkserver" not in multiprocessing.get_all_start_methods():
         return WorkerStart(multiprocessing.get_context("spawn"), f"spawned ({unsafe})")
     context = multiprocessing.get_context("forkserver")
-    preload = ["yogadl_plus.build.pool", "pyarrow.parquet", *filter(None, [src.framework])]
+    preload = ["yogadl_plus.building.pool", "pyarrow.parquet", *filter(None, [src.framework])]
     context.set_forkserver_preload(preload)
     return WorkerStart(
         context,

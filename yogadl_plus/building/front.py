@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from yogadl_plus.build.changes import check_schema, warn_if_changed
-from yogadl_plus.build.plan import BuildPlan
+from yogadl_plus.building.changes import check_schema, warn_if_changed
+from yogadl_plus.building.plan import BuildPlan
 from yogadl_plus.cache.manifest import Manifest
 from yogadl_plus.cache.writer import DEFAULT_CHUNK_BYTES
 from yogadl_plus.checks import check_int
@@ -100,11 +100,11 @@ def _build(folder: str, plan: BuildPlan) -> Manifest:
     # The parallel runners are imported when a build takes them: the process pool's
     # machinery would add some 8 ms to every `import yogadl_plus`.
     if isinstance(plan.src, SparkDataFrameSource):
-        from yogadl_plus.build.spark import build_on_spark
+        from yogadl_plus.building.spark import build_on_spark
 
         return build_on_spark(folder, plan)
     if plan.parallel:
-        from yogadl_plus.build.pool import build_in_parallel
+        from yogadl_plus.building.pool import build_in_parallel
 
         return build_in_parallel(folder, plan)
     return plan.write_serially(folder)

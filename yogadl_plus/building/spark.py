@@ -25,8 +25,8 @@ import warnings
 from collections.abc import Iterator
 from typing import Any
 
-from yogadl_plus.build.parts import RETRIED, PartResult, PartTask, build_parts, write_part
-from yogadl_plus.build.plan import BuildPlan
+from yogadl_plus.building.parts import RETRIED, PartResult, PartTask, build_parts, write_part
+from yogadl_plus.building.plan import BuildPlan
 from yogadl_plus.cache.manifest import Manifest
 from yogadl_plus.errors import CacheCorrupted, SchemaError, WorkerDied, YogaError
 from yogadl_plus.schema import Schema

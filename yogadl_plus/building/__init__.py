@@ -14,6 +14,6 @@ writing side (cache/version_writer.py), below storage: ``Storage.cacheable`` wri
 
 from __future__ import annotations
 
-from yogadl_plus.build.front import ENGINES, cache_dataset
+from yogadl_plus.building.front import ENGINES, cache_dataset
 
 __all__ = ["ENGINES", "cache_dataset"]
