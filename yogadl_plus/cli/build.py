@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import yogadl_plus as ydl
-from yogadl_plus.build import ENGINES
+from yogadl_plus.building import ENGINES
 from yogadl_plus.cli.common import (
     describe_summary,
     emit,
