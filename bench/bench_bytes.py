@@ -80,7 +80,7 @@ def same_values_rate(ref: ydl.DataRef) -> float:
         offsets.append(where.tolist())
         lengths.append(length.tolist())
     starts = np.cumsum([0] + [c.records for c in ref.manifest.chunks])
-    order = ref.stream(shuffle=True, shuffle_seed=1).order_indices(0, 0, len(ref))
+    order = ref.stream(shuffle=True, shuffle_seed=1).plan().indices(0, 0, len(ref))
     chunk = np.searchsorted(starts, order, side="right") - 1
     local = order - starts[chunk]
     total = 0

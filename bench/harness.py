@@ -221,14 +221,16 @@ def run_bench(
     python: str | None = None,
     env: Mapping[str, str] | None = None,
     timeout: float | None = None,
+    capture: bool = True,
 ) -> subprocess.CompletedProcess[str]:
     """Runs ``bench.<module>`` in a fresh process with yogadl_plus from ``tree``, its output
-    captured. Its working folder holds no checkout, so that only ``tree`` can be imported."""
+    captured (unless not ``capture``). Its working folder holds no checkout, so that only
+    ``tree`` can be imported."""
     return subprocess.run(
         bench_command(module, *args, python=python),
         env=bench_env(tree, **(env or {})),
         cwd=_bench_only_dir(),
-        capture_output=True,
+        capture_output=capture,
         text=True,
         timeout=timeout,
         check=False,
