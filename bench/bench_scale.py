@@ -43,7 +43,15 @@ from typing import Any
 
 import numpy as np
 
-from bench.harness import checkout_of, last_json_line, run_bench, smoke, warm, write_json
+from bench.harness import (
+    checkout_of,
+    last_json_line,
+    rerun_in_tree,
+    run_bench,
+    smoke,
+    warm,
+    write_json,
+)
 
 CHUNK_RECORDS = 10_000
 DATASET = "scale"
@@ -348,8 +356,7 @@ def main() -> None:
         for option in ("keep", "tmp", "json"):
             if getattr(args, option):
                 again += [f"--{option}", os.path.abspath(getattr(args, option))]
-        done = run_bench("bench_scale", *again, tree=args.tree, capture=False)
-        raise SystemExit(done.returncode)
+        rerun_in_tree("bench_scale", args.tree, again)
     root = args.keep or tempfile.mkdtemp(prefix="ydl-bench-scale-", dir=args.tmp)
     try:
         report(args, root)

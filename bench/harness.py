@@ -13,6 +13,7 @@ exactly ``repeats`` times. It checks that a benchmark still runs, not what it me
 from __future__ import annotations
 
 import atexit
+import contextlib
 import gc
 import json
 import os
@@ -55,6 +56,19 @@ def skip(reason: str) -> NoReturn:
     """Ends a script that cannot run here, with one line saying why (and SKIP_EXIT)."""
     print(f"skipped: {reason}", flush=True)
     raise SystemExit(SKIP_EXIT)
+
+
+def start_or_skip(stack: contextlib.ExitStack, server: contextlib.AbstractContextManager[T]) -> T:
+    """Enters ``server`` (a local server for the block) on ``stack``; if it is not installed
+    (its ImportError, or an error that says "not installed"), ends the script with ``skip``."""
+    try:
+        return stack.enter_context(server)
+    except ImportError as e:
+        skip(f"a server is not installed here: {e}")
+    except RuntimeError as e:
+        if "not installed" not in str(e):
+            raise
+        skip(str(e))
 
 
 # --------------------------------------------------------------------------- timing
@@ -242,6 +256,13 @@ def side_python(venv: str) -> str:
     return os.path.join(BASELINE_VENVS, venv, "bin", "python")
 
 
+def rerun_in_tree(module: str, tree: str, args: list[str]) -> NoReturn:
+    """Runs ``bench.<module> args`` again with ``tree``'s yogadl_plus, its output passed
+    through, and exits with its status (``--tree CHECKOUT`` of a script that measures one
+    checkout). Paths in ``args`` must be absolute: it runs in a folder of its own."""
+    raise SystemExit(run_bench(module, *args, tree=tree, capture=False).returncode)
+
+
 def run_baseline(
     venv: str, module: str, args: list[str], python: str | None = None, timeout: float = 900
 ) -> dict[str, Any] | str:
@@ -292,6 +313,40 @@ def checkout_of(module_file: str) -> str:
     return os.path.dirname(os.path.dirname(os.path.abspath(module_file)))
 
 
+def start_call(
+    tree: str | None,
+    module: str,
+    function: str,
+    *args: Any,
+    env: Mapping[str, str] | None = None,
+) -> subprocess.Popen[str]:
+    """Starts ``bench.<module>.<function>(*args)`` in a fresh process that imports yogadl_plus
+    from ``tree`` (default this checkout), with ``env`` added to its environment; ``args``
+    travel as JSON. ``finish_call`` gives its result."""
+    return subprocess.Popen(
+        bench_command("harness", "call", module, function, json.dumps(args)),
+        env=bench_env(tree, **(env or {})),
+        cwd=_bench_only_dir(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def finish_call(call: subprocess.Popen[str], tree: str | None = None) -> Any:
+    """The JSON-able result of a ``start_call``, once it is done; stops the script if the call
+    failed or imported yogadl_plus from another checkout than ``tree``."""
+    stdout, stderr = call.communicate()
+    if call.returncode != 0:
+        what = ".".join(call.args[4:6])
+        raise SystemExit(f"{tree or ROOT}: {what} failed:\n{stderr[-3000:]}")
+    reply = last_json_line(stdout)
+    imported = reply["yogadl_plus_file"]
+    if imported is not None and not os.path.samefile(checkout_of(imported), tree or ROOT):
+        raise SystemExit(f"{tree} was to be measured, but {imported} was imported: stopping")
+    return reply["result"]
+
+
 def call_in_tree(
     tree: str | None,
     module: str,
@@ -299,17 +354,9 @@ def call_in_tree(
     *args: Any,
     env: Mapping[str, str] | None = None,
 ) -> Any:
-    """``bench.<module>.<function>(*args)`` in a fresh process that imports yogadl_plus from
-    ``tree`` (default this checkout; checked: stops if it imported another), with ``env`` added
-    to its environment; its JSON-able result. ``args`` travel as JSON."""
-    done = run_bench("harness", "call", module, function, json.dumps(args), tree=tree, env=env)
-    if done.returncode != 0:
-        raise SystemExit(f"{tree or ROOT}: {module}.{function} failed:\n{done.stderr[-3000:]}")
-    reply = last_json_line(done.stdout)
-    imported = reply["yogadl_plus_file"]
-    if imported is not None and not os.path.samefile(checkout_of(imported), tree or ROOT):
-        raise SystemExit(f"{tree} was to be measured, but {imported} was imported: stopping")
-    return reply["result"]
+    """``bench.<module>.<function>(*args)`` in a fresh process with ``tree``'s yogadl_plus
+    (``start_call``), and its result (``finish_call``)."""
+    return finish_call(start_call(tree, module, function, *args, env=env), tree)
 
 
 def smoke_tree() -> str:
