@@ -58,17 +58,22 @@ def skip(reason: str) -> NoReturn:
     raise SystemExit(SKIP_EXIT)
 
 
-def start_or_skip(stack: contextlib.ExitStack, server: contextlib.AbstractContextManager[T]) -> T:
-    """Enters ``server`` (a local server for the block) on ``stack``; if it is not installed
-    (its ImportError, or an error that says "not installed"), ends the script with ``skip``."""
+def or_skip(make: Callable[[], T]) -> T:
+    """``make()``; if what it needs is not installed (an ImportError, or an error that says
+    "not installed", as the tests' server runners raise), ends the script with ``skip``."""
     try:
-        return stack.enter_context(server)
+        return make()
     except ImportError as e:
-        skip(f"a server is not installed here: {e}")
+        skip(f"not installed here: {e}")
     except RuntimeError as e:
         if "not installed" not in str(e):
             raise
         skip(str(e))
+
+
+def start_or_skip(stack: contextlib.ExitStack, server: contextlib.AbstractContextManager[T]) -> T:
+    """Enters ``server`` (a local server for the block) on ``stack``, or skips (``or_skip``)."""
+    return or_skip(lambda: stack.enter_context(server))
 
 
 # --------------------------------------------------------------------------- timing
@@ -185,7 +190,7 @@ def write_json(path: str | None, results: Mapping[str, Any], info: Mapping | Non
         **results,
     }
     with open(path, "w") as f:
-        json.dump(out, f, indent=1)
+        json.dump(out, f, indent=1, default=str)  # str: paths and numpy scalars
     print(f"\nJSON written to {path}", flush=True)
 
 
