@@ -1,6 +1,6 @@
 """Mixing benchmark: how well each shuffle mixes a chunked version, and what it costs a reader.
 
-    python bench/bench_mixing.py [--quick] [--seed 0] [--json out.json]
+    python -m bench.bench_mixing [--quick] [--seed 0] [--json out.json]
 
 For a chunk layout (records per chunk, in storage order), each scheme gives one epoch's order
 (position -> record index); the script prints, per scheme:

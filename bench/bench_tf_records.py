@@ -298,8 +298,10 @@ def main(argv: list[str] | None = None) -> int:
         for group, code in groups:
             t0 = time.perf_counter()
             print(f"{group} rows...", file=sys.stderr, flush=True)
-            group_spec = {**spec, "group": group}
-            results.update(call_in_tree(code, "bench_tf_records", "worker", group_spec, env=QUIET_TF))
+            rows = call_in_tree(
+                code, "bench_tf_records", "worker", {**spec, "group": group}, env=QUIET_TF
+            )
+            results.update(rows)
             sections[group] = time.perf_counter() - t0
         if args.no_yogadl:
             notes.append("yogadl 0.1.4: skipped (--no-yogadl)")

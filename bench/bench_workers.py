@@ -1,7 +1,7 @@
 """Worker benchmark: what worker processes add, on big records, small records and a JPEG-decode
 transform, for ``ydl.torch.make_dataloader`` and for a stream's own process workers.
 
-    python bench/bench_workers.py [--records 20000] [--small-records 1000000]
+    python -m bench.bench_workers [--records 20000] [--small-records 1000000]
                                   [--jpeg-records 4000] [--rounds 3] [--epochs 2]
                                   [--against CHECKOUT]
                                   [--only big,small,jpeg] [--json out.json]
