@@ -12,6 +12,7 @@ exactly ``repeats`` times. It checks that a benchmark still runs, not what it me
 
 from __future__ import annotations
 
+import argparse
 import atexit
 import contextlib
 import gc
@@ -311,6 +312,17 @@ def run_baseline_on_arrays(
         return run_baseline(venv, module, [*files, *args], python=python)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def arrays_parser(description: str | None, *names: str) -> argparse.ArgumentParser:
+    """The baseline side of ``run_baseline_on_arrays``: a parser of ``--<name> FILE.npy`` for
+    each of ``names``, ``--workdir DIR`` and ``--repeats R`` (default 3)."""
+    parser = argparse.ArgumentParser(description=description)
+    for name in names:
+        parser.add_argument(f"--{name}", required=True, help=f"{name} as a .npy file")
+    parser.add_argument("--workdir", required=True, help="a folder for the baseline's files")
+    parser.add_argument("--repeats", type=int, default=3, help="best of this many (default 3)")
+    return parser
 
 
 def checkout_of(module_file: str) -> str:

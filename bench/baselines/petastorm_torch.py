@@ -31,7 +31,6 @@ the sums of the labels and of x equal those of the arrays); make_reader's would 
 
 from __future__ import annotations
 
-import argparse
 import gc
 import json
 import logging
@@ -52,7 +51,7 @@ import numpy as np
 
 from bench.baselines.spark_local import local_spark
 from bench.baselines.warning_counts import collect_warnings
-from bench.harness import warm
+from bench.harness import arrays_parser, warm
 
 BATCH = 256
 PETASTORM_ROW_GROUP_MB = 1
@@ -209,11 +208,7 @@ torch: Any = None
 
 def main() -> None:
     global N_RECORDS, torch
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--x", required=True)
-    parser.add_argument("--label", required=True)
-    parser.add_argument("--workdir", required=True)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser = arrays_parser(__doc__.split("\n")[0], "x", "label")
     parser.add_argument("--batch-reader-workers", default="1,2", help="workers_count values")
     parser.add_argument(
         "--reader-workers",

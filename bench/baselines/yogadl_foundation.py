@@ -13,23 +13,18 @@ tf.data pipeline is involved in the reads. Prints one JSON object on the last li
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
 
 from bench.baselines.yogadl_cache import yogadl_cache
-from bench.harness import best_of, time_once, warm
+from bench.harness import arrays_parser, best_of, time_once, warm
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--x", required=True)
-    parser.add_argument("--label", required=True)
-    parser.add_argument("--workdir", required=True)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser = arrays_parser(__doc__.split("\n\n")[0], "x", "label")
     parser.add_argument(
         "--timed-build-max",
         type=int,

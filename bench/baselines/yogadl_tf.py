@@ -17,23 +17,18 @@ Prints one JSON object on the last line of stdout.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
 
 from bench.baselines.yogadl_cache import yogadl_cache
-from bench.harness import time_once, timed, warm
+from bench.harness import arrays_parser, time_once, timed, warm
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--x", required=True)
-    parser.add_argument("--label", required=True)
-    parser.add_argument("--workdir", required=True)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser = arrays_parser(__doc__.split("\n\n")[0], "x", "label")
     parser.add_argument(
         "--records-repeats",
         type=int,
