@@ -39,7 +39,7 @@ def lint(session: nox.Session) -> None:
 def bench(session: nox.Session) -> None:
     """The foundation benchmarks; pass --quick after -- for the small sizes only."""
     session.install(*CONSTRAINTS, "-e", ".")
-    session.run("python", "bench/bench_foundation.py", *session.posargs)
+    session.run("python", "-m", "bench.bench_foundation", *session.posargs)
 
 
 @nox.session

@@ -1,7 +1,7 @@
 """Boundary benchmark: transforms in worker processes, and a selective predicate that never
 touches a large field. Optionally Petastorm 0.13.1's make_reader on the same data (side venv).
 
-    python bench/bench_boundary.py [--records 20000] [--big-records 6000] [--petastorm]
+    python -m bench.bench_boundary [--records 20000] [--big-records 8000] [--petastorm]
                                    [--json out.json]
 
 Each figure is the best (minimum time) of --repeats runs (3 by default), page cache warm.
@@ -10,10 +10,8 @@ Each figure is the best (minimum time) of --repeats runs (3 by default), page ca
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -22,22 +20,12 @@ from typing import Any
 
 import numpy as np
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-sys.path.insert(0, ROOT)
-
-import yogadl_plus as ydl  # noqa: E402
-
-PETASTORM_PYTHON = os.path.join(ROOT, ".baselines", "petastorm", "bin", "python")
+import yogadl_plus as ydl
+from bench.harness import run_baseline, smoke, timed, write_json
 
 
 def best_time(run: Callable[[], Any], repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
-    return min(times)
+    return min(timed(run, repeats))
 
 
 def drain(items: Iterable[Any]) -> int:
@@ -177,31 +165,17 @@ def bench_predicate(root: str, parquet: str, repeats: int) -> list[dict[str, Any
 
 
 def bench_petastorm(workdir: str, records: int, big_bytes: int) -> dict[str, Any] | None:
-    if not os.path.exists(PETASTORM_PYTHON):
-        print(
-            "petastorm: n/a (make the side venv: bash ../shared/tools/baseline-venvs.sh "
-            ".baselines)",
-            file=sys.stderr,
-        )
-        return None
-    out = os.path.join(workdir, "petastorm.json")
-    subprocess.run(
-        [
-            PETASTORM_PYTHON,
-            os.path.join(HERE, "_petastorm_baseline.py"),
-            "--rows",
-            str(records),
-            "--big-bytes",
-            str(big_bytes),
-            "--workdir",
-            os.path.join(workdir, "petastorm"),
-            "--json",
-            out,
-        ],
-        check=True,
+    """bench.baselines.petastorm_boundary in its side venv: its JSON, or None (and why)."""
+    result = run_baseline(
+        "petastorm",
+        "petastorm_boundary",
+        ["--rows", str(records), "--big-bytes", str(big_bytes), "--workdir", workdir + "/ps"],
+        timeout=3600,
     )
-    with open(out) as f:
-        return json.load(f)  # type: ignore[no-any-return]
+    if isinstance(result, str):
+        print(f"petastorm: n/a ({result})", file=sys.stderr)
+        return None
+    return result
 
 
 def print_petastorm(petastorm: dict[str, Any], rows: list[dict[str, Any]]) -> None:
@@ -228,11 +202,13 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawTextHelpFormatter
     )
     parser.add_argument(
-        "--records", type=int, default=20_000, help="records for the transform rows"
+        "--records", type=int, default=smoke(20_000, 500), help="records for the transform rows"
     )
-    parser.add_argument("--big-records", type=int, default=8_000, help="records of 100 KB")
+    parser.add_argument(
+        "--big-records", type=int, default=smoke(8_000, 200), help="records of 100 KB"
+    )
     parser.add_argument("--big-bytes", type=int, default=100_000)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=smoke(3, 1))
     parser.add_argument("--petastorm", action="store_true", help="also run Petastorm 0.13.1")
     parser.add_argument("--json", help="write the figures here")
     args = parser.parse_args()
@@ -257,9 +233,7 @@ def main() -> None:
             )
         if petastorm is not None:
             print_petastorm(petastorm, rows)
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump({"rows": rows, "petastorm": petastorm}, f, indent=1)
+        write_json(args.json, {"rows": rows, "petastorm": petastorm})
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 

@@ -2,19 +2,16 @@
 (workers=k) and on Ray tasks (engine="ray", a local cluster of k CPUs), against reading the same
 Parquet data into numpy with pyarrow (the floor any build pays). Prints a markdown table.
 
-    python bench/bench_build.py                   # 2M rows (~590 MB of Parquet), 2 workers
-    python bench/bench_build.py --rows 100000 --workers 2 --json /tmp/build.json
+    python -m bench.bench_build                   # 2M rows (~590 MB of Parquet), 2 workers
+    python -m bench.bench_build --rows 100000 --workers 2 --json /tmp/build.json
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
-import sys
 import tempfile
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -23,13 +20,8 @@ import pyarrow as pa
 import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-
-from _common import warm  # noqa: E402
-from bench_foundation import machine  # noqa: E402
-
-import yogadl_plus as ydl  # noqa: E402
+import yogadl_plus as ydl
+from bench.harness import smoke, timed, warm, write_json
 
 
 def write_data(folder: str, rows: int, files: int, group: int) -> None:
@@ -50,22 +42,13 @@ def write_data(folder: str, rows: int, files: int, group: int) -> None:
         pq.write_table(table, os.path.join(folder, f"part-{f:03d}.parquet"), row_group_size=group)
 
 
-def timed(run: Callable[[], Any], repeats: int) -> list[float]:
-    times = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - started)
-    return times
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", type=int, default=2_000_000)
+    parser.add_argument("--rows", type=int, default=smoke(2_000_000, 20_000))
     parser.add_argument("--files", type=int, default=8)
     parser.add_argument("--row-group", type=int, default=50_000)
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=smoke(3, 1))
     parser.add_argument("--no-ray", action="store_true")
     parser.add_argument("--json", help="also write every timing here")
     args = parser.parse_args()
@@ -120,9 +103,7 @@ def main() -> None:
         for name, times in rows.items():
             best = min(times)
             print(f"| {name} | {best:.2f} | {args.rows / best:,.0f} | {serial / best:.2f}x |")
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump({"machine": machine(), "args": vars(args), "times": rows}, f, indent=1)
+        write_json(args.json, {"args": vars(args), "times": rows})
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

@@ -1,6 +1,6 @@
-"""Caching columns in memory in one call (issue 27), against the floors and the peers, same run.
+"""Caching columns in memory in one call, against the floors and the peers, in the same run.
 
-    python bench/bench_build_columns.py [--rows 1000000] [--rounds 3] [--peers .baselines/peers]
+    python -m bench.bench_build_columns [--rows 1000000] [--rounds 3] [--peers .baselines/peers]
 
 Data: ``{"x": float32[64], "y": int64}`` (--rows records, 264 bytes each), made once in memory.
 Rows, each run --rounds times in alternating order (the best is reported, with the range of the
@@ -11,53 +11,28 @@ ratio over rounds), each writing into a fresh folder of the same disk:
 - ``cache_dataset`` of the same records as an iterable of dicts (the record-by-record path);
 - raw LMDB: a Python loop of ``txn.put(key, value, append=True)`` of the same record bytes into
   one environment, committing every 100,000 records and syncing at the end (no hashing, no
-  manifest): the floor the issue names (target: the columnar build >= 1.0x of it);
+  manifest): the floor the columnar build was written against (target: >= 1.0x of it);
 - Lance ``lance.write_dataset(table)`` and ArrayRecord (``ArrayRecordWriter`` with
   ``group_size:1,uncompressed``, the random-access layout bench_peers_big.py reads, each record's
   264 bytes) writing the same arrays, each in the peers' side venv (--peers, from
-  ../shared/tools/baseline-venvs.sh), timed inside that process from arrays already in memory.
+  bench/baselines/venvs.sh; bench/baselines/peer_writers.py), timed inside that process from
+  arrays already in memory.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 
 import lmdb
 import numpy as np
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
-
-import yogadl_plus as ydl  # noqa: E402
-
-_PEER = r"""
-import sys, time, numpy as np
-kind, data, out = sys.argv[1:4]
-x = np.load(data + "/x.npy"); y = np.load(data + "/y.npy")
-if kind == "lance":
-    import lance, pyarrow as pa
-    table = pa.table({"x": pa.FixedSizeListArray.from_arrays(pa.array(x.ravel()), 64), "y": y})
-    began = time.perf_counter()
-    lance.write_dataset(table, out)
-else:
-    from array_record.python.array_record_module import ArrayRecordWriter
-    rows = np.concatenate([x.view(np.uint8), y.view(np.uint8).reshape(-1, 8)], axis=1)
-    data = rows.tobytes(); width = rows.shape[1]
-    began = time.perf_counter()
-    writer = ArrayRecordWriter(out, "group_size:1,uncompressed")
-    for i in range(len(y)):
-        writer.write(data[i * width:(i + 1) * width])
-    writer.close()
-print(time.perf_counter() - began)
-"""
+import yogadl_plus as ydl
+from bench.harness import BASELINE_VENVS, run_baseline, smoke, time_once, write_json
 
 
 def raw_lmdb(folder: str, x: np.ndarray, y: np.ndarray) -> None:
@@ -84,17 +59,17 @@ def raw_lmdb(folder: str, x: np.ndarray, y: np.ndarray) -> None:
 def peer(python: str, kind: str, data: str, folder: str) -> float:
     """Seconds a peer took to write the arrays saved in ``data``, timed in its own process."""
     out = os.path.join(folder, "peer.array_record" if kind == "array_record" else "peer.lance")
-    done = subprocess.run(
-        [python, "-c", _PEER, kind, data, out], capture_output=True, text=True, check=True
-    )
-    return float(done.stdout.strip().splitlines()[-1])
+    result = run_baseline("peers", "peer_writers", [kind, data, out], python=python)
+    if isinstance(result, str):
+        raise SystemExit(f"{kind}: {result}")
+    return float(result["seconds"])
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", type=int, default=1_000_000)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--peers", default=os.path.join(os.path.dirname(HERE), ".baselines/peers"))
+    parser.add_argument("--rows", type=int, default=smoke(1_000_000, 2_000))
+    parser.add_argument("--rounds", type=int, default=smoke(3, 1))
+    parser.add_argument("--peers", default=os.path.join(BASELINE_VENVS, "peers"))
     parser.add_argument("--tmp", default=None, help="where to write (default: the temp folder)")
     parser.add_argument("--json", help="write the figures here")
     args = parser.parse_args(argv)
@@ -133,9 +108,7 @@ def main(argv: list[str] | None = None) -> int:
             order = list(rows) if round_ % 2 == 0 else list(reversed(rows))
             for name in order:
                 folder = tempfile.mkdtemp(dir=root)
-                began = time.perf_counter()
-                inside = rows[name](folder)
-                took = time.perf_counter() - began
+                took, inside = time_once(lambda name=name, folder=folder: rows[name](folder))
                 times[name].append(inside if isinstance(inside, float) else took)
                 shutil.rmtree(folder)
             print(f"round {round_ + 1}/{args.rounds} done", file=sys.stderr)
@@ -152,9 +125,7 @@ def main(argv: list[str] | None = None) -> int:
             f"| {name} | {min(row):.2f} | {args.rows / min(row):,.0f} | "
             f"{min(row) / min(times[base]):.2f}x | {min(per_round):.2f}-{max(per_round):.2f} |"
         )
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(times, f, indent=1)
+    write_json(args.json, {"rows": args.rows, "times": times})
     return 0
 
 

@@ -11,7 +11,7 @@ its sequential 1 MiB reads at depth 16 (O_DIRECT preads from threads, fio's equi
 true global shuffle, a sequential pass (shuffle=False) and a shuffle of small (264 B) records,
 each for --seconds, as a ratio to the matching disk figure.
 
-    python bench/bench_bytes.py [--root DIR] [--gib 1] [--cold] [--seconds 8]
+    python -m bench.bench_bytes [--root DIR] [--gib 1] [--cold] [--seconds 8]
 """
 
 from __future__ import annotations
@@ -22,19 +22,19 @@ import mmap
 import os
 import shutil
 import subprocess
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
 import yogadl_plus as ydl
-from bench._common import warm
+from bench.harness import count_for, smoke, warm
 
-SIZES = [64 << 10, 96 << 10, 1 << 20, 4 << 20]
+SIZES = smoke([64 << 10, 96 << 10, 1 << 20, 4 << 20], [64 << 10])
 SMALL = 256  # + the int64: 264 B records
+ROUNDS = smoke(3, 1)
+MEMCPY_BYTES = smoke(512 << 20, 16 << 20)
 
 
 def build(storage: ydl.LocalStorage, size: int, count: int) -> ydl.DataRef:
@@ -51,11 +51,11 @@ def build(storage: ydl.LocalStorage, size: int, count: int) -> ydl.DataRef:
 
 
 def memcpy_rate() -> float:
-    source = np.ones(512 << 20, np.uint8)
+    source = np.ones(MEMCPY_BYTES, np.uint8)
     target = np.empty_like(source)
     np.copyto(target, source)
     best = 0.0
-    for _ in range(3):
+    for _ in range(ROUNDS):
         start = time.perf_counter()
         np.copyto(target, source)
         best = max(best, source.nbytes / (time.perf_counter() - start))
@@ -80,7 +80,7 @@ def same_values_rate(ref: ydl.DataRef) -> float:
         offsets.append(where.tolist())
         lengths.append(length.tolist())
     starts = np.cumsum([0] + [c.records for c in ref.manifest.chunks])
-    order = ref.stream(shuffle=True, shuffle_seed=1).order_indices(0, 0, len(ref))
+    order = ref.stream(shuffle=True, shuffle_seed=1).plan().indices(0, 0, len(ref))
     chunk = np.searchsorted(starts, order, side="right") - 1
     local = order - starts[chunk]
     total = 0
@@ -95,17 +95,13 @@ def same_values_rate(ref: ydl.DataRef) -> float:
     return total / elapsed
 
 
-def epoch_rate(ref: ydl.DataRef, seconds: float | None = None, **kwargs) -> float:
+def epoch_rate(ref: ydl.DataRef, seconds: float | None = None, **kwargs: Any) -> float:
     """Bytes/s of the records' fields handed out by a stream (stopped after ``seconds``)."""
     stream = ref.stream(**kwargs)
     size = ref.schema["x"].shape[0] + 8
-    count = 0
-    start = time.perf_counter()
-    for item in stream:
-        count += len(item["y"]) if kwargs.get("batch_size") else 1
-        if seconds is not None and count % 64 == 0 and time.perf_counter() - start > seconds:
-            break
-    return count * size / (time.perf_counter() - start)
+    batched = kwargs.get("batch_size") is not None
+    count, took = count_for(stream, seconds, (lambda b: len(b["y"])) if batched else None)
+    return count * size / took
 
 
 def drop_caches() -> None:
@@ -200,7 +196,7 @@ def hint_cost(storage: ydl.LocalStorage, gib: float) -> int:
     print("| row | hinted | not hinted | ratio |\n| --- | ---: | ---: | ---: |")
     for name, kwargs in rows.items():
         best = {True: 0.0, False: 0.0}
-        for _ in range(3):
+        for _ in range(ROUNDS):
             warm(small.directory)
             for hinted in (True, False):
                 best[hinted] = max(best[hinted], epoch_rate(refs[hinted], **kwargs))
@@ -214,7 +210,7 @@ def hint_cost(storage: ydl.LocalStorage, gib: float) -> int:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--root", default="/tmp/ydl-bench-bytes")
-    parser.add_argument("--gib", type=float, default=1.0, help="GiB per warm dataset")
+    parser.add_argument("--gib", type=float, default=smoke(1.0, 0.01), help="GiB per warm dataset")
     parser.add_argument("--cold", action="store_true", help="cold runs (root: drops caches)")
     parser.add_argument("--cold-gib", type=float, default=4.0)
     parser.add_argument("--seconds", type=float, default=8.0)
@@ -241,7 +237,7 @@ def main() -> int:
         count = max(64, int(args.gib * (1 << 30) // size))
         ref = build(storage, size, count)
         memcpy = same = records = batches = 0.0
-        for _ in range(3):
+        for _ in range(ROUNDS):
             warm(ref.directory)
             memcpy = max(memcpy, memcpy_rate())
             same = max(same, same_values_rate(ref))
@@ -281,7 +277,7 @@ def main() -> int:
     defaults = (units_module.READ_AHEAD_BYTES, readahead_module.MIN_RECORD_BYTES)
 
     def cold(ref: ydl.DataRef, ahead: str = "default", **kwargs) -> float:
-        """``ahead``: "default", "off" (no read-ahead: the code before issue 16), "big" (only
+        """``ahead``: "default", "off" (no read-ahead, as the code once read), "big" (only
         records of 4 KiB or more hinted, as before small records were)."""
         units_module.READ_AHEAD_BYTES = 0 if ahead == "off" else defaults[0]
         readahead_module.MIN_RECORD_BYTES = 4096 if ahead == "big" else defaults[1]

@@ -1,12 +1,12 @@
 """Building a version from columns of each kind of value, in records/s: the build path that
 turns Arrow and Python values into records (sources/arrow.py, sources/columnar.py).
 
-    python bench/bench_column_values.py [--rows 100000] [--rounds 3] [--json out.json]
-    PYTHONPATH=/path/to/other/tree python bench/bench_column_values.py   # another checkout
+    python -m bench.bench_column_values [--rows 100000] [--rounds 3] [--json out.json]
+    python -m bench.bench_column_values --tree /path/to/other/tree     # another checkout
 
 Each case is a table of --rows rows, made once in memory (fixed seed), cached with
 ``cache_dataset`` into a fresh folder --rounds times; the best round is reported. Run it with
-two checkouts alternately (PYTHONPATH) to compare them on the same machine:
+two checkouts alternately (``--tree``) to compare them on the same machine:
 
 - ``str``: a dict holding a Python list of str (8-40 characters);
 - ``tokens``: ``list<int32>`` of 1-127 token ids a row (a text dataset's tokens);
@@ -19,10 +19,9 @@ two checkouts alternately (PYTHONPATH) to compare them on the same machine:
 from __future__ import annotations
 
 import argparse
-import json
+import os
 import shutil
 import tempfile
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -30,6 +29,7 @@ import numpy as np
 import pyarrow as pa
 
 import yogadl_plus as ydl
+from bench.harness import rerun_in_tree, smoke, time_once, write_json
 
 
 def cases(rows: int) -> dict[str, Callable[[], Any]]:
@@ -67,9 +67,12 @@ def best_build(source: Any, rounds: int) -> float:
     for _ in range(rounds):
         folder = tempfile.mkdtemp(prefix="ydl-bench-values-")
         try:
-            began = time.perf_counter()
-            ydl.cache_dataset(source, "values", "v", ydl.LocalStorage(folder), progress=False)
-            best = min(best, time.perf_counter() - began)
+            seconds, _ = time_once(
+                lambda folder=folder: ydl.cache_dataset(
+                    source, "values", "v", ydl.LocalStorage(folder), progress=False
+                )
+            )
+            best = min(best, seconds)
         finally:
             shutil.rmtree(folder, ignore_errors=True)
     return best
@@ -77,19 +80,22 @@ def best_build(source: Any, rounds: int) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rows", type=int, default=100_000)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rows", type=int, default=smoke(100_000, 500))
+    parser.add_argument("--rounds", type=int, default=smoke(3, 1))
     parser.add_argument("--json", help="also write the results here")
+    parser.add_argument("--tree", help="measure this checkout's yogadl_plus (default: this one)")
     args = parser.parse_args()
+    if args.tree:
+        again = ["--rows", str(args.rows), "--rounds", str(args.rounds)]
+        again += ["--json", os.path.abspath(args.json)] if args.json else []
+        rerun_in_tree("bench_column_values", args.tree, again)
     print(f"yogadl_plus from {ydl.__file__}", flush=True)
     results = {}
     for name, make in cases(args.rows).items():
         seconds = best_build(make(), args.rounds)
         results[name] = args.rows / seconds
         print(f"  {name:16s} {results[name]:>12,.0f} records/s ({seconds:.3f} s)", flush=True)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=1)
+    write_json(args.json, {"rows": args.rows, "records_per_s": results})
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
-"""The framework faces against their own ceilings (issue 26), same run, as ratios.
+"""The framework faces against their own ceilings, in the same run, as ratios.
 
-    python bench/bench_faces.py [--records 100000] [--big 2000] [--rounds 3] [--json out.json]
+    python -m bench.bench_faces [--records 100000] [--big 2000] [--rounds 3] [--json out.json]
 
 Data, built once in a temporary folder: ``{"x": float32[64], "label": int64}`` (--records), and
 ``{"x": uint8[256 KiB], "y": int64}`` (--big). Every row is shuffled (``shuffle_seed=0``) and
@@ -25,28 +25,22 @@ Rows (baseline in the same run):
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
-sys.path.insert(0, HERE)
+import yogadl_plus as ydl
+from bench.harness import smoke, time_once, warm, write_json
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-from _common import warm  # noqa: E402
-
-import yogadl_plus as ydl  # noqa: E402
-
 BATCH = 256
-RECORDS_ROW = 20_000
+RECORDS_ROW = smoke(20_000, 500)
 BIG_BYTES = 256 << 10
 BIG_BATCH = 32
 
@@ -70,11 +64,7 @@ def build(folder: str, records: int, big: int) -> tuple[Any, Any, np.ndarray, np
 
 def epoch_time(make: Callable[[], Any], expected: int) -> float:
     """Seconds to make the iterable and iterate it once, counting ``expected`` items."""
-    began = time.perf_counter()
-    count = 0
-    for _ in make():
-        count += 1
-    took = time.perf_counter() - began
+    took, count = time_once(lambda: sum(1 for _ in make()))
     assert count == expected, (count, expected)
     return took
 
@@ -199,9 +189,9 @@ def _overlap(times: dict[str, list[float]]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--records", type=int, default=100_000)
-    parser.add_argument("--big", type=int, default=2_000)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--records", type=int, default=smoke(100_000, 1_000))
+    parser.add_argument("--big", type=int, default=smoke(2_000, 64))
+    parser.add_argument("--rounds", type=int, default=smoke(3, 1))
     parser.add_argument("--json", help="write the figures here")
     args = parser.parse_args(argv)
     folder = tempfile.mkdtemp(prefix="ydl-faces-")
@@ -234,9 +224,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{min(per_round):.2f}-{max(per_round):.2f} | {target} |"
         )
         report.append({"row": name, "baseline": base, "times": times[name], "base": times[base]})
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=1)
+    write_json(args.json, {"rows": report})
     return 0
 
 

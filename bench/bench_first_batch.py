@@ -1,6 +1,6 @@
-"""Time to the first batch from a cold local cache, against the version's size (issue 29).
+"""Time to the first batch from a cold local cache, against the version's size.
 
-    python bench/bench_first_batch.py [--records 100000,10000000] [--chunks 100,10000]
+    python -m bench.bench_first_batch [--records 100000,10000000] [--chunks 100,10000]
                                       [--rounds 3] [--tmp DIR]
 
 A SeaweedFS on 127.0.0.1 holds one version per (records, chunks) pair, of records
@@ -8,70 +8,65 @@ A SeaweedFS on 127.0.0.1 holds one version per (records, chunks) pair, of record
 starting) makes a storage on an empty local cache and times: ``fetch`` (the manifest read and
 parsed, the version opened on demand), the stream made (``shuffle=True, shuffle_window=8,
 batch_size=256``, sharded 1 of 8), and its first batch (the chunks it needs fetched). A row's
-figures are the best over --rounds fresh processes. The issue asks that the total not grow with
-the version's size; the ratio column is each row's total against the smallest version's.
+figures are the best over --rounds fresh processes. The total should not grow with the
+version's size; the ratio column is each row's total against the smallest version's.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import contextlib
 import shutil
-import subprocess
 import sys
 import tempfile
-import textwrap
+import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
+import yogadl_plus as ydl
+from bench.harness import call_in_tree, smoke, start_or_skip
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))  # the SeaweedFS runner the tests use
 
-import yogadl_plus as ydl  # noqa: E402
 
-RANK = textwrap.dedent(
-    """
-    import json, sys, time
-    began = time.perf_counter()
-    import yogadl_plus as ydl
-    spec = json.loads(sys.argv[1])
-    imported = time.perf_counter()
+def first_batch(spec: dict[str, Any]) -> dict[str, float]:
+    """In a fresh process (a rank starting, yogadl_plus imported): seconds to fetch the
+    version, make its stream and read its first batch."""
+    started = time.perf_counter()
     storage = ydl.S3Storage(
         spec["bucket"], "team", local_cache=spec["cache"], endpoint_url=spec["endpoint"],
         aws_access_key_id=spec["key"], aws_secret_access_key=spec["secret"],
         region_name="us-east-1", local_cache_limit=64 << 20,
-    )
+    )  # fmt: skip
     ref = storage.fetch(spec["dataset"], "v", on_demand=True)
     fetched = time.perf_counter()
     stream = ref.stream(shuffle=True, shuffle_seed=0, shuffle_window=8, batch_size=256,
-                        shard_rank=3, num_shards=8)
+                        shard_rank=3, num_shards=8)  # fmt: skip
     made = time.perf_counter()
     first = next(iter(stream))
     done = time.perf_counter()
     assert len(first["i"]) == 256
-    print(json.dumps({"fetch": fetched - imported, "stream": made - fetched,
-                      "batch": done - made, "total": done - imported}))
-    """
-)
+    return {"fetch": fetched - started, "stream": made - fetched, "batch": done - made,
+            "total": done - started}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--records", default="100000,10000000")
-    parser.add_argument("--chunks", default="100,10000")
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--records", default=smoke("100000,10000000", "20000"))
+    parser.add_argument("--chunks", default=smoke("100,10000", "10"))
+    parser.add_argument("--rounds", type=int, default=smoke(3, 1))
     parser.add_argument("--tmp", default=None)
     args = parser.parse_args(argv)
     from servers import seaweedfs
 
     work = Path(tempfile.mkdtemp(prefix="bench-first-", dir=args.tmp))
-    script = work / "rank.py"
-    script.write_text(RANK)
     rows = []
     try:
-        with seaweedfs(work / "weed") as server:
+        with contextlib.ExitStack() as stack:
+            server = start_or_skip(stack, seaweedfs(work / "weed"))
             bucket = server.make_bucket()
             builder = server.storage(bucket, "team", work / "builder")
             for n in map(int, args.records.split(",")):
@@ -97,11 +92,7 @@ def main(argv: list[str] | None = None) -> int:
                             "key": server.access_key, "secret": server.secret_key,
                             "cache": str(work / f"node-{dataset}-{round_}"),
                         }  # fmt: skip
-                        out = subprocess.run(
-                            [sys.executable, str(script), json.dumps(spec)],
-                            check=True, capture_output=True, text=True,
-                        )  # fmt: skip
-                        times = json.loads(out.stdout.splitlines()[-1])
+                        times = call_in_tree(None, "bench_first_batch", "first_batch", spec)
                         if times["total"] < best.get("total", float("inf")):
                             best = times
                     rows.append((n, got, size, best))

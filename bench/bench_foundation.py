@@ -1,6 +1,6 @@
 """Foundation benchmark: yogadl_plus against raw py-lmdb and yogadl 0.1.4, on the same data.
 
-    python bench/bench_foundation.py [--sizes 10000,100000,1000000] [--quick] [--json out.json]
+    python -m bench.bench_foundation [--sizes 10000,100000,1000000] [--quick] [--json out.json]
 
 Data: N records {"x": float32[64], "label": int64} (264 bytes each). Every file is read once
 (page cache warm) before it is timed; every figure is the BEST (minimum time) of at least
@@ -13,11 +13,8 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import os
-import platform
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -27,23 +24,26 @@ from typing import Any
 import lmdb
 import numpy as np
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-sys.path.insert(0, ROOT)
+import yogadl_plus as ydl
+from bench.harness import (
+    MAX_REPEATS,
+    MIN_TOTAL_S,
+    VENVS_HINT,
+    best_of,
+    machine,
+    run_baseline_on_arrays,
+    side_python,
+    smoke,
+    target_cell,
+    warm,
+    write_json,
+)
 
-from _common import target_cell, warm  # noqa: E402  (bench/ is on sys.path when run as a script)
-
-import yogadl_plus as ydl  # noqa: E402
-
-DEFAULT_SIZES = (10_000, 100_000, 1_000_000)
+DEFAULT_SIZES = smoke((10_000, 100_000, 1_000_000), (2_000,))
 QUICK_SIZES = (10_000, 100_000)
 BATCH = 256
 RECORD_DTYPE = np.dtype([("x", "<f4", (64,)), ("label", "<i8")])
 RECORD_BYTES = RECORD_DTYPE.itemsize  # 264
-YOGADL_PYTHON = os.path.join(ROOT, ".baselines", "yogadl", "bin", "python")
-YOGADL_HELP = (
-    "create it with: bash ../shared/tools/baseline-venvs.sh .baselines  (from the repo root)"
-)
 
 # (metric, baseline) -> (target text, check(ratio) -> bool)
 TARGETS: dict[tuple[str, str], tuple[str, Callable[[float], bool]]] = {
@@ -62,52 +62,7 @@ TARGETS: dict[tuple[str, str], tuple[str, Callable[[float], bool]]] = {
 }
 
 
-# --------------------------------------------------------------------------- helpers
-
-
-# Small N: keep repeating until this much was timed (at most MAX_REPEATS), so that a 10 ms
-# figure is not one scheduler hiccup away from wrong. Large N: exactly ``repeats``.
-MIN_TOTAL_S = 0.3
-MAX_REPEATS = 20
-
-
-def best_of(fn: Callable[[], Any], repeats: int) -> tuple[float, list[float]]:
-    """Runs ``fn`` at least ``repeats`` times (more while under MIN_TOTAL_S in all, up to
-    MAX_REPEATS); returns (best seconds, all seconds)."""
-    times: list[float] = []
-    while len(times) < repeats or (sum(times) < MIN_TOTAL_S and len(times) < MAX_REPEATS):
-        gc.collect()
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return min(times), times
-
-
-def machine() -> dict[str, Any]:
-    model = platform.processor() or "?"
-    try:
-        for line in subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines():
-            if line.startswith("Model name:"):
-                model = line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    try:
-        commit = subprocess.run(
-            ["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-        ).stdout.strip()
-    except OSError:
-        commit = ""
-    return {
-        "load_average_at_start": os.getloadavg(),
-        "cpus": os.cpu_count(),
-        "cpu_model": model,
-        "python": platform.python_version(),
-        "lmdb": lmdb.__version__,
-        "numpy": np.__version__,
-        "yogadl_plus": ydl.__version__,
-        "git_commit": commit,
-        "platform": platform.platform(),
-    }
+# --------------------------------------------------------------------------- data
 
 
 def make_data(n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -288,38 +243,13 @@ def bench_ydl(n: int, x: np.ndarray, label: np.ndarray, tmp: str, repeats: int) 
 
 
 def bench_yogadl(
-    n: int, x: np.ndarray, label: np.ndarray, tmp: str, repeats: int, python: str
+    x: np.ndarray, label: np.ndarray, tmp: str, repeats: int, python: str
 ) -> dict | str:
-    """Runs bench/_yogadl_baseline.py in the side venv; returns its JSON or why not."""
-    if not os.path.exists(python):
-        return f"side venv missing ({python}); {YOGADL_HELP}"
-    work = os.path.join(tmp, f"yogadl_{n}")
-    os.makedirs(work)
-    xp, lp = os.path.join(work, "x.npy"), os.path.join(work, "label.npy")
-    np.save(xp, x)
-    np.save(lp, label)
-    cmd = [
-        python,
-        os.path.join(HERE, "_yogadl_baseline.py"),
-        "--x",
-        xp,
-        "--label",
-        lp,
-        "--workdir",
-        os.path.join(work, "storage"),
-        "--repeats",
-        str(repeats),
-    ]
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
-    except subprocess.TimeoutExpired:
-        return "yogadl baseline timed out after 900 s"
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    if proc.returncode != 0:
-        return f"yogadl baseline failed (rc {proc.returncode}): {proc.stderr.strip()[-500:]}"
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    """bench.baselines.yogadl_foundation in the side venv: its JSON, or why there is none."""
+    return run_baseline_on_arrays(
+        "yogadl", "yogadl_foundation", {"x": x, "label": label}, tmp,
+        ["--workdir", "{workdir}", "--repeats", str(repeats)], python=python,
+    )  # fmt: skip
 
 
 # --------------------------------------------------------------------------- table
@@ -429,8 +359,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes", default=None, help="comma-separated N (default 10^4,10^5,10^6)")
     parser.add_argument("--quick", action="store_true", help="N = 10^4 and 10^5 only")
     parser.add_argument("--json", default=None, help="also write the table as JSON here")
-    parser.add_argument("--repeats", type=int, default=3, help="best of this many (default 3)")
-    parser.add_argument("--yogadl-python", default=YOGADL_PYTHON, help="side venv's python")
+    parser.add_argument("--repeats", type=int, default=smoke(3, 1), help="best of this many (3)")
+    parser.add_argument("--yogadl-python", default=side_python("yogadl"), help="its python")
     parser.add_argument("--no-yogadl", action="store_true", help="skip the yogadl 0.1.4 rows")
     parser.add_argument("--tmp", default=None, help="parent folder for temp files (default /tmp)")
     args = parser.parse_args(argv)
@@ -447,7 +377,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     if not args.no_yogadl and not os.path.exists(args.yogadl_python):
         print(
-            f"# yogadl 0.1.4 rows: n/a, side venv missing at {args.yogadl_python}; {YOGADL_HELP}",
+            f"# yogadl 0.1.4 rows: n/a, side venv missing at {args.yogadl_python}; {VENVS_HINT}",
             flush=True,
         )
     start = time.perf_counter()
@@ -464,7 +394,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.no_yogadl:
                 yog: dict | str = "skipped (--no-yogadl)"
             else:
-                yog = bench_yogadl(n, x, label, size_dir, args.repeats, args.yogadl_python)
+                yog = bench_yogadl(x, label, size_dir, args.repeats, args.yogadl_python)
             new = rows_for(n, raw, ours, yog)
             rows.extend(new)
             print(f"\n## N = {n:,} ({time.perf_counter() - t_n:.0f} s)\n", flush=True)
@@ -483,25 +413,19 @@ def main(argv: list[str] | None = None) -> int:
         f"{MIN_TOTAL_S} s was timed)\n"
     )
     print(markdown(rows))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(
-                {
-                    "machine": info,
-                    "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
-                    "statistic": "best (minimum time) of repeats",
-                    "repeats": args.repeats,
-                    "first_record_repeats": max(args.repeats, 5),
-                    "total_seconds": total,
-                    "load_average_at_end": os.getloadavg(),
-                    "min_total_s_per_figure": MIN_TOTAL_S,
-                    "max_repeats": MAX_REPEATS,
-                    "rows": rows,
-                },
-                f,
-                indent=2,
-            )
-        print(f"\nJSON written to {args.json}")
+    write_json(
+        args.json,
+        {
+            "statistic": "best (minimum time) of repeats",
+            "repeats": args.repeats,
+            "first_record_repeats": max(args.repeats, 5),
+            "total_seconds": total,
+            "min_total_s_per_figure": MIN_TOTAL_S,
+            "max_repeats": MAX_REPEATS,
+            "rows": rows,
+        },
+        info,
+    )
     return 0
 
 

@@ -1,7 +1,7 @@
 """Framework benchmark: yogadl_plus's tf.data and PyTorch faces against yogadl 0.1.4, plain
 tf.data and Petastorm 0.13.1, on the same data, in one run.
 
-    python bench/bench_frameworks.py [--quick] [--json out.json]
+    python -m bench.bench_frameworks [--quick] [--json out.json]
 
 Data: N records {"x": float32[64], "label": int64} (the foundation benchmark's, same seed).
 Every file is read once (page cache warm) before it is timed; every figure is the BEST (minimum
@@ -13,10 +13,8 @@ tf.data datasets are iterated in Python, eagerly (``for _ in ds``), on both side
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -25,30 +23,27 @@ from typing import Any
 
 import numpy as np
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-sys.path.insert(0, ROOT)
-sys.path.insert(0, HERE)
+import yogadl_plus as ydl
+from bench.bench_foundation import make_data
+from bench.harness import (
+    best_of,
+    machine,
+    run_baseline_on_arrays,
+    side_python,
+    smoke,
+    target_cell,
+    warm,
+    write_json,
+)
 
-from _common import target_cell, warm  # noqa: E402
-from bench_foundation import best_of, machine, make_data  # noqa: E402
-
-import yogadl_plus as ydl  # noqa: E402
-
-N_DEFAULT = 100_000
+N_DEFAULT = smoke(100_000, 2_000)
 # yogadl 0.1.4's tf.data path runs at ~2k records/s: 10^5 records would be ~50 s a run, so the
 # record-by-record tf row uses the first 20,000 records, on both sides.
-TF_RECORDS_N_DEFAULT = 20_000
+TF_RECORDS_N_DEFAULT = smoke(20_000, 1_000)
 QUICK_N = 20_000
 BATCH = 256
 SHUFFLE_QUEUE = 10_000
 RECORDS_REPEATS = 5  # the record-by-record tf rows (eager), both sides: see bench_tf
-YOGADL_PYTHON = os.path.join(ROOT, ".baselines", "yogadl", "bin", "python")
-PETASTORM_PYTHON = os.path.join(ROOT, ".baselines", "petastorm", "bin", "python")
-VENV_HELP = (
-    "create it with: bash ../shared/tools/baseline-venvs.sh .baselines  (from the repo root)"
-)
-SIDE_ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")
 
 # (metric, baseline) -> (target text, check(ratio) -> bool)
 TARGETS: dict[tuple[str, str], tuple[str, Callable[[float], bool]]] = {
@@ -79,20 +74,6 @@ def build_cache(storage: Any, name: str, x: np.ndarray, label: np.ndarray) -> An
     assert np.array_equal(sample["x"], x[len(label) // 2])
     assert sample["label"] == label[len(label) // 2]
     return dataref
-
-
-def side_script(python: str, script: str, args: list[str], timeout: int = 900) -> dict | str:
-    """Runs a helper in a side venv; returns its JSON (last stdout line) or why not."""
-    if not os.path.exists(python):
-        return f"side venv missing ({python}); {VENV_HELP}"
-    cmd = [python, os.path.join(HERE, script), *args]
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=SIDE_ENV, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return f"{script} timed out after {timeout} s"
-    if proc.returncode != 0:
-        return f"{script} failed (rc {proc.returncode}): {proc.stderr.strip()[-800:]}"
-    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 # --------------------------------------------------------------------------- PyTorch
@@ -132,34 +113,13 @@ def bench_torch(dataref: Any, x: np.ndarray, label: np.ndarray, repeats: int) ->
     return out
 
 
-def save_arrays(folder: str, x: np.ndarray, label: np.ndarray) -> tuple[str, str]:
-    """The data as .npy files, for a side-venv script to load."""
-    xp, lp = os.path.join(folder, "x.npy"), os.path.join(folder, "label.npy")
-    np.save(xp, x)
-    np.save(lp, label)
-    return xp, lp
-
-
-def arrays_side_script(
-    python: str, script: str, x: np.ndarray, label: np.ndarray, tmp: str, args: list[str]
-) -> dict | str:
-    """Runs a side-venv baseline on the same arrays (saved under ``tmp``, removed after);
-    ``{workdir}`` in ``args`` is a fresh folder for its files."""
-    work = tempfile.mkdtemp(prefix=script.strip("_").split(".")[0] + "-", dir=tmp)
-    xp, lp = save_arrays(work, x, label)
-    args = [a.replace("{workdir}", os.path.join(work, "wd")) for a in args]
-    try:
-        return side_script(python, script, ["--x", xp, "--label", lp, *args])
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-
-
 def bench_petastorm(
     x: np.ndarray, label: np.ndarray, tmp: str, repeats: int, python: str, queue: int
 ) -> dict | str:
-    return arrays_side_script(
-        python, "_petastorm_torch_baseline.py", x, label, tmp,
+    return run_baseline_on_arrays(
+        "petastorm", "petastorm_torch", {"x": x, "label": label}, tmp,
         ["--workdir", "{workdir}", "--repeats", str(repeats), "--shuffle-queue", str(queue)],
+        python=python,
     )  # fmt: skip
 
 
@@ -264,10 +224,11 @@ def bench_tf(dataref: Any, small: Any, x: np.ndarray, label: np.ndarray, repeats
 def bench_yogadl_tf(
     x: np.ndarray, label: np.ndarray, tmp: str, repeats: int, python: str
 ) -> dict | str:
-    return arrays_side_script(
-        python, "_yogadl_tf_baseline.py", x, label, tmp,
+    return run_baseline_on_arrays(
+        "yogadl", "yogadl_tf", {"x": x, "label": label}, tmp,
         ["--workdir", "{workdir}", "--repeats", str(repeats),
          "--records-repeats", str(max(repeats, RECORDS_REPEATS))],
+        python=python,
     )  # fmt: skip
 
 
@@ -430,15 +391,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--quick", action="store_true", help=f"N = {QUICK_N:,} everywhere")
     parser.add_argument("--json", default=None, help="also write the table as JSON here")
-    parser.add_argument("--repeats", type=int, default=3, help="best of this many (default 3)")
+    parser.add_argument("--repeats", type=int, default=smoke(3, 1), help="best of this many (3)")
     parser.add_argument("--shuffle-queue", type=int, default=SHUFFLE_QUEUE,
                         help="Petastorm shuffling_queue_capacity (default 10000)")  # fmt: skip
     parser.add_argument("--no-torch", action="store_true", help="skip the PyTorch rows")
     parser.add_argument("--no-tf", action="store_true", help="skip the TensorFlow rows")
     parser.add_argument("--no-yogadl", action="store_true", help="skip yogadl 0.1.4")
     parser.add_argument("--no-petastorm", action="store_true", help="skip Petastorm 0.13.1")
-    parser.add_argument("--yogadl-python", default=YOGADL_PYTHON)
-    parser.add_argument("--petastorm-python", default=PETASTORM_PYTHON)
+    parser.add_argument("--yogadl-python", default=side_python("yogadl"))
+    parser.add_argument("--petastorm-python", default=side_python("petastorm"))
     parser.add_argument("--tmp", default=None, help="parent folder for temp files (default /tmp)")
     args = parser.parse_args(argv)
     n = args.n or (QUICK_N if args.quick else N_DEFAULT)
@@ -502,27 +463,21 @@ def main(argv: list[str] | None = None) -> int:
     for what, res in (("PyTorch", torch_res), ("Petastorm", peta), ("tf", tf_res), ("yogadl", yog)):
         if isinstance(res, str):
             print(f"\n{what}: {res}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(
-                {
-                    "machine": info,
-                    "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
-                    "statistic": "best (minimum time) of repeats",
-                    "repeats": args.repeats,
-                    "n": n,
-                    "tf_records_n": n_small,
-                    "total_seconds": total,
-                    "section_seconds": sections,
-                    "load_average_at_end": os.getloadavg(),
-                    "rows": rows,
-                    "petastorm": peta,
-                    "yogadl014": yog,
-                },
-                f,
-                indent=2,
-            )
-        print(f"\nJSON written to {args.json}")
+    write_json(
+        args.json,
+        {
+            "statistic": "best (minimum time) of repeats",
+            "repeats": args.repeats,
+            "n": n,
+            "tf_records_n": n_small,
+            "total_seconds": total,
+            "section_seconds": sections,
+            "rows": rows,
+            "petastorm": peta,
+            "yogadl014": yog,
+        },
+        info,
+    )
     return 0
 
 

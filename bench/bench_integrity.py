@@ -1,9 +1,9 @@
-"""Before/after benchmark of the read and build hot paths, for a change to them (issue 13: the
-integrity checks on every read). Two checkouts of yogadl_plus run the same rows on the same data,
-alternately, in fresh processes, in one run:
+"""Before/after benchmark of the read and build hot paths, for a change to them (first written
+for the integrity checks on every read). Two checkouts of yogadl_plus run the same rows on the
+same data, alternately, in fresh processes, in one run:
 
     git worktree add /tmp/ydl-before <commit before the change>
-    python bench/bench_integrity.py --before /tmp/ydl-before [--after .] [--rounds 3]
+    python -m bench.bench_integrity --before /tmp/ydl-before [--after .] [--rounds 3]
 
 Each row is the best (minimum time) over every round of that checkout; the ratio is after/before
 in throughput (1.00x: unchanged; below 1: slower). Page cache warm; nothing is read from disk.
@@ -27,19 +27,14 @@ Rows (S = 200,000 records of float32[64] + int64, 264 bytes; B = 3,000 records o
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
-import sys
 import tempfile
-import time
 from typing import Any
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
+from bench.harness import ROOT, SMOKE, alternate, call_in_tree, smoke, smoke_tree, timed, write_json
 
-SMALL = 200_000
-BIG = 3_000
+SMALL = smoke(200_000, 2_000)
+BIG = smoke(3_000, 64)
 BIG_BYTES = 96 << 10
 ROWS = [
     ("S shuffled records", "records/s"),
@@ -61,21 +56,14 @@ ROWS = [
 
 
 def worker(data: str, repeats: int) -> dict[str, float]:
-    """Times every row with the yogadl_plus on sys.path; {row: best seconds per unit of work}."""
-    import gc
-
+    """Times every row with the yogadl_plus this process imports; {row: best seconds per unit
+    of work}."""
     import numpy as np
 
     import yogadl_plus as ydl
 
     def best(run: Any, count: int) -> float:
-        times = []
-        for _ in range(repeats):
-            gc.collect()
-            start = time.perf_counter()
-            run()
-            times.append(time.perf_counter() - start)
-        return min(times) / count
+        return min(timed(run, repeats)) / count
 
     rng = np.random.default_rng(0)
     x = rng.standard_normal((SMALL, 64), dtype=np.float32)
@@ -175,41 +163,25 @@ def worker(data: str, repeats: int) -> dict[str, float]:
 def run_checkout(library: str, repeats: int) -> dict[str, float]:
     """``worker`` in a fresh process that imports yogadl_plus from ``library``."""
     with tempfile.TemporaryDirectory(prefix="ydl-bench-integrity-") as data:
-        code = (
-            f"import sys, json; sys.path.insert(0, {library!r}); sys.path.insert(0, {HERE!r}); "
-            "import bench_integrity as b; "
-            f"print(json.dumps(b.worker({data!r}, {repeats})))"
-        )
-        # PYTHONPATH too: the build's pool workers come from a forkserver, which starts from
-        # the environment, not from this process's sys.path.
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([library, HERE])}
-        done = subprocess.run(
-            [sys.executable, "-c", code],
-            capture_output=True,
-            text=True,
-            cwd=data,
-            check=False,
-            env=env,
-        )
-        if done.returncode != 0:
-            raise SystemExit(f"{library}: the benchmark failed:\n{done.stderr[-3000:]}")
-        return json.loads(done.stdout.strip().splitlines()[-1])
+        result: dict[str, float] = call_in_tree(library, "bench_integrity", "worker", data, repeats)
+        return result
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--before", required=True, help="checkout of the code before the change")
+    parser.add_argument(
+        "--before",
+        required=not SMOKE,
+        help="checkout of the code before the change (smoke mode: a copy of this one)",
+    )
     parser.add_argument("--after", default=ROOT, help="checkout of the changed code (this one)")
-    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds (default 3)")
-    parser.add_argument("--repeats", type=int, default=3, help="timings per row per round")
+    parser.add_argument("--rounds", type=int, default=smoke(3, 1), help="alternating rounds (3)")
+    parser.add_argument("--repeats", type=int, default=smoke(3, 1), help="timings per row a round")
     parser.add_argument("--json", help="also write every timing here")
     args = parser.parse_args(argv)
-    timings: dict[str, list[dict[str, float]]] = {"before": [], "after": []}
-    for round_ in range(args.rounds):
-        for side in ("before", "after"):
-            library = os.path.abspath(getattr(args, side))
-            print(f"round {round_ + 1}/{args.rounds}: {side} ({library})", file=sys.stderr)
-            timings[side].append(run_checkout(library, args.repeats))
+    before = os.path.abspath(args.before) if args.before else smoke_tree()
+    sides = {"before": before, "after": os.path.abspath(args.after)}
+    timings = alternate(sides, args.rounds, lambda _, tree: run_checkout(tree, args.repeats))
     best = {
         side: {row: min(t[row] for t in runs) for row, _ in ROWS} for side, runs in timings.items()
     }
@@ -219,9 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     for row, unit in ROWS:
         before, after = 1 / best["before"][row], 1 / best["after"][row]
         print(f"| {row} | {unit} | {before:,.0f} | {after:,.0f} | {after / before:.2f}x |")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"timings": timings, "best": best}, f, indent=1)
+    write_json(args.json, {"trees": sides, "timings": timings, "best": best})
     return 0
 
 

@@ -1,6 +1,6 @@
 """Lineage at scale: which records made the next 10^4 items of a stream over 10^8 records.
 
-    python bench/bench_lineage.py [--records 100000000] [--items 10000] [--rounds 3]
+    python -m bench.bench_lineage [--records 100000000] [--items 10000] [--rounds 3]
 
 The version is a stand-in that opens no files (its records are never read: without a predicate
 or skip list, lineage is the order's arithmetic alone), with the order of a real one: one chunk
@@ -12,16 +12,14 @@ the same positions (the floor: lineage adds the grouping into items).
 from __future__ import annotations
 
 import argparse
-import os
-import sys
-import time
+from collections.abc import Callable
 from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
 import yogadl_plus as ydl
+from bench.harness import smoke, timed
 
 
 class HugeRef(ydl.DataRef):
@@ -43,20 +41,15 @@ class HugeRef(ydl.DataRef):
         pass
 
 
-def best(run, rounds: int) -> float:
-    times = []
-    for _ in range(rounds):
-        began = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - began)
-    return min(times)
+def best(run: Callable[[], Any], rounds: int) -> float:
+    return min(timed(run, rounds))
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--records", type=int, default=100_000_000)
-    parser.add_argument("--items", type=int, default=10_000)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--records", type=int, default=smoke(100_000_000, 1_000_000))
+    parser.add_argument("--items", type=int, default=smoke(10_000, 100))
+    parser.add_argument("--rounds", type=int, default=smoke(3, 1))
     args = parser.parse_args(argv)
     ref = HugeRef(args.records)
     print(f"\n{args.records:,} records, lineage of {args.items:,} items, best of {args.rounds}\n")

@@ -1,6 +1,6 @@
-"""Many nodes reading one version from one bucket, each through its own local cache (issue 29).
+"""Many nodes reading one version from one bucket, each through its own local cache.
 
-    python bench/bench_many_nodes.py [--records 1000000] [--nodes 1,2,4] [--rounds 2]
+    python -m bench.bench_many_nodes [--records 1000000] [--nodes 1,2,4] [--rounds 2]
                                      [--chunk-mb 4] [--tmp DIR]
 
 A SeaweedFS on 127.0.0.1 holds a version of --records records ``{"i": int64, "x": float32[64]}``
@@ -15,7 +15,7 @@ The ceiling, in the same run: N processes that download the same chunks with pla
 ``get_object`` calls (8 threads each, nothing decoded or written): what the server and this
 machine give N readers at all. The peer, in the same run: litdata 0.2.76's ``StreamingDataset
 (shuffle=True)`` through a ``StreamingDataLoader`` (batch 256, no worker processes: its fastest
-setting on this machine) reading the same records (``bench/_litdata_s3_baseline.py``, in the
+setting on this machine) reading the same records (``bench/baselines/litdata_s3.py``, in the
 peers venv, from a prefix of the same bucket, written by ``litdata.optimize`` in 8 MB chunks)
 from an empty cache of unlimited size, against one node of ours.
 
@@ -26,116 +26,122 @@ stop scaling, that (not the bucket) is the limit here.
 from __future__ import annotations
 
 import argparse
-import json
+import contextlib
 import shutil
-import subprocess
 import sys
 import tempfile
-import textwrap
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
+import yogadl_plus as ydl
+from bench.harness import (
+    BASELINE_VENVS,
+    finish_call,
+    run_baseline,
+    smoke,
+    start_call,
+    start_or_skip,
+)
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))  # the SeaweedFS runner the tests use
 
-import yogadl_plus as ydl  # noqa: E402
 
-NODE = textwrap.dedent(
-    """
-    import json, sys, time
-    import yogadl_plus as ydl
-    spec = json.loads(sys.argv[1])
-    while time.time() < spec["start_at"]:
+def _wait_until(start_at: float) -> None:
+    while time.time() < start_at:
         time.sleep(0.001)
+
+
+def node(spec: dict[str, Any]) -> dict[str, Any]:
+    """One node (a fresh process): its shard of one epoch on its own empty local cache."""
+    _wait_until(spec["start_at"])
     began = time.perf_counter()
     storage = ydl.S3Storage(
         spec["bucket"], "team", local_cache=spec["cache"], endpoint_url=spec["endpoint"],
         aws_access_key_id=spec["key"], aws_secret_access_key=spec["secret"],
         region_name="us-east-1", local_cache_limit=spec["limit"],
-    )
+    )  # fmt: skip
     ref = storage.fetch("d", "v")
-    stream = ref.stream(shuffle=True, shuffle_seed=0, shuffle_window=8, batch_size=256,
-                        shard_rank=spec["rank"], num_shards=spec["world"], shard_by="chunks")
+    stream = ref.stream(
+        shuffle=True, shuffle_seed=0, shuffle_window=8, batch_size=256,
+        shard_rank=spec["rank"], num_shards=spec["world"], shard_by="chunks",
+    )  # fmt: skip
     n = 0
     first = None
     for batch in stream:
         n += len(batch["i"])
         first = first or time.perf_counter() - began
-    print(json.dumps({"records": n, "seconds": time.perf_counter() - began, "first": first}))
-    """
-)
+    return {"records": n, "seconds": time.perf_counter() - began, "first": first}
 
-RAW = textwrap.dedent(
-    """
-    import json, sys, time
-    from concurrent.futures import ThreadPoolExecutor
+
+def raw_gets(spec: dict[str, Any]) -> dict[str, Any]:
+    """The ceiling's node (a fresh process): plain boto3 GETs of its chunks, 8 threads."""
     import boto3
     from botocore.config import Config
-    spec = json.loads(sys.argv[1])
-    client = boto3.client("s3", endpoint_url=spec["endpoint"], aws_access_key_id=spec["key"],
-                          aws_secret_access_key=spec["secret"], region_name="us-east-1",
-                          config=Config(s3={"addressing_style": "path"}, max_pool_connections=16))
-    while time.time() < spec["start_at"]:
-        time.sleep(0.001)
+
+    client = boto3.client(
+        "s3", endpoint_url=spec["endpoint"], aws_access_key_id=spec["key"],
+        aws_secret_access_key=spec["secret"], region_name="us-east-1",
+        config=Config(s3={"addressing_style": "path"}, max_pool_connections=16),
+    )  # fmt: skip
+    _wait_until(spec["start_at"])
     began = time.perf_counter()
-    def get(key):
+
+    def get(key: str) -> int:
         return len(client.get_object(Bucket=spec["bucket"], Key=key)["Body"].read())
+
     with ThreadPoolExecutor(8) as pool:
         got = sum(pool.map(get, spec["keys"]))
-    print(json.dumps({"bytes": got, "seconds": time.perf_counter() - began}))
-    """
-)
+    return {"bytes": got, "seconds": time.perf_counter() - began}
 
 
-def run_together(script: Path, specs: list[dict]) -> list[dict]:
+def run_together(function: str, specs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``function`` of this module for every spec, each in its own process, started together."""
     start_at = time.time() + 2.0
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(script), json.dumps({**spec, "start_at": start_at})],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+    calls = [
+        start_call(None, "bench_many_nodes", function, {**spec, "start_at": start_at})
         for spec in specs
     ]
-    out = []
-    for proc in procs:
-        stdout, stderr = proc.communicate(timeout=1800)
-        if proc.returncode:
-            raise RuntimeError(stderr[-2000:])
-        out.append(json.loads(stdout.splitlines()[-1]))
-    return out
+    return [finish_call(call) for call in calls]
+
+
+def litdata(python: str, args: list[str]) -> dict[str, Any]:
+    """bench.baselines.litdata_s3 in the peers venv."""
+    result = run_baseline("peers", "litdata_s3", args, python=python, timeout=1800)
+    if isinstance(result, str):
+        raise SystemExit(f"litdata: {result}")
+    return result
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--records", type=int, default=1_000_000)
-    parser.add_argument("--nodes", default="1,2,4")
-    parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--chunk-mb", type=float, default=4.0)
+    parser.add_argument("--records", type=int, default=smoke(1_000_000, 10_000))
+    parser.add_argument("--nodes", default=smoke("1,2,4", "1,2"))
+    parser.add_argument("--rounds", type=int, default=smoke(2, 1))
+    parser.add_argument("--chunk-mb", type=float, default=smoke(4.0, 0.5))
     parser.add_argument("--tmp", default=None)
     parser.add_argument(
         "--litdata-python",
-        default=str(ROOT / ".baselines" / "peers" / "bin" / "python"),
+        default=str(Path(BASELINE_VENVS) / "peers" / "bin" / "python"),
         help="the peers venv's python ('' to leave litdata out)",
     )
     args = parser.parse_args(argv)
     from servers import seaweedfs
 
-    litdata = (
+    python = (
         args.litdata_python if args.litdata_python and Path(args.litdata_python).exists() else ""
     )
     peer: list[float] = []
 
     work = Path(tempfile.mkdtemp(prefix="bench-nodes-", dir=args.tmp))
-    (work / "node.py").write_text(NODE)
-    (work / "raw.py").write_text(RAW)
     results: dict[int, dict[str, float]] = {}
     try:
-        with seaweedfs(work / "weed") as server:
+        with contextlib.ExitStack() as stack:
+            server = start_or_skip(stack, seaweedfs(work / "weed"))
             bucket = server.make_bucket()
             n = args.records
             columns = {
@@ -154,12 +160,11 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(built.directory, ignore_errors=True)
             common = {"bucket": bucket, "endpoint": server.endpoint_url,
                       "key": server.access_key, "secret": server.secret_key}  # fmt: skip
-            lit = [litdata, str(ROOT / "bench" / "_litdata_s3_baseline.py"),
-                   "--endpoint", server.endpoint_url, "--bucket", bucket, "--prefix", "litdata",
+            lit = ["--endpoint", server.endpoint_url, "--bucket", bucket, "--prefix", "litdata",
                    "--access-key", server.access_key, "--secret-key", server.secret_key,
                    "--records", str(n), "--work", str(work / "litdata")]  # fmt: skip
-            if litdata:
-                subprocess.run([*lit, "--mode", "prepare"], check=True, capture_output=True)
+            if python:
+                litdata(python, [*lit, "--mode", "prepare"])
             for round_ in range(args.rounds):
                 for nodes in map(int, args.nodes.split(",")):
                     specs = [
@@ -167,11 +172,10 @@ def main(argv: list[str] | None = None) -> int:
                          "cache": str(work / f"cache-{round_}-{nodes}-{r}")}
                         for r in range(nodes)
                     ]  # fmt: skip
-                    ours = run_together(work / "node.py", specs)
+                    ours = run_together("node", specs)
                     assert sum(o["records"] for o in ours) == n
                     raw = run_together(
-                        work / "raw.py",
-                        [{**common, "keys": keys[r::nodes]} for r in range(nodes)],
+                        "raw_gets", [{**common, "keys": keys[r::nodes]} for r in range(nodes)]
                     )
                     for spec in specs:
                         shutil.rmtree(spec["cache"], ignore_errors=True)
@@ -180,11 +184,8 @@ def main(argv: list[str] | None = None) -> int:
                     row["raw"] = max(row["raw"], total / max(r["seconds"] for r in raw))
                     row["first"] = min(row["first"], max(o["first"] for o in ours))
                     print(f"round {round_ + 1}, {nodes} node(s): {ours} / {raw}", file=sys.stderr)
-                if litdata:
-                    out = subprocess.run(
-                        [*lit, "--mode", "read"], check=True, capture_output=True, text=True
-                    )
-                    read = json.loads(out.stdout.splitlines()[-1])
+                if python:
+                    read = litdata(python, [*lit, "--mode", "read"])
                     assert read["all_once"] and read["records"] == n, read
                     peer.append(read["records_per_s"])
                     print(f"round {round_ + 1}, litdata: {read}", file=sys.stderr)

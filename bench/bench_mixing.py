@@ -1,6 +1,6 @@
 """Mixing benchmark: how well each shuffle mixes a chunked version, and what it costs a reader.
 
-    python bench/bench_mixing.py [--quick] [--seed 0] [--json out.json]
+    python -m bench.bench_mixing [--quick] [--seed 0] [--json out.json]
 
 For a chunk layout (records per chunk, in storage order), each scheme gives one epoch's order
 (position -> record index); the script prints, per scheme:
@@ -39,20 +39,13 @@ positions, as a ratio of the time the full shuffle takes in the same run (best o
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import sys
-import time
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-sys.path.insert(0, ROOT)
-
-from yogadl_plus.order import ShardByRecords  # noqa: E402
+from bench.harness import smoke, time_once, write_json
+from yogadl_plus.order import ShardByRecords
 
 BATCH = 256
 WINDOWS = (1, 4, 16, 64)
@@ -63,7 +56,7 @@ WINDOWS = (1, 4, 16, 64)
 
 def layouts(quick: bool, seed: int) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
-    chunks = 200 if quick else 1000
+    chunks = 200 if quick else smoke(1000, 20)
     # Images of ~110 KB in 256 MB chunks: ~2,300 records a chunk, varying with the sizes, and
     # a short last chunk (what a build of a real image folder gives).
     varying = rng.normal(2300, 250, size=(chunks * 2) // 5).astype(np.int64)
@@ -199,18 +192,20 @@ def mixing_table(name: str, counts: np.ndarray, seed: int) -> list[dict[str, Any
 
 def epoch_time(counts: np.ndarray, window: int | None, shards: int, seed: int) -> float:
     n = int(counts.sum())
+
+    def walk(order: ShardByRecords) -> None:
+        length = order.shard_length
+        for start in range(0, length, 4096):
+            order.indices(0, start, min(start + 4096, length))
+
     best = float("inf")
-    for _ in range(3):
+    for _ in range(smoke(3, 1)):
         # A fresh order each run: the epoch's chunk arrays and window tables are part of it.
         order = ShardByRecords(
             n, shuffle=True, shuffle_seed=seed, shuffle_window=window, chunk_records=counts,
             num_shards=shards,
         )  # fmt: skip
-        begin = time.perf_counter()
-        length = order.shard_length
-        for start in range(0, length, 4096):
-            order.indices(0, start, min(start + 4096, length))
-        best = min(best, time.perf_counter() - begin)
+        best = min(best, time_once(lambda order=order: walk(order))[0])
     return best
 
 
@@ -244,9 +239,7 @@ def main() -> None:
         out["mixing"] += mixing_table(name, counts, args.seed)
     for name, counts in layouts(args.quick, args.seed).items():
         out["cost"] += cost_table(name, counts, args.seed)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=1)
+    write_json(args.json, out)
 
 
 if __name__ == "__main__":

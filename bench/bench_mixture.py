@@ -1,6 +1,6 @@
 """Mixture benchmark: a stream over ``ydl.mix`` against a plain stream over the same bytes.
 
-    python bench/bench_mixture.py [--small-records 300000] [--big-records 8000] [--rounds 3]
+    python -m bench.bench_mixture [--small-records 300000] [--big-records 8000] [--rounds 3]
                                   [--only small,big] [--tmp DIR] [--json out.json]
 
 Data (built once per run in a temporary folder, from one generator per case):
@@ -24,7 +24,7 @@ Every epoch has as many records of the same size, so records/s compare like with
 figure is the best (shortest) epoch over --rounds rounds, stream construction included; in each
 round the page cache is warmed (every chunk file read) and the rows run one after the other, the
 plain row first in odd rounds and last in even ones. The consumer counts the items and drops them.
-The ratio is mixture / plain; the issue's target is >= 0.9x.
+The ratio is mixture / plain; the target is >= 0.9x.
 
 A last mode times the order's arithmetic alone (where every position of an epoch reads, in the
 blocks a stream places at once, nothing read). A mixture's order does more than a plain one: the
@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import os
 import shutil
 import sys
@@ -59,10 +58,8 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
 import yogadl_plus as ydl
-from bench._common import target_cell, warm
+from bench.harness import smoke, target_cell, time_once, warm, write_json
 from yogadl_plus.order.interleave import Interleave
 from yogadl_plus.order.mixing import source_seed
 from yogadl_plus.order.permutation import Permutation
@@ -127,16 +124,14 @@ def build(storage: ydl.LocalStorage, case: str, n: int) -> dict[str, ydl.DataRef
 
 def epoch_seconds(source: Any, batched: bool) -> tuple[float, int]:
     """One epoch of a stream made by ``source()``: seconds, construction included, and items."""
-    start = time.perf_counter()
-    stream = source()
-    count = 0
-    if batched:
-        for batch in stream:
-            count += len(batch["y"])
-    else:
-        for _ in stream:
-            count += 1
-    return time.perf_counter() - start, count
+
+    def epoch() -> int:
+        stream = source()
+        if batched:
+            return sum(len(batch["y"]) for batch in stream)
+        return sum(1 for _ in stream)
+
+    return time_once(epoch)
 
 
 def arithmetic_seconds(source: Any) -> float:
@@ -337,9 +332,15 @@ def ceilings(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--small-records", type=int, default=300_000, help="264-byte records")
-    parser.add_argument("--big-records", type=int, default=8_000, help="96 KiB records")
-    parser.add_argument("--rounds", type=int, default=3, help="rounds (the best counts)")
+    parser.add_argument(
+        "--small-records", type=int, default=smoke(300_000, 3_000), help="264-byte records"
+    )
+    parser.add_argument(
+        "--big-records", type=int, default=smoke(8_000, 96), help="96 KiB records"
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=smoke(3, 1), help="rounds (the best counts)"
+    )
     parser.add_argument("--only", default=",".join(CASES), help="cases: small,big")
     parser.add_argument("--tmp", default=None, help="parent of the temporary data folder")
     parser.add_argument("--json", help="also write every round's figures here")
@@ -361,9 +362,7 @@ def main(argv: list[str] | None = None) -> int:
         f"included; load average at the end {os.getloadavg()[0]:.2f}\n"
     )
     print(table(results, sizes))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"sizes": sizes, "rounds": args.rounds, "results": results}, f, indent=1)
+    write_json(args.json, {"sizes": sizes, "rounds": args.rounds, "results": results})
     return 0
 
 

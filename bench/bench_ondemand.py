@@ -21,8 +21,8 @@ Every ratio is against the baseline measured in the same run (higher is better).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import inspect
-import json
 import os
 import shutil
 import sys
@@ -35,15 +35,13 @@ from typing import Any
 
 import numpy as np
 
+import yogadl_plus as ydl
+from bench.delay_proxy import DelayProxy
+from bench.harness import machine, smoke, start_or_skip, time_once, write_json
+from yogadl_plus.stream import Stream
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))  # the SeaweedFS runner the tests use
-sys.path.insert(0, str(ROOT / "bench"))
-
-from _delay_proxy import DelayProxy  # noqa: E402
-from bench_foundation import machine as machine_info  # noqa: E402
-
-import yogadl_plus as ydl  # noqa: E402
-from yogadl_plus.stream import Stream  # noqa: E402
 
 RECORD_FLOATS = 16384  # 64 KiB records
 
@@ -148,8 +146,12 @@ def stream_pass(ref: ydl.DataRef, options: dict[str, Any], batch_size: int, step
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--mb", type=int, default=256, help="version size in MB (default 256)")
-    parser.add_argument("--chunk-mb", type=int, default=8, help="chunk size in MB (default 8)")
+    parser.add_argument(
+        "--mb", type=int, default=smoke(256, 8), help="version size in MB (default 256)"
+    )
+    parser.add_argument(
+        "--chunk-mb", type=int, default=smoke(8, 1), help="chunk size in MB (default 8)"
+    )
     parser.add_argument(
         "--fraction", type=float, default=0.25, help="cache limit / version size (default 0.25)"
     )
@@ -159,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--step-ms", type=float, default=0.0, help="work per batch, as a training step's (0)"
     )
-    parser.add_argument("--repeats", type=int, default=3, help="best of this many (default 3)")
+    parser.add_argument("--repeats", type=int, default=smoke(3, 1), help="best of this many (3)")
     parser.add_argument("--transfers", type=int, default=8, help="max_transfers (default 8)")
     parser.add_argument("--tmp", default=None, help="parent of the temporary folder")
     parser.add_argument("--json", default=None, help="also write the results as JSON here")
@@ -176,7 +178,8 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="ydl-bench-ondemand-", dir=args.tmp))
     rows: dict[str, dict[str, Any]] = {}
     try:
-        with seaweedfs(work / "seaweedfs") as server:
+        with contextlib.ExitStack() as stack:
+            server = start_or_skip(stack, seaweedfs(work / "seaweedfs"))
             server.make_bucket("bench")
             port = int(server.endpoint_url.rsplit(":", 1)[1])
             builder = storage(server, port, work / "builder")
@@ -194,9 +197,7 @@ def main(argv: list[str] | None = None) -> int:
             step = args.step_ms / 1000
 
             def timed(key: tuple[str, str], run: Any) -> None:
-                start = time.perf_counter()
-                run()
-                times.setdefault(key, []).append(time.perf_counter() - start)
+                times.setdefault(key, []).append(time_once(run)[0])
 
             def pull_then_read(network: str, to: int, r: int) -> None:
                 cache = work / f"pull-{to}-{r}"
@@ -251,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
 
     best = {k: min(v) for k, v in times.items()}
     base = best[("pulled copy", "-")]
-    info = machine_info()
+    info = machine()
     order = "chunk order (shuffle=False)"
     if args.window is not None:
         order = f"shuffle=True, shuffle_window={args.window}"
@@ -285,22 +286,18 @@ def main(argv: list[str] | None = None) -> int:
             f"| {kind} | {network} | {seconds:.2f} | {total / seconds / 1e6:,.0f} | "
             f"{base / seconds:.2f}x | {versus} {extra}"
         )
-    if args.json:
-        Path(args.json).write_text(
-            json.dumps(
-                {
-                    "bytes": total,
-                    "chunks": len(chunks),
-                    "limit": limit,
-                    "times_s": {f"{k[0]} ({k[1]})": v for k, v in times.items()},
-                    "rows": rows,
-                    "options": options,
-                    "machine": info,
-                },
-                indent=1,
-                default=str,
-            )
-        )
+    write_json(
+        args.json,
+        {
+            "bytes": total,
+            "chunks": len(chunks),
+            "limit": limit,
+            "times_s": {f"{k[0]} ({k[1]})": v for k, v in times.items()},
+            "rows": rows,
+            "options": options,
+        },
+        info,
+    )
     return 0
 
 

@@ -1,9 +1,9 @@
 """A training loop reading a bucket on demand while the bucket is gone for five minutes.
 
-    python bench/bench_outage.py [--outage-s 300] [--records 20000] [--tmp DIR]
+    python -m bench.bench_outage [--outage-s 300] [--records 20000] [--tmp DIR]
 
 Too slow for the test suite (tests/test_outages.py stops the server for 15 s); this is the
-issue's case at full length. A SeaweedFS on 127.0.0.1 holds a version of --records records
+five-minute outage at full length. A SeaweedFS on 127.0.0.1 holds a version of --records records
 (``{"x": float32[64], "label": int64}``) in chunks of 100 kB; a node reads it on demand through
 a local cache limited to half of it, with the default ``retry_timeout`` (300 s), in shuffled
 batches of 100 with ``shuffle_window=4``. After a fifth of the epoch's batches the server is
@@ -26,24 +26,24 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))  # the SeaweedFS runner the tests use
+import yogadl_plus as ydl
+from bench.harness import or_skip, smoke
 
-import yogadl_plus as ydl  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))  # the SeaweedFS runner the tests use
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--outage-s", type=float, default=300.0)
-    parser.add_argument("--records", type=int, default=20_000)
+    parser.add_argument("--outage-s", type=float, default=smoke(300.0, 2.0))
+    parser.add_argument("--records", type=int, default=smoke(20_000, 2_000))
     parser.add_argument("--tmp", default=None)
     args = parser.parse_args(argv)
     from botocore.config import Config
     from servers import SeaweedFS
 
     work = Path(tempfile.mkdtemp(prefix="bench-outage-", dir=args.tmp))
-    weed = SeaweedFS(work / "weed")
+    weed = or_skip(lambda: SeaweedFS(work / "weed"))
     warnings_seen: list[tuple[float, str]] = []
 
     class Keep(logging.Handler):

@@ -2,53 +2,45 @@
 a true global shuffle read record by record (yogadl_plus) against Grain 0.2.18 over ArrayRecord
 (its random-access MapDataset, and its prefetching iterator), each as records/s and as a ratio.
 
-    bash ../shared/tools/baseline-venvs.sh .baselines   # once: the peers venv
-    python bench/bench_peers_big.py [--peers .baselines/peers/bin/python] [--rounds 3]
+    bash bench/baselines/venvs.sh .baselines   # once: the peers venv
+    python -m bench.bench_peers_big [--peers .baselines/peers/bin/python] [--rounds 3]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
-import sys
-import time
+from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
 import yogadl_plus as ydl
-from bench._common import warm
-
-HERE = os.path.dirname(os.path.abspath(__file__))
+from bench.harness import BASELINE_VENVS, count_for, run_baseline, skip, smoke, warm
 
 
-def ours(ref: ydl.DataRef, seconds: float, **kwargs) -> float:
-    start = time.perf_counter()
-    n = 0
-    for record in ref.stream(shuffle=True, shuffle_seed=1, **kwargs):
-        n += len(record["y"]) if kwargs.get("batch_size") else 1
-        if n % 64 == 0 and time.perf_counter() - start > seconds:
-            break
-    return n / (time.perf_counter() - start)
+def ours(ref: ydl.DataRef, seconds: float, **kwargs: Any) -> float:
+    batched = kwargs.get("batch_size") is not None
+    stream = ref.stream(shuffle=True, shuffle_seed=1, **kwargs)
+    n, took = count_for(stream, seconds, (lambda b: len(b["y"])) if batched else None)
+    return n / took
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--root", default="/tmp/ydl-bench-peers")
-    parser.add_argument("--peers", default=".baselines/peers/bin/python")
-    parser.add_argument("--records", type=int, default=20_000)
+    parser.add_argument("--peers", default=os.path.join(BASELINE_VENVS, "peers", "bin", "python"))
+    parser.add_argument("--records", type=int, default=smoke(20_000, 200))
     parser.add_argument("--size", type=int, default=96 << 10)
-    parser.add_argument("--seconds", type=float, default=6.0)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=smoke(6.0, 0.2))
+    parser.add_argument("--rounds", type=int, default=smoke(3, 1))
     args = parser.parse_args()
+    if not os.path.exists(args.peers):
+        skip(f"the peers side venv is missing ({args.peers}); run bench/baselines/venvs.sh")
     os.makedirs(args.root, exist_ok=True)
     size, count = args.size, args.records
     schema = ydl.Schema([ydl.Field("x", np.uint8, (size,)), ydl.Field("y", np.int64)])
 
-    def records():
+    def records() -> Any:
         base = np.random.default_rng(0).integers(0, 255, size, dtype=np.uint8)
         for i in range(count):
             yield {"x": np.roll(base, i % 997), "y": np.int64(i)}
@@ -67,20 +59,14 @@ def main() -> int:
     )
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for round_ in range(1, args.rounds + 1):
-        grain = subprocess.run(
-            [
-                args.peers,
-                os.path.join(HERE, "_grain_big.py"),
-                args.root,
-                str(count),
-                str(size),
-                str(args.seconds),
-            ],
-            capture_output=True,
-            text=True,
-            check=True,
+        peer = run_baseline(
+            "peers",
+            "grain_big",
+            [args.root, str(count), str(size), str(args.seconds)],
+            python=args.peers,
         )
-        peer = json.loads(grain.stdout.strip().splitlines()[-1])
+        if isinstance(peer, str):
+            raise SystemExit(f"Grain: {peer}")
         warm(ref.directory)
         mine = max(ours(ref, args.seconds) for _ in range(2))
         batches = ours(ref, args.seconds, batch_size=256)

@@ -1,6 +1,6 @@
-"""Ray workers against thread workers, with an I/O-bound transform (issue 29).
+"""Ray workers against thread workers, with an I/O-bound transform.
 
-    python bench/bench_ray_workers.py [--batches 200] [--batch-size 32] [--rounds 3]
+    python -m bench.bench_ray_workers [--batches 200] [--batch-size 32] [--rounds 3]
                                       [--actors 2,4,8] [--tmp DIR]
 
 A version of ``--batches * --batch-size`` records ``{"i": int64, "x": float32[64]}`` is read in
@@ -11,14 +11,13 @@ each count of actors on a local Ray cluster of 2 CPUs on 127.0.0.1 (``ray.init(a
 "local", num_cpus=2)``). Each stream reads two epochs: the first starts its workers (a Ray
 actor is a new process that imports yogadl_plus and opens the version), the second is the
 steady state of a run's later epochs. A row's figures are its best over --rounds rounds; every
-epoch is checked to hand out the baseline's batches. The issue's target: 8 actors >= 4x one
-thread worker, in the steady state.
+epoch is checked to hand out the baseline's batches. The target: 8 actors >= 4x one thread
+worker, in the steady state.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import sys
 import tempfile
@@ -27,10 +26,8 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
 import yogadl_plus as ydl
-from bench._common import target_cell
+from bench.harness import ROOT, smoke, target_cell
 
 SLEEP_PER_BATCH = 0.020
 TARGET = 4.0
@@ -73,10 +70,10 @@ def epochs(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--batches", type=int, default=200)
+    parser.add_argument("--batches", type=int, default=smoke(200, 10))
     parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--actors", default="2,4,8")
+    parser.add_argument("--rounds", type=int, default=smoke(3, 1))
+    parser.add_argument("--actors", default=smoke("2,4,8", "2"))
     parser.add_argument("--tmp", default=None)
     args = parser.parse_args(argv)
     import ray
@@ -88,8 +85,8 @@ def main(argv: list[str] | None = None) -> int:
         _node_ip_address="127.0.0.1",
         log_to_driver=False,
         logging_level="warning",
-        # The actors import this module's transform: bench/ and the repository on their path.
-        runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(sys.path[:1])}},
+        # The actors import this checkout's yogadl_plus (and bench, for the transform).
+        runtime_env={"env_vars": {"PYTHONPATH": ROOT}},
     )
     root = tempfile.mkdtemp(prefix="bench-ray-", dir=args.tmp)
     try:

@@ -16,7 +16,7 @@ files (shuffled batches of 256). Prints a markdown table; ``--json`` also writes
 from __future__ import annotations
 
 import argparse
-import json
+import contextlib
 import shutil
 import sys
 import tempfile
@@ -27,14 +27,11 @@ from typing import Any
 
 import numpy as np
 
+import yogadl_plus as ydl
+from bench.harness import machine, smoke, start_or_skip, target_cell, time_once, write_json
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))  # the SeaweedFS runner the tests use
-sys.path.insert(0, str(ROOT / "bench"))
-
-from _common import target_cell  # noqa: E402
-from bench_foundation import machine as machine_info  # noqa: E402
-
-import yogadl_plus as ydl  # noqa: E402
 
 RECORD_FLOATS = 16384  # 64 KiB records
 
@@ -81,9 +78,13 @@ def stream_pass(dataref: ydl.DataRef) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--gb", type=float, default=1.0, help="version size in GB (default 1)")
-    parser.add_argument("--chunk-mb", type=int, default=64, help="chunk size in MB (default 64)")
-    parser.add_argument("--repeats", type=int, default=3, help="best of this many (default 3)")
+    parser.add_argument(
+        "--gb", type=float, default=smoke(1.0, 0.01), help="version size in GB (default 1)"
+    )
+    parser.add_argument(
+        "--chunk-mb", type=int, default=smoke(64, 1), help="chunk size in MB (default 64)"
+    )
+    parser.add_argument("--repeats", type=int, default=smoke(3, 1), help="best of this many (3)")
     parser.add_argument("--transfers", type=int, default=8, help="objects in flight (default 8)")
     parser.add_argument("--tmp", default=None, help="parent of the temporary folder")
     parser.add_argument("--json", default=None, help="also write the results as JSON here")
@@ -93,7 +94,8 @@ def main(argv: list[str] | None = None) -> int:
 
     work = Path(tempfile.mkdtemp(prefix="ydl-bench-remote-", dir=args.tmp))
     try:
-        with seaweedfs(work / "seaweedfs") as server:
+        with contextlib.ExitStack() as stack:
+            server = start_or_skip(stack, seaweedfs(work / "seaweedfs"))
             client = server.client()
             bucket = server.make_bucket("bench")
             builder = ydl.S3Storage(
@@ -108,17 +110,19 @@ def main(argv: list[str] | None = None) -> int:
             times: dict[str, list[float]] = {"boto3_download_file": [], "ydl_fetch": []}
             for r in range(args.repeats):
                 target = work / f"boto3-{r}"
-                start = time.perf_counter()
-                boto3_baseline(client, bucket, keys, target, args.transfers)
-                times["boto3_download_file"].append(time.perf_counter() - start)
+                seconds, _ = time_once(
+                    lambda target=target: boto3_baseline(
+                        client, bucket, keys, target, args.transfers
+                    )
+                )
+                times["boto3_download_file"].append(seconds)
                 drop(target)
-                machine = ydl.S3Storage(
+                copy = ydl.S3Storage(
                     bucket, "caches", local_cache=work / f"machine-{r}", client=client,
                     max_transfers=args.transfers,
                 )  # fmt: skip
-                start = time.perf_counter()
-                pulled = machine.fetch("bench", "v1")
-                times["ydl_fetch"].append(time.perf_counter() - start)
+                seconds, pulled = time_once(lambda copy=copy: copy.fetch("bench", "v1"))
+                times["ydl_fetch"].append(seconds)
                 if r < args.repeats - 1:
                     del pulled
                     drop(work / f"machine-{r}")
@@ -135,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     read_best = {k: min(v) for k, v in read_times.items()}
     read_rates = {k: len(built) / v for k, v in read_best.items()}
     read_ratio = read_rates["pulled"] / read_rates["built"]
-    info = machine_info()
+    info = machine()
     machine_line = f"{info['cpus']} CPUs, {info['cpu_model']}"
     print(
         f"# yogadl_plus remote pull: {machine_line}, {total / 1e9:.2f} GB in "
@@ -156,21 +160,19 @@ def main(argv: list[str] | None = None) -> int:
         f"| shuffled batch256 on the pulled copy | {read_rates['pulled']:,.0f} | same on the "
         f"builder's local copy | {read_rates['built']:,.0f} | {read_ratio:.2f}x |"
     )
-    if args.json:
-        Path(args.json).write_text(
-            json.dumps(
-                {
-                    "bytes": total,
-                    "chunks": len(built.manifest.chunks),
-                    "times_s": times,
-                    "read_times_s": read_times,
-                    "ratio": ratio,
-                    "read_ratio": read_ratio,
-                    "build_s": build_s,
-                },
-                indent=1,
-            )
-        )
+    write_json(
+        args.json,
+        {
+            "bytes": total,
+            "chunks": len(built.manifest.chunks),
+            "times_s": times,
+            "read_times_s": read_times,
+            "ratio": ratio,
+            "read_ratio": read_ratio,
+            "build_s": build_s,
+        },
+        info,
+    )
     return 0
 
 

@@ -1,10 +1,10 @@
 """How the bookkeeping scales: opening a version of 10^8 records in 10^4 chunks, its first
 item and its memory, against a 10^6-record version of the same shape, in one run.
 
-    python bench/bench_scale.py                  # 10^8 records in 10^4 chunks vs 10^6 in 100
-    python bench/bench_scale.py --quick          # 10^7 in 10^3 chunks vs 10^5 in 10
-    python bench/bench_scale.py --keep DIR       # build into DIR once, reuse it on later runs
-    PYTHONPATH=CHECKOUT python bench/bench_scale.py --keep DIR   # measure another checkout
+    python -m bench.bench_scale                  # 10^8 records in 10^4 chunks vs 10^6 in 100
+    python -m bench.bench_scale --quick          # 10^7 in 10^3 chunks vs 10^5 in 10
+    python -m bench.bench_scale --keep DIR       # build into DIR once, reuse it on later runs
+    python -m bench.bench_scale --tree CHECKOUT --keep DIR   # measure another checkout
 
 The versions hold records ``{"i": int64}`` whose value is their own index, 10^4 records per
 chunk. Every chunk is a real chunk file written by the library's own ChunkWriter (the same
@@ -34,8 +34,6 @@ import multiprocessing
 import os
 import pickle
 import shutil
-import subprocess
-import sys
 import tempfile
 import time
 import tracemalloc
@@ -43,13 +41,17 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-# Last, so that PYTHONPATH=<another checkout> measures that one's yogadl_plus (before/after).
-sys.path.append(os.path.dirname(HERE))
+import numpy as np
 
-import numpy as np  # noqa: E402
-from _common import warm  # noqa: E402
+from bench.harness import (
+    checkout_of,
+    last_json_line,
+    rerun_in_tree,
+    run_bench,
+    smoke,
+    warm,
+    write_json,
+)
 
 CHUNK_RECORDS = 10_000
 DATASET = "scale"
@@ -216,7 +218,7 @@ def _prepare(kind: str, root: str, dataset: str, args: dict[str, Any]) -> Prepar
         stream = ref.stream(**args)
         epoch, position = stream.next_epoch_position
         # What the first item reads: one unit of records (32) or the batch.
-        want = stream.order_indices(epoch, position, position + args.get("batch_size", 32))
+        want = stream.plan().indices(epoch, position, position + args.get("batch_size", 32))
         del stream
 
         def first_is_right(item: Any) -> None:
@@ -292,12 +294,16 @@ def run_row(row: str, root: str, dataset: str, records: int, trace: bool) -> dic
 def in_fresh_process(
     row: str, root: str, dataset: str, records: int, trace: bool
 ) -> dict[str, Any]:
-    command = [sys.executable, os.path.abspath(__file__), "--child", row, "--root", root]
-    command += ["--dataset", dataset, "--records", str(records)] + (["--trace"] if trace else [])
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    """``run_row`` in a fresh process, with the yogadl_plus this one imported."""
+    import yogadl_plus
+
+    args = ["--child", row, "--root", root, "--dataset", dataset, "--records", str(records)]
+    tree = checkout_of(yogadl_plus.__file__)
+    done = run_bench("bench_scale", *args, *(["--trace"] if trace else []), tree=tree)
     if done.returncode:
         raise RuntimeError(f"row {row!r} failed:\n{done.stderr}")
-    return json.loads(done.stdout.splitlines()[-1])
+    result: dict[str, Any] = last_json_line(done.stdout)
+    return result
 
 
 # --------------------------------------------------------------------------- the table
@@ -317,10 +323,15 @@ def _ratio(big: float, small: float) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--big", type=int, default=100_000_000, help="records of the big version")
-    parser.add_argument("--small", type=int, default=1_000_000, help="records of the small one")
+    parser.add_argument(
+        "--big", type=int, default=smoke(100_000_000, 160_000), help="records of the big version"
+    )
+    parser.add_argument(
+        "--small", type=int, default=smoke(1_000_000, 80_000), help="records of the small one"
+    )
     parser.add_argument("--quick", action="store_true", help="--big 10^7 --small 10^5")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=smoke(3, 1))
+    parser.add_argument("--tree", help="measure this checkout's yogadl_plus (default: this one)")
     parser.add_argument("--workers", type=int, default=2, help="processes writing the chunks")
     parser.add_argument("--keep", help="build into (and reuse) this folder; kept at the end")
     parser.add_argument("--tmp", default=None, help="parent of the temporary folder")
@@ -337,6 +348,15 @@ def main() -> None:
         return
     if args.quick:
         args.big, args.small = 10_000_000, 100_000
+    if args.tree:
+        # The whole run (build, table and rows) with that checkout: this script, run again there
+        # (from a folder of its own: the paths it is given become absolute).
+        again = ["--big", str(args.big), "--small", str(args.small)]
+        again += ["--repeats", str(args.repeats), "--workers", str(args.workers)]
+        for option in ("keep", "tmp", "json"):
+            if getattr(args, option):
+                again += [f"--{option}", os.path.abspath(getattr(args, option))]
+        rerun_in_tree("bench_scale", args.tree, again)
     root = args.keep or tempfile.mkdtemp(prefix="ydl-bench-scale-", dir=args.tmp)
     try:
         report(args, root)
@@ -424,9 +444,7 @@ def report(args: argparse.Namespace, root: str) -> None:
             f"| {_mib(b['kept'])} | {_mib(s['rss_anon'])} | {_mib(b['rss_anon'])} "
             f"| {_mib(b['rss_file'])} |"
         )
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"versions": facts, "rows": rows}, f, indent=1)
+    write_json(args.json, {"versions": facts, "rows": rows})
 
 
 if __name__ == "__main__":

@@ -3,10 +3,10 @@
 processes can cost more than the whole build. Prints each round's times, the ratio
 workers=2 / serial, and how the parallel build ran (the build's log line).
 
-    python bench/bench_small_build.py                    # 200 images of 32x32x3
-    python bench/bench_small_build.py --pool             # the worker processes, however small
-    python bench/bench_small_build.py --items 1000 --slow-ms 2   # a source workers pay off on
-    PYTHONPATH=/path/to/other/tree python bench/bench_small_build.py   # another checkout
+    python -m bench.bench_small_build                    # 200 images of 32x32x3
+    python -m bench.bench_small_build --pool             # the worker processes, however small
+    python -m bench.bench_small_build --items 1000 --slow-ms 2   # a source workers pay off on
+    python -m bench.bench_small_build --tree /path/to/other/tree  # another checkout
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import numpy as np
 import torch.utils.data as tud
 
 import yogadl_plus as ydl
+from bench.harness import rerun_in_tree, smoke, time_once
 
 
 class Images(tud.Dataset):
@@ -51,13 +52,18 @@ class _Said(logging.Handler):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--items", type=int, default=200)
+    parser.add_argument("--items", type=int, default=smoke(200, 50))
     parser.add_argument("--slow-ms", type=float, default=0.0)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=smoke(3, 1))
     parser.add_argument(
         "--pool", action="store_true", help="never build serially despite workers= (the pool)"
     )
+    parser.add_argument("--tree", help="measure this checkout's yogadl_plus (default: this one)")
     args = parser.parse_args()
+    if args.tree:
+        again = ["--items", str(args.items), "--slow-ms", str(args.slow_ms)]
+        again += ["--rounds", str(args.rounds), *(["--pool"] if args.pool else [])]
+        rerun_in_tree("bench_small_build", args.tree, again)
     if args.pool:
         try:
             from yogadl_plus.building import starts
@@ -76,10 +82,12 @@ def main() -> None:
             times = {}
             for name, workers in (("serial", None), ("workers=2", 2)):
                 source = Images(args.items, args.slow_ms)
-                began = time.perf_counter()
                 version = f"{name.replace('=', '')}-{r}"
-                ydl.cache_dataset(source, "images", version, storage, workers=workers)
-                times[name] = time.perf_counter() - began
+                times[name], _ = time_once(
+                    lambda source=source, version=version, workers=workers: ydl.cache_dataset(
+                        source, "images", version, storage, workers=workers
+                    )
+                )
             ratios.append(times["workers=2"] / times["serial"])
             print(
                 f"round {r}: serial {times['serial']:.3f} s, workers=2 {times['workers=2']:.3f} s,"

@@ -4,9 +4,9 @@ handing its rows to Python workers through Arrow (mapInArrow), and Petastorm 0.1
 make_spark_converter (which materializes a DataFrame as Parquet for training), in one run, on
 Spark local[2]. Prints a markdown table.
 
-    python bench/bench_spark.py                   # 1M rows in 8 partitions, best of 5 (~2.5 min)
-    python bench/bench_spark.py --quick           # 200,000 rows, best of 2 (~1 min)
-    python bench/bench_spark.py --rows 500000 --repeats 3 --no-petastorm --json /tmp/spark.json
+    python -m bench.bench_spark                   # 1M rows in 8 partitions, best of 5 (~2.5 min)
+    python -m bench.bench_spark --quick           # 200,000 rows, best of 2 (~1 min)
+    python -m bench.bench_spark --rows 500000 --repeats 3 --no-petastorm --json /tmp/spark.json
 
 The DataFrame: ``rows`` rows of {id: long, x: array<float> of 64, label: int, name: string},
 made by ``spark.range(rows, numPartitions=8)`` and Spark expressions (x holds pseudo-random
@@ -23,9 +23,9 @@ declares x a variable-length array) and with ``schema=`` making x float32[64];
 ``df.mapInArrow(count rows).collect()``, the floor of moving the rows into Python workers as
 Arrow batches, which any Python writer on Spark pays; and Petastorm's ``make_spark_converter``
 (uncompressed Parquet with 32 MB row groups, its defaults, then a Spark count of what it wrote).
-Petastorm runs in its side venv (.baselines/petastorm, made by ../shared/tools/baseline-venvs.sh)
-as a subprocess of this script (``--side-petastorm``), with its own Spark of the same
-configuration (bench/_spark_local.py) that makes, caches and counts the same DataFrame; it runs
+Petastorm runs in its side venv (.baselines/petastorm, made by bench/baselines/venvs.sh) as a
+subprocess of this script (``--side-petastorm``), with its own Spark of the same configuration
+(bench/baselines/spark_local.py) that makes, caches and counts the same DataFrame; it runs
 after this process's Spark is stopped. Without the venv its row says why it was not measured.
 
 Each method is timed ``--repeats`` times, the methods taking turns (a slow spell of the machine
@@ -42,26 +42,30 @@ import functools
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
-import time
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-sys.path.insert(0, HERE)
-PETASTORM_PYTHON = os.path.join(ROOT, ".baselines", "petastorm", "bin", "python")
-VENV_HINT = "make it with: bash ../shared/tools/baseline-venvs.sh .baselines"
+# This module runs in the Petastorm side venv too (--side-petastorm): the standard library and
+# bench.harness at the top, yogadl_plus only in main.
+from bench.baselines.spark_local import local_spark
+from bench.harness import (
+    VENVS_HINT,
+    last_json_line,
+    machine,
+    run_bench,
+    side_python,
+    smoke,
+    time_once,
+    write_json,
+)
 
 # Spark's Python workers must be this interpreter (this venv's, on the Petastorm side).
 os.environ["PYSPARK_PYTHON"] = sys.executable
 os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-
-from _spark_local import local_spark  # noqa: E402
 
 
 def make_frame(spark: Any, rows: int, partitions: int) -> Any:
@@ -95,12 +99,6 @@ def folder_bytes(path: str) -> int:
     return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs)
 
 
-def timed(run: Callable[[], Any]) -> tuple[float, Any]:
-    started = time.perf_counter()
-    result = run()
-    return time.perf_counter() - started, result
-
-
 def count_rows(batches: Iterator[Any]) -> Iterator[Any]:
     """In a Spark task: take the partition's Arrow batches and count their rows (the floor)."""
     import pyarrow as pa
@@ -124,7 +122,7 @@ def petastorm_side(args: argparse.Namespace) -> None:
         spark.conf.set(SparkDatasetConverter.PARENT_CACHE_DIR_URL_CONF, f"file://{parent}")
         times, written = [], 0
         for _ in range(args.repeats):
-            seconds, converter = timed(lambda: make_spark_converter(frame))
+            seconds, converter = time_once(lambda: make_spark_converter(frame))
             assert len(converter) == args.rows, (len(converter), args.rows)
             times.append(seconds)
             written = folder_bytes(parent)
@@ -148,10 +146,8 @@ def run_petastorm(args: argparse.Namespace, workdir: str) -> dict[str, Any]:
     if args.no_petastorm:
         return {"skipped": "--no-petastorm"}
     if not os.path.exists(args.petastorm_python):
-        return {"skipped": f"no {args.petastorm_python} ({VENV_HINT})"}
+        return {"skipped": f"no {args.petastorm_python} ({VENVS_HINT})"}
     command = [
-        args.petastorm_python,
-        os.path.abspath(__file__),
         "--side-petastorm",
         "--rows",
         str(args.rows),
@@ -162,22 +158,25 @@ def run_petastorm(args: argparse.Namespace, workdir: str) -> dict[str, Any]:
         "--workdir",
         os.path.join(workdir, "petastorm"),
     ]
-    done = subprocess.run(command, capture_output=True, text=True)
+    done = run_bench("bench_spark", *command, python=args.petastorm_python)
     if done.returncode != 0:
         lines = (done.stderr + done.stdout).strip().splitlines() or ["?"]
         errors = [line for line in lines if "Error" in line or "Exception" in line]
         return {"skipped": f"the side run failed ({(errors or lines)[-1].strip()[:200]})"}
-    return json.loads(done.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+    result: dict[str, Any] = last_json_line(done.stdout)
+    return result
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", type=int, default=1_000_000)
-    parser.add_argument("--partitions", type=int, default=8)
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--rows", type=int, default=smoke(1_000_000, 2_000))
+    parser.add_argument("--partitions", type=int, default=smoke(8, 2))
+    parser.add_argument("--repeats", type=int, default=smoke(5, 1))
     parser.add_argument("--quick", action="store_true", help="200,000 rows, best of 2")
     parser.add_argument("--no-petastorm", action="store_true")
-    parser.add_argument("--petastorm-python", default=PETASTORM_PYTHON, help="the side venv's")
+    parser.add_argument(
+        "--petastorm-python", default=side_python("petastorm"), help="the side venv's"
+    )
     parser.add_argument("--no-floor", action="store_true", help="skip the mapInArrow row")
     parser.add_argument("--tmp", help="parent of the temporary folder (default: the system's)")
     parser.add_argument("--json", help="also write every timing here")
@@ -192,7 +191,6 @@ def main() -> None:
 
     import numpy as np
     import pyspark
-    from bench_foundation import machine
 
     import yogadl_plus as ydl
 
@@ -247,7 +245,7 @@ def main() -> None:
                 methods["floor"] = floor
             for i in range(args.repeats):
                 for name, method in methods.items():
-                    seconds, path = timed(functools.partial(method, i))
+                    seconds, path = time_once(functools.partial(method, i))
                     times.setdefault(name, []).append(seconds)
                     if path is not None:
                         written[name] = folder_bytes(path)
@@ -288,22 +286,18 @@ def main() -> None:
                 f"| {label} | {best:.2f} | {args.rows / best:,.0f} | {megabytes / best:,.0f} "
                 f"| {out} | {base / best:.2f}x |"
             )
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump(
-                    {
-                        "machine": info,
-                        "args": vars(args),
-                        "data_megabytes": megabytes,
-                        "times": times,
-                        "written_bytes": written,
-                        "petastorm": petastorm,
-                        "load_average_after_spark_rows": load_after_ours,
-                        "load_average_at_end": os.getloadavg(),
-                    },
-                    f,
-                    indent=1,
-                )
+        write_json(
+            args.json,
+            {
+                "args": vars(args),
+                "data_megabytes": megabytes,
+                "times": times,
+                "written_bytes": written,
+                "petastorm": petastorm,
+                "load_average_after_spark_rows": load_after_ours,
+            },
+            info,
+        )
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

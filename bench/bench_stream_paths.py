@@ -1,13 +1,12 @@
 """The sequential layer's paths (Stream, order, mixtures, workers, the boundary, the tf.data and
 PyTorch faces), timed warm, for a before/after comparison of a change to that layer:
 
-    python bench/bench_stream_paths.py --data /tmp/ydl-stream-paths [--quick] [--json out.json]
-    python bench/compare_trees.py            # this script against two checkouts, alternately
+    python -m bench.bench_stream_paths --data /tmp/ydl-stream-paths [--quick] [--json out.json]
+    python -m bench.compare_trees            # this script against two checkouts, alternately
 
 Uses only the public API (``import yogadl_plus as ydl``), so that the same script runs against
-any checkout: ``PYTHONPATH=CHECKOUT python bench/bench_stream_paths.py ...`` imports that one
-(the file it imported is printed, and written in the JSON). It never puts the repository on
-``sys.path`` itself.
+any checkout: ``bench.harness.run_bench("bench_stream_paths", ..., tree=CHECKOUT)`` runs it with
+that checkout's yogadl_plus (the file it imported is printed, and written in the JSON).
 
 Data (built once under ``--data``, reused by later runs and by other checkouts: the on-disk
 format is not what is compared; one LocalStorage folder per dataset, so each can be warmed):
@@ -48,7 +47,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import os
 import sys
 import tempfile
@@ -59,12 +57,8 @@ from typing import Any
 
 import numpy as np
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)  # for _common (stdlib only); never the repository root
-
-from _common import warm  # noqa: E402
-
-import yogadl_plus as ydl  # noqa: E402
+import yogadl_plus as ydl
+from bench.harness import best_of, smoke, warm, write_json
 
 BIG_BYTES = 96 << 10
 SEED = 1
@@ -74,7 +68,6 @@ MIN_TOTAL_S = 0.5
 # taking a vCPU): they keep repeating for longer, so that their best run more often falls in a
 # fast period.
 PARALLEL_MIN_TOTAL_S = 2.0
-MAX_REPEATS = 20
 TF_RECORDS_REPEATS = 5
 FINGERPRINT_ITEMS = 3
 
@@ -133,21 +126,15 @@ class Data:
 # --------------------------------------------------------------------------- timing
 
 
-def best_of(
-    fn: Callable[[], int], expected: int, repeats: int, min_total: float = MIN_TOTAL_S
-) -> tuple[float, list[float]]:
-    """Runs ``fn`` (which returns the records it counted) at least ``repeats`` times, more
-    while under ``min_total`` seconds in all (up to MAX_REPEATS); returns (best seconds, all
-    seconds)."""
-    times: list[float] = []
-    while len(times) < repeats or (sum(times) < min_total and len(times) < MAX_REPEATS):
-        gc.collect()
-        t0 = time.perf_counter()
+def counted(fn: Callable[[], int], expected: int) -> Callable[[], None]:
+    """``fn`` (which returns the records it counted), stopping the run on a wrong count."""
+
+    def run() -> None:
         got = fn()
-        times.append(time.perf_counter() - t0)
         if got != expected:
             raise SystemExit(f"counted {got} records, expected {expected}")
-    return min(times), times
+
+    return run
 
 
 def count_records(items: Iterable[Any]) -> int:
@@ -298,7 +285,9 @@ def run_row(d: Data, row: Row, repeats: int) -> dict[str, Any]:
         gc.collect()
     d.warm(*row.data)
     best, times = best_of(
-        lambda: row.count(row.make()), row.records, max(repeats, row.repeats or 0), row.min_total
+        counted(lambda: row.count(row.make()), row.records),
+        max(repeats, row.repeats or 0),
+        row.min_total,
     )
     entry.update(best_s=best, times_s=times, records_per_s=row.records / best)
     return entry
@@ -317,7 +306,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="100,000 small, 1,000 big records")
     parser.add_argument("--small", type=int, help="records in S (default 200,000)")
     parser.add_argument("--big", type=int, help="records in B (default 3,000)")
-    parser.add_argument("--repeats", type=int, default=5, help="timed runs per row, at least")
+    parser.add_argument(
+        "--repeats", type=int, default=smoke(5, 1), help="timed runs per row, at least"
+    )
     parser.add_argument("--only", help="comma-separated substrings: run the rows that match one")
     parser.add_argument("--no-tf", action="store_true")
     parser.add_argument("--no-torch", action="store_true")
@@ -326,8 +317,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--json", help="also write every timing here")
     args = parser.parse_args(argv)
-    n_small = args.small or (100_000 if args.quick else 200_000)
-    n_big = args.big or (1_000 if args.quick else 3_000)
+    n_small = args.small or (100_000 if args.quick else smoke(200_000, 2_000))
+    n_big = args.big or (1_000 if args.quick else smoke(3_000, 64))
     if args.repeats < 1 or n_small < 1000 or n_big < 64:
         parser.error("--repeats >= 1, --small >= 1000, --big >= 64")
 
@@ -391,20 +382,17 @@ def main(argv: list[str] | None = None) -> int:
         )
     for group, why in skipped.items():
         print(f"{group} rows: {why}")
-    if args.json:
-        out = {
+    write_json(
+        args.json,
+        {
             "yogadl_plus_file": ydl.__file__,
             "data": data_root,
             "sizes": d.sizes,
             "repeats": args.repeats,
-            "cpus": os.cpu_count(),
-            "load_average_at_end": os.getloadavg(),
-            "python": sys.version.split()[0],
             "skipped": skipped,
             "rows": results,
-        }
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=1)
+        },
+    )
     if tmp is not None:
         tmp.cleanup()
     return 0

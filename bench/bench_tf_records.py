@@ -1,8 +1,7 @@
-"""tf.data record streams (issue 14): ``make_tf_dataset`` over a record stream, read in blocks
-and unbatched in tf.data, against yogadl 0.1.4, in-memory tf.data and the code before the change,
-in one run.
+"""tf.data record streams: ``make_tf_dataset`` over a record stream, read in blocks and unbatched
+in tf.data, against yogadl 0.1.4, in-memory tf.data and the code before the change, in one run.
 
-    python bench/bench_tf_records.py [--before CHECKOUT] [--n 100000] [--quick] [--json out.json]
+    python -m bench.bench_tf_records [--before CHECKOUT] [--n 100000] [--quick] [--json out.json]
 
 Data: N records {"x": float32[64], "label": int64} (the foundation benchmark's, same seed),
 cached once with yogadl_plus; every checkout reads that cache (same on-disk format). Each group
@@ -18,34 +17,35 @@ for the batched rows). See bench/README.md.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
 
-from _common import target_cell, warm  # bench/ is on sys.path when run as a script
+from bench.harness import (
+    ROOT,
+    best_of,
+    call_in_tree,
+    machine,
+    run_baseline_on_arrays,
+    side_python,
+    smoke,
+    target_cell,
+    warm,
+    write_json,
+)
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-
-N_DEFAULT = 100_000
+N_DEFAULT = smoke(100_000, 1_000)
 QUICK_N = 20_000
 BATCH = 256
 # Eager record rows: tf.data's from_generator runs a one-record-per-call epoch at one of two
 # speeds here (the slow one exactly 819 us a record), so 5 runs give every side the same chance.
 RECORDS_REPEATS = 5
 BATCH_REPEATS = 10  # batched rows: a run is 0.1-0.4 s, at the mercy of one scheduler hiccup
-SIDE_TIMEOUT_S = 3600
-YOGADL_PYTHON = os.path.join(ROOT, ".baselines", "yogadl", "bin", "python")
-VENV_HELP = (
-    "create it with: bash ../shared/tools/baseline-venvs.sh .baselines  (from the repo root)"
-)
-ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")
+QUIET_TF = {"TF_CPP_MIN_LOG_LEVEL": "3", "CUDA_VISIBLE_DEVICES": ""}
 
 # row -> (what it reads, which process measures it); the order of the table.
 ROWS: dict[str, str] = {
@@ -91,18 +91,12 @@ RATIOS: list[tuple[str, str, str, Callable[[float], bool] | None]] = [
 def worker(spec: dict[str, Any]) -> dict[str, Any]:
     """Times one group's rows in this (fresh) process; {"row mode": (best s, all s)}.
 
-    Groups: "after" and "before" (the yogadl_plus that ``import yogadl_plus`` finds, via
-    PYTHONPATH), "tf" (in-memory tf.data)."""
+    Groups: "after" and "before" (the yogadl_plus of the checkout ``call_in_tree`` runs this
+    in), "tf" (in-memory tf.data)."""
     import numpy as np
+    import tensorflow as tf
 
     group, n, repeats = spec["group"], spec["n"], spec["repeats"]
-    if group in ("after", "before"):
-        import yogadl_plus as ydl  # before bench_foundation, which puts this checkout first
-
-        where = os.path.dirname(os.path.dirname(os.path.abspath(ydl.__file__)))
-        assert os.path.samefile(where, spec["code"]), (where, spec["code"])
-    import tensorflow as tf
-    from bench_foundation import best_of
 
     n_batches = -(-n // BATCH)
     out: dict[str, Any] = {}
@@ -150,6 +144,8 @@ def worker(spec: dict[str, Any]) -> dict[str, Any]:
         time_batches("tf_inmem_shuffle_batch256", inmem(True))
         return out
 
+    import yogadl_plus as ydl
+
     storage = ydl.LocalStorage(spec["store"])
     ref = storage.fetch("bench", "v1")
     assert len(ref) == n, (len(ref), n)
@@ -188,41 +184,16 @@ def worker(spec: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def run_worker(spec: dict[str, Any], pythonpath: str | None) -> dict[str, Any]:
-    """``worker(spec)`` in a fresh process (this Python), yogadl_plus from ``pythonpath``."""
-    env = dict(ENV)
-    env.pop("PYTHONPATH", None)
-    if pythonpath:
-        env["PYTHONPATH"] = pythonpath
-    done = subprocess.run(
-        [sys.executable, os.path.abspath(__file__), "--worker", json.dumps(spec)],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=spec["tmp"],
-        check=False,
-    )
-    if done.returncode != 0:
-        raise SystemExit(f"the {spec['group']} rows failed:\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
-def run_yogadl(python: str, xp: str, lp: str, tmp: str, repeats: int) -> dict[str, Any] | str:
-    """yogadl 0.1.4's tf.data path (``_yogadl_tf_baseline.py``) in its side venv."""
-    if not os.path.exists(python):
-        return f"side venv missing ({python}); {VENV_HELP}"
-    cmd = [
-        python, os.path.join(HERE, "_yogadl_tf_baseline.py"), "--x", xp, "--label", lp,
-        "--workdir", os.path.join(tmp, "yogadl"), "--repeats", str(repeats),
-        "--records-repeats", str(max(repeats, RECORDS_REPEATS)),
-    ]  # fmt: skip
-    try:
-        done = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=SIDE_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        return f"yogadl 0.1.4 timed out after {SIDE_TIMEOUT_S} s"
-    if done.returncode != 0:
-        return f"yogadl 0.1.4 failed (rc {done.returncode}): {done.stderr.strip()[-800:]}"
-    res = json.loads(done.stdout.strip().splitlines()[-1])
+def run_yogadl(python: str, x: Any, label: Any, tmp: str, repeats: int) -> dict[str, Any] | str:
+    """yogadl 0.1.4's tf.data path (``bench.baselines.yogadl_tf``) in its side venv."""
+    res = run_baseline_on_arrays(
+        "yogadl", "yogadl_tf", {"x": x, "label": label}, tmp,
+        ["--workdir", "{workdir}", "--repeats", str(repeats),
+         "--records-repeats", str(max(repeats, RECORDS_REPEATS))],
+        python=python,
+    )  # fmt: skip
+    if isinstance(res, str):
+        return res
     return {
         "yogadl014_records eager": (res["best_s"], res["times_s"]),
         "yogadl014_records graph": (res["reduce_best_s"], res["reduce_times_s"]),
@@ -271,22 +242,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--n", type=int, default=None, help=f"records (default {N_DEFAULT:,})")
     parser.add_argument("--quick", action="store_true", help=f"N = {QUICK_N:,}")
     parser.add_argument("--before", default=None, help="checkout of the code before the change")
-    parser.add_argument("--repeats", type=int, default=3, help="best of this many (default 3)")
+    parser.add_argument("--repeats", type=int, default=smoke(3, 1), help="best of this many (3)")
     parser.add_argument("--no-yogadl", action="store_true", help="skip yogadl 0.1.4")
-    parser.add_argument("--yogadl-python", default=YOGADL_PYTHON)
+    parser.add_argument("--yogadl-python", default=side_python("yogadl"))
     parser.add_argument("--json", default=None, help="also write every timing here")
     parser.add_argument("--tmp", default=None, help="parent folder for temp files (default /tmp)")
-    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.worker:
-        print(json.dumps(worker(json.loads(args.worker))))
-        return 0
 
-    sys.path.insert(0, ROOT)
     import numpy as np
-    from bench_foundation import machine, make_data
 
     import yogadl_plus as ydl
+    from bench.bench_foundation import make_data
 
     n = args.n or (QUICK_N if args.quick else N_DEFAULT)
     info = machine()
@@ -321,7 +287,6 @@ def main(argv: list[str] | None = None) -> int:
             "store": store,
             "x": xp,
             "label": lp,
-            "tmp": tmp,
             "label_sum": int(label.sum()),
             "x_sum": float(x.astype(np.float64).sum()),
         }
@@ -333,14 +298,17 @@ def main(argv: list[str] | None = None) -> int:
         for group, code in groups:
             t0 = time.perf_counter()
             print(f"{group} rows...", file=sys.stderr, flush=True)
-            results.update(run_worker({**spec, "group": group, "code": code}, code))
+            rows = call_in_tree(
+                code, "bench_tf_records", "worker", {**spec, "group": group}, env=QUIET_TF
+            )
+            results.update(rows)
             sections[group] = time.perf_counter() - t0
         if args.no_yogadl:
             notes.append("yogadl 0.1.4: skipped (--no-yogadl)")
         else:
             t0 = time.perf_counter()
             print("yogadl 0.1.4 rows...", file=sys.stderr, flush=True)
-            yog = run_yogadl(args.yogadl_python, xp, lp, tmp, args.repeats)
+            yog = run_yogadl(args.yogadl_python, x, label, tmp, args.repeats)
             sections["yogadl014"] = time.perf_counter() - t0
             if isinstance(yog, str):
                 notes.append(yog)
@@ -358,23 +326,18 @@ def main(argv: list[str] | None = None) -> int:
     print(tables(n, results))
     for note in notes:
         print(f"\n{note}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(
-                {
-                    "machine": info,
-                    "n": n,
-                    "before": args.before,
-                    "statistic": "best (minimum time) of repeats",
-                    "results": results,
-                    "section_seconds": sections,
-                    "total_seconds": total,
-                    "load_average_at_end": os.getloadavg(),
-                },
-                f,
-                indent=1,
-            )
-        print(f"\nJSON written to {args.json}")
+    write_json(
+        args.json,
+        {
+            "n": n,
+            "before": args.before,
+            "statistic": "best (minimum time) of repeats",
+            "results": results,
+            "section_seconds": sections,
+            "total_seconds": total,
+        },
+        info,
+    )
     return 0
 
 

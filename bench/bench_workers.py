@@ -1,7 +1,7 @@
 """Worker benchmark: what worker processes add, on big records, small records and a JPEG-decode
 transform, for ``ydl.torch.make_dataloader`` and for a stream's own process workers.
 
-    python bench/bench_workers.py [--records 20000] [--small-records 1000000]
+    python -m bench.bench_workers [--records 20000] [--small-records 1000000]
                                   [--jpeg-records 4000] [--rounds 3] [--epochs 2]
                                   [--against CHECKOUT]
                                   [--only big,small,jpeg] [--json out.json]
@@ -27,20 +27,25 @@ from __future__ import annotations
 import argparse
 import functools
 import io
-import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
+from bench.harness import (
+    ROOT,
+    SMOKE,
+    alternate,
+    call_in_tree,
+    smoke,
+    smoke_tree,
+    time_once,
+    write_json,
+)
 
 BIG_BYTES = 96 << 10
 JPEG_SIDE = 256
@@ -120,9 +125,8 @@ def epoch_seconds(make: Callable[[], Any], expected: int, epochs: int) -> float:
     try:
         assert drain(source) == expected  # warm-up epoch: workers started, pages cached
         for _ in range(epochs):
-            start = time.perf_counter()
-            got = drain(source)
-            times.append(time.perf_counter() - start)
+            seconds, got = time_once(functools.partial(drain, source))
+            times.append(seconds)
             assert got == expected, (got, expected)
     finally:
         close = getattr(source, "close", None)
@@ -176,22 +180,6 @@ def build_all(data: str, sizes: dict[str, int]) -> None:
         ydl.cache_dataset(MAKERS[case](n), case, f"n{n}", storage, progress=False).close()
 
 
-def subprocess_round(library: str, data: str, sizes: dict[str, int], epochs: int) -> dict[str, Any]:
-    code = (
-        f"import sys, json; sys.path.insert(0, {library!r}); sys.path.insert(0, {HERE!r}); "
-        "import bench_workers as b; "
-        f"print(json.dumps(b.run_round({data!r}, {sizes!r}, {epochs})))"
-    )
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([library, HERE])}
-    done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=False
-    )
-    if done.returncode != 0:
-        raise SystemExit(f"{library}: the round failed:\n{done.stderr[-3000:]}")
-    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
-    return result
-
-
 # --- the table ---
 
 
@@ -232,15 +220,29 @@ def table(rounds: dict[str, list[dict[str, Any]]], sizes: dict[str, int]) -> str
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--records", type=int, default=20_000, help="big records (96 KiB)")
-    parser.add_argument("--small-records", type=int, default=1_000_000, help="264-byte records")
-    parser.add_argument("--jpeg-records", type=int, default=4_000, help="records with a JPEG")
-    parser.add_argument("--only", default=",".join(CASES), help="cases: big,small,jpeg")
-    parser.add_argument("--rounds", type=int, default=3, help="rounds, each a fresh process")
     parser.add_argument(
-        "--epochs", type=int, default=2, help="timed epochs per row and round (the best counts)"
+        "--records", type=int, default=smoke(20_000, 300), help="big records (96 KiB)"
     )
-    parser.add_argument("--against", help="a checkout to run in every round too (the 'before')")
+    parser.add_argument(
+        "--small-records", type=int, default=smoke(1_000_000, 2_000), help="264-byte records"
+    )
+    parser.add_argument(
+        "--jpeg-records", type=int, default=smoke(4_000, 128), help="records with a JPEG"
+    )
+    parser.add_argument("--only", default=",".join(CASES), help="cases: big,small,jpeg")
+    parser.add_argument(
+        "--rounds", type=int, default=smoke(3, 1), help="rounds, each a fresh process"
+    )
+    parser.add_argument(
+        "--epochs",
+        type=int,
+        default=smoke(2, 1),
+        help="timed epochs per row and round (the best counts)",
+    )
+    parser.add_argument(
+        "--against",
+        help="a checkout to run in every round too (the 'before'; smoke mode: a copy of this one)",
+    )
     parser.add_argument("--tmp", default=None, help="parent of the temporary data folder")
     parser.add_argument(
         "--data", help="keep the caches in this folder (and reuse them) instead of a temporary one"
@@ -253,6 +255,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--only: unknown cases {sorted(unknown)}; choose from {CASES}")
     counts = {"big": args.records, "small": args.small_records, "jpeg": args.jpeg_records}
     sizes = {case: counts[case] for case in wanted}
+    if args.against is None and SMOKE:
+        args.against = smoke_tree()
     sides = (
         {"this": ROOT}
         if not args.against
@@ -262,22 +266,20 @@ def main(argv: list[str] | None = None) -> int:
         }
     )
     data_root = args.data or tempfile.mkdtemp(prefix="ydl-bench-workers-", dir=args.tmp)
-    rounds: dict[str, list[dict[str, Any]]] = {side: [] for side in sides}
     try:
         datas = {}
         for side, library in sides.items():
             # Each checkout builds (and reads) its own cache: formats may differ between them.
             datas[side] = os.path.join(data_root, side)
             print(f"building {sizes} with {library}", file=sys.stderr)
-            code = (
-                f"import sys; sys.path.insert(0, {library!r}); sys.path.insert(0, {HERE!r}); "
-                f"import bench_workers as b; b.build_all({datas[side]!r}, {sizes!r})"
-            )
-            subprocess.run([sys.executable, "-c", code], check=True)
-        for round_ in range(args.rounds):
-            for side, library in sides.items():
-                print(f"round {round_ + 1}/{args.rounds}: {side} ({library})", file=sys.stderr)
-                rounds[side].append(subprocess_round(library, datas[side], sizes, args.epochs))
+            call_in_tree(library, "bench_workers", "build_all", datas[side], sizes)
+        rounds = alternate(
+            sides,
+            args.rounds,
+            lambda side, library: call_in_tree(
+                library, "bench_workers", "run_round", datas[side], sizes, args.epochs
+            ),
+        )
     finally:
         if not args.data:
             shutil.rmtree(data_root, ignore_errors=True)
@@ -287,9 +289,7 @@ def main(argv: list[str] | None = None) -> int:
         "rounds\n"
     )
     print(table(rounds, sizes))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"sizes": sizes, "rounds": rounds}, f, indent=1)
+    write_json(args.json, {"trees": sides, "sizes": sizes, "rounds": rounds})
     return 0
 
 

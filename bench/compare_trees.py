@@ -2,13 +2,14 @@
 change that should leave the sequential layer's speed as it was:
 
     git worktree add /work/base HEAD                   # once, before the change: tree A
-    python bench/compare_trees.py [--a /work/base] [--b /work/main] [--rounds 3] [--quick]
+    python -m bench.compare_trees [--a /work/base] [--b .] [--rounds 3] [--quick]
 
-Every run is a fresh process of the same script (the one beside this file) with ``PYTHONPATH``
-set to the tree's root, which puts that tree before the editable install of the nox venv (a
-meta-path finder, consulted after sys.path): each run prints the ``yogadl_plus.__file__`` it
-imported, and a run that imported anything else stops the comparison. The runs share one data
-folder (``--data``), built first, untimed, by tree A (the on-disk format is not compared).
+Every run is a fresh process of the same script (this checkout's bench.bench_stream_paths) with
+that tree's yogadl_plus (``bench.harness.run_bench``: the tree on ``PYTHONPATH``, before the
+editable install of the nox venv, a meta-path finder consulted after sys.path): each run prints
+the ``yogadl_plus.__file__`` it imported, and a run that imported anything else stops the
+comparison. The runs share one data folder (``--data``), built first, untimed, by tree A (the
+on-disk format is not compared). In smoke mode tree A defaults to a copy of this checkout.
 
 Printed per row: the best records/s of each tree over all rounds, B/A, the spread of each tree
 across rounds ((max - min) / max of the per-round figures: how far a tree disagrees with itself,
@@ -24,15 +25,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
 from typing import Any
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-SCRIPT = os.path.join(HERE, "bench_stream_paths.py")
+from bench.harness import ROOT, SMOKE, alternate, run_bench, smoke, smoke_tree, write_json
+
 NOX_PYTHON = os.path.join(ROOT, ".nox", "tests", "bin", "python")
 
 
@@ -43,14 +42,16 @@ def run_tree(
     out = os.path.join(workdir, "run.json")
     if os.path.exists(out):
         os.remove(out)
-    command = [python, SCRIPT, "--data", data, "--json", out, *passthrough]
+    args = ["--data", data, "--json", out, *passthrough]
     if build_only:
-        command.append("--build-only")
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env["PYTHONPATH"] = tree
-    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    # cwd: a folder of no checkout, so that sys.path's "" finds nothing.
-    done = subprocess.run(command, env=env, cwd=workdir, capture_output=True, text=True)
+        args.append("--build-only")
+    done = run_bench(
+        "bench_stream_paths",
+        *args,
+        tree=tree,
+        python=python,
+        env={"TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "3")},
+    )
     imported = next(
         (
             line.split(": ", 1)[1]
@@ -88,10 +89,12 @@ def spread(values: list[float]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--a", default="/work/base", help="tree A, the code before the change")
+    parser.add_argument("--a", default=None, help="tree A, the code before the change")
     parser.add_argument("--b", default=ROOT, help="tree B, the changed code (default: this one)")
-    parser.add_argument("--rounds", type=int, default=3, help="A B rounds (default 3)")
-    parser.add_argument("--python", default=NOX_PYTHON, help=f"interpreter (default {NOX_PYTHON})")
+    parser.add_argument("--rounds", type=int, default=smoke(3, 1), help="A B rounds (3)")
+    parser.add_argument(
+        "--python", default=None, help=f"interpreter (default {NOX_PYTHON}, or this one)"
+    )
     parser.add_argument(
         "--data",
         default=os.path.join(tempfile.gettempdir(), "ydl-stream-paths"),
@@ -109,6 +112,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.rounds < 1:
         parser.error("--rounds >= 1")
+    if args.a is None:
+        args.a = smoke_tree() if SMOKE else "/work/base"
+    if args.python is None:
+        args.python = NOX_PYTHON if os.path.exists(NOX_PYTHON) else sys.executable
     trees = {"A": os.path.abspath(args.a), "B": os.path.abspath(args.b)}
     for tree in trees.values():
         if not os.path.isfile(os.path.join(tree, "yogadl_plus", "__init__.py")):
@@ -121,21 +128,15 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, flag) is not None:
             passthrough += ["--" + flag, str(getattr(args, flag))]
 
-    runs: dict[str, list[dict[str, Any]]] = {"A": [], "B": []}
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="ydl-compare-") as workdir:
         print(f"data: {args.data} (built or opened by A, untimed)", file=sys.stderr, flush=True)
         run_tree(args.python, trees["A"], args.data, passthrough, workdir, build_only=True)
-        for round_ in range(args.rounds):
-            for side in ("A", "B"):
-                print(
-                    f"round {round_ + 1}/{args.rounds}: {side} = {trees[side]}",
-                    file=sys.stderr,
-                    flush=True,
-                )
-                runs[side].append(
-                    run_tree(args.python, trees[side], args.data, passthrough, workdir, False)
-                )
+        runs = alternate(
+            trees,
+            args.rounds,
+            lambda _, tree: run_tree(args.python, tree, args.data, passthrough, workdir, False),
+        )
     elapsed = time.perf_counter() - started
 
     rows = list(runs["A"][0]["rows"])
@@ -196,9 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     for side in runs:
         for group, why in runs[side][0].get("skipped", {}).items():
             print(f"{side}: {group} rows {why}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"trees": trees, "table": table, "runs": runs}, f, indent=1)
+    write_json(args.json, {"trees": trees, "table": table, "runs": runs})
     return 0
 
 

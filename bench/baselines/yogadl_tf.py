@@ -1,6 +1,7 @@
-"""yogadl 0.1.4 tf.data baseline for bench_frameworks.py, run in the yogadl side venv.
+"""yogadl 0.1.4 tf.data baseline of bench_frameworks and bench_tf_records, run in the yogadl
+side venv (from the repository root):
 
-    .baselines/yogadl/bin/python bench/_yogadl_tf_baseline.py --x X.npy --label L.npy \
+    .baselines/yogadl/bin/python -m bench.baselines.yogadl_tf --x X.npy --label L.npy \
         --workdir DIR [--repeats 3] [--records-repeats 5] [--no-reduce]
 
 Caches the arrays with yogadl's own build (``LFSStorage.cacheable`` over
@@ -16,25 +17,18 @@ Prints one JSON object on the last line of stdout.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
-import time
+
+from bench.baselines.yogadl_cache import yogadl_cache
+from bench.harness import arrays_parser, time_once, timed, warm
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import warm
-from _yogadl_common import yogadl_cache
-
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--x", required=True)
-    parser.add_argument("--label", required=True)
-    parser.add_argument("--workdir", required=True)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser = arrays_parser(__doc__.split("\n\n")[0], "x", "label")
     parser.add_argument(
         "--records-repeats",
         type=int,
@@ -52,9 +46,7 @@ def main() -> None:
     _, make, x, label = yogadl_cache(args.x, args.label, args.workdir, "bench_tf")
     n = len(label)
 
-    t0 = time.perf_counter()
-    dataref = make()
-    build_s = time.perf_counter() - t0
+    build_s, dataref = time_once(make)
     assert len(dataref) == n, (len(dataref), n)
     cache_file = os.path.join(args.workdir, "bench_tf", "v1", "cache.mdb")
     warm(cache_file)
@@ -64,23 +56,19 @@ def main() -> None:
     assert np.array_equal(first["x"].numpy(), x[0]) and int(first["label"]) == int(label[0])
     assert first["x"].dtype == tf.float32 and first["label"].dtype == tf.int64
 
-    times: list[float] = []
-    for _ in range(args.records_repeats or args.repeats):
-        t0 = time.perf_counter()
-        ds = ytf.make_tf_dataset(dataref.stream(shuffle=True, shuffle_seed=0))
+    def eager() -> None:
         count = 0
-        for _record in ds:  # eager Python iteration, as on the yogadl_plus side
-            count += 1
-        times.append(time.perf_counter() - t0)
+        for _record in ytf.make_tf_dataset(dataref.stream(shuffle=True, shuffle_seed=0)):
+            count += 1  # eager Python iteration, as on the yogadl_plus side
         assert count == n, (count, n)
 
-    reduce_times: list[float] = []
-    for _ in range(0 if args.no_reduce else args.repeats):
-        t0 = time.perf_counter()
+    def graph() -> None:
         ds = ytf.make_tf_dataset(dataref.stream(shuffle=True, shuffle_seed=0))
         count = int(ds.reduce(np.int64(0), lambda c, _: c + 1))  # tf.data's own loop
-        reduce_times.append(time.perf_counter() - t0)
         assert count == n, (count, n)
+
+    times = timed(eager, args.records_repeats or args.repeats)
+    reduce_times = timed(graph, 0 if args.no_reduce else args.repeats)
 
     print(
         json.dumps(

@@ -1,6 +1,7 @@
-"""yogadl 0.1.4 baseline, run by bench_foundation.py inside the side venv that has yogadl.
+"""yogadl 0.1.4 baseline of bench_foundation, run in the yogadl side venv (from the repository
+root):
 
-    .baselines/yogadl/bin/python bench/_yogadl_baseline.py --x X.npy --label L.npy \
+    .baselines/yogadl/bin/python -m bench.baselines.yogadl_foundation --x X.npy --label L.npy \
         --workdir DIR [--repeats 3]
 
 Builds yogadl's LMDB cache (``LFSStorage.cacheable`` over ``tf.data.Dataset.from_tensor_slices``
@@ -12,25 +13,18 @@ tf.data pipeline is involved in the reads. Prints one JSON object on the last li
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
-import time
+
+from bench.baselines.yogadl_cache import yogadl_cache
+from bench.harness import arrays_parser, best_of, time_once, warm
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import warm
-from _yogadl_common import yogadl_cache
-
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--x", required=True)
-    parser.add_argument("--label", required=True)
-    parser.add_argument("--workdir", required=True)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser = arrays_parser(__doc__.split("\n\n")[0], "x", "label")
     parser.add_argument(
         "--timed-build-max",
         type=int,
@@ -50,9 +44,7 @@ def main() -> None:
     if n <= args.timed_build_max:
         # The real thing: cacheable -> LFSStorage.submit -> tf.data iteration -> pickle -> LMDB.
         build_method = "LFSStorage.cacheable(tf.data.Dataset.from_tensor_slices)"
-        t0 = time.perf_counter()
-        dataref = make()  # one build (it is slow), not best of N
-        build_s = time.perf_counter() - t0
+        build_s, dataref = time_once(make)  # one build (it is slow), not best of N
     else:
         # Same file, same writer (yogadl.serialize_generator_to_lmdb, what submit() calls), fed
         # from numpy instead of iterating tf.data, which alone would take over a minute at 1M.
@@ -60,14 +52,14 @@ def main() -> None:
         dataset = tf.data.Dataset.from_tensor_slices({"x": x[:1], "label": label[:1]})
         path = lfs._get_cache_filepath("bench", "v1")
         path.parent.mkdir(parents=True, exist_ok=True)
-        t0 = time.perf_counter()
-        yogadl.serialize_generator_to_lmdb(
-            ({"x": x[i], "label": label[i]} for i in range(n)),
-            tf.compat.v1.data.get_output_shapes(dataset),
-            tf.compat.v1.data.get_output_types(dataset),
-            path,
+        build_s, _ = time_once(
+            lambda: yogadl.serialize_generator_to_lmdb(
+                ({"x": x[i], "label": label[i]} for i in range(n)),
+                tf.compat.v1.data.get_output_shapes(dataset),
+                tf.compat.v1.data.get_output_types(dataset),
+                path,
+            )
         )
-        build_s = time.perf_counter() - t0
         dataref = lfs.fetch("bench", "v1")
     assert len(dataref) == n, (len(dataref), n)
     cache_file = os.path.join(args.workdir, "bench", "v1", "cache.mdb")
@@ -77,16 +69,13 @@ def main() -> None:
     first = next(iter(dataref.stream()))
     assert np.array_equal(first["x"], x[0]) and int(first["label"]) == int(label[0])
 
-    times: list[float] = []
-    # Same rule as bench_foundation.best_of: >= repeats runs, more (<= 20) until 0.3 s timed.
-    while len(times) < args.repeats or (sum(times) < 0.3 and len(times) < 20):
-        t0 = time.perf_counter()
-        stream = dataref.stream(shuffle=True, shuffle_seed=0)
+    def epoch() -> None:
         count = 0
-        for _record in stream:  # Stream.__iter__ -> iterator_fn(): yogadl's own generator
-            count += 1
-        times.append(time.perf_counter() - t0)
+        for _record in dataref.stream(shuffle=True, shuffle_seed=0):
+            count += 1  # Stream.__iter__ -> iterator_fn(): yogadl's own generator
         assert count == n, (count, n)
+
+    _, times = best_of(epoch, args.repeats)  # the same rule as the yogadl_plus rows
 
     print(
         json.dumps(

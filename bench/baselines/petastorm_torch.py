@@ -1,6 +1,7 @@
-"""Petastorm 0.13.1 PyTorch baseline for bench_frameworks.py, run in the petastorm side venv.
+"""Petastorm 0.13.1 PyTorch baseline of bench_frameworks, run in the petastorm side venv, from the
+repository root:
 
-    .baselines/petastorm/bin/python bench/_petastorm_torch_baseline.py --x X.npy --label L.npy \
+    .baselines/petastorm/bin/python -m bench.baselines.petastorm_torch --x X.npy --label L.npy \
         --workdir DIR [--repeats 3] [--batch-reader-workers 1,2] [--reader-workers 2] \
         [--shuffle-queue 10000] [--keep]
 
@@ -30,7 +31,6 @@ the sums of the labels and of x equal those of the arrays); make_reader's would 
 
 from __future__ import annotations
 
-import argparse
 import gc
 import json
 import logging
@@ -48,8 +48,10 @@ os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 os.environ.setdefault("PYARROW_IGNORE_TIMEZONE", "1")
 
 import numpy as np
-from _common import collect_warnings, warm  # bench/ is on sys.path when run as a script
-from _spark_local import local_spark
+
+from bench.baselines.spark_local import local_spark
+from bench.baselines.warning_counts import collect_warnings
+from bench.harness import arrays_parser, warm
 
 BATCH = 256
 PETASTORM_ROW_GROUP_MB = 1
@@ -206,11 +208,7 @@ torch: Any = None
 
 def main() -> None:
     global N_RECORDS, torch
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--x", required=True)
-    parser.add_argument("--label", required=True)
-    parser.add_argument("--workdir", required=True)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser = arrays_parser(__doc__.split("\n")[0], "x", "label")
     parser.add_argument("--batch-reader-workers", default="1,2", help="workers_count values")
     parser.add_argument(
         "--reader-workers",

@@ -1,9 +1,9 @@
 """litdata 0.2.76 streaming from an S3-compatible server: one cold epoch, run in the peers venv.
 
-    .baselines/peers/bin/python bench/_litdata_s3_baseline.py --mode prepare \
+    .baselines/peers/bin/python -m bench.baselines.litdata_s3 --mode prepare \
         --endpoint http://127.0.0.1:PORT --bucket B --prefix P --access-key K --secret-key S \
         --work DIR [--records 200000] [--chunk-bytes 8MB]
-    .baselines/peers/bin/python bench/_litdata_s3_baseline.py --mode read \
+    .baselines/peers/bin/python -m bench.baselines.litdata_s3 --mode read \
         --endpoint http://127.0.0.1:PORT --bucket B --prefix P --access-key K --secret-key S \
         --work DIR [--records 200000] [--batch-size 256] [--num-workers 0]
 

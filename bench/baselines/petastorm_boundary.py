@@ -1,6 +1,7 @@
-"""Petastorm 0.13.1 baseline for the selective-predicate benchmark, run in the petastorm side venv.
+"""Petastorm 0.13.1 baseline for the selective-predicate benchmark (bench_boundary), run in the
+petastorm side venv, from the repository root:
 
-    .baselines/petastorm/bin/python bench/_petastorm_baseline.py \
+    .baselines/petastorm/bin/python -m bench.baselines.petastorm_boundary \
         [--rows 8000] [--big-bytes 100000] [--workdir DIR] [--json OUT] [--repeats 3] [--rebuild]
 
 Data (N rows): ``id`` int64 = row number, ``key`` int64 = id % 100 (``in_set([0], 'key')`` passes
@@ -20,7 +21,7 @@ new build). Then, after one untimed full read (which also checks every ``big`` v
 False/True. Each figure is the best (minimum time) of ``--repeats`` runs; a run times
 ``make_reader`` construction plus iterating the reader to exhaustion (``stop()``/``join()`` are
 outside the timing). Prints one JSON object on the last line of stdout (and to ``--json``).
-See bench/petastorm_notes.md.
+See bench/baselines/petastorm_notes.md.
 """
 
 from __future__ import annotations
@@ -43,8 +44,10 @@ os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 os.environ.setdefault("PYARROW_IGNORE_TIMEZONE", "1")
 
 import numpy as np
-from _common import collect_warnings, warm  # bench/ is on sys.path when run as a script
-from _spark_local import local_spark
+
+from bench.baselines.spark_local import local_spark
+from bench.baselines.warning_counts import collect_warnings
+from bench.harness import warm
 
 ROW_GROUP_MB = 32
 PLAIN_ROWS_PER_GROUP = 256  # 25.6 MB row groups at B = 100 KB, close to the Petastorm side
