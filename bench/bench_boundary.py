@@ -179,8 +179,7 @@ def bench_predicate(root: str, parquet: str, repeats: int) -> list[dict[str, Any
 def bench_petastorm(workdir: str, records: int, big_bytes: int) -> dict[str, Any] | None:
     if not os.path.exists(PETASTORM_PYTHON):
         print(
-            "petastorm: n/a (make the side venv: bash ../shared/tools/baseline-venvs.sh "
-            ".baselines)",
+            "petastorm: n/a (make the side venv: bash bench/baselines/venvs.sh .baselines)",
             file=sys.stderr,
         )
         return None

@@ -15,7 +15,7 @@ ratio over rounds), each writing into a fresh folder of the same disk:
 - Lance ``lance.write_dataset(table)`` and ArrayRecord (``ArrayRecordWriter`` with
   ``group_size:1,uncompressed``, the random-access layout bench_peers_big.py reads, each record's
   264 bytes) writing the same arrays, each in the peers' side venv (--peers, from
-  ../shared/tools/baseline-venvs.sh), timed inside that process from arrays already in memory.
+  bench/baselines/venvs.sh), timed inside that process from arrays already in memory.
 """
 
 from __future__ import annotations

@@ -41,9 +41,7 @@ BATCH = 256
 RECORD_DTYPE = np.dtype([("x", "<f4", (64,)), ("label", "<i8")])
 RECORD_BYTES = RECORD_DTYPE.itemsize  # 264
 YOGADL_PYTHON = os.path.join(ROOT, ".baselines", "yogadl", "bin", "python")
-YOGADL_HELP = (
-    "create it with: bash ../shared/tools/baseline-venvs.sh .baselines  (from the repo root)"
-)
+YOGADL_HELP = "create it with: bash bench/baselines/venvs.sh .baselines  (from the repo root)"
 
 # (metric, baseline) -> (target text, check(ratio) -> bool)
 TARGETS: dict[tuple[str, str], tuple[str, Callable[[float], bool]]] = {

@@ -45,9 +45,7 @@ SHUFFLE_QUEUE = 10_000
 RECORDS_REPEATS = 5  # the record-by-record tf rows (eager), both sides: see bench_tf
 YOGADL_PYTHON = os.path.join(ROOT, ".baselines", "yogadl", "bin", "python")
 PETASTORM_PYTHON = os.path.join(ROOT, ".baselines", "petastorm", "bin", "python")
-VENV_HELP = (
-    "create it with: bash ../shared/tools/baseline-venvs.sh .baselines  (from the repo root)"
-)
+VENV_HELP = "create it with: bash bench/baselines/venvs.sh .baselines  (from the repo root)"
 SIDE_ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")
 
 # (metric, baseline) -> (target text, check(ratio) -> bool)

@@ -2,7 +2,7 @@
 a true global shuffle read record by record (yogadl_plus) against Grain 0.2.18 over ArrayRecord
 (its random-access MapDataset, and its prefetching iterator), each as records/s and as a ratio.
 
-    bash ../shared/tools/baseline-venvs.sh .baselines   # once: the peers venv
+    bash bench/baselines/venvs.sh .baselines   # once: the peers venv
     python bench/bench_peers_big.py [--peers .baselines/peers/bin/python] [--rounds 3]
 """
 

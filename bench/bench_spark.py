@@ -23,7 +23,7 @@ declares x a variable-length array) and with ``schema=`` making x float32[64];
 ``df.mapInArrow(count rows).collect()``, the floor of moving the rows into Python workers as
 Arrow batches, which any Python writer on Spark pays; and Petastorm's ``make_spark_converter``
 (uncompressed Parquet with 32 MB row groups, its defaults, then a Spark count of what it wrote).
-Petastorm runs in its side venv (.baselines/petastorm, made by ../shared/tools/baseline-venvs.sh)
+Petastorm runs in its side venv (.baselines/petastorm, made by bench/baselines/venvs.sh)
 as a subprocess of this script (``--side-petastorm``), with its own Spark of the same
 configuration (bench/_spark_local.py) that makes, caches and counts the same DataFrame; it runs
 after this process's Spark is stopped. Without the venv its row says why it was not measured.
@@ -54,7 +54,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 PETASTORM_PYTHON = os.path.join(ROOT, ".baselines", "petastorm", "bin", "python")
-VENV_HINT = "make it with: bash ../shared/tools/baseline-venvs.sh .baselines"
+VENV_HINT = "make it with: bash bench/baselines/venvs.sh .baselines"
 
 # Spark's Python workers must be this interpreter (this venv's, on the Petastorm side).
 os.environ["PYSPARK_PYTHON"] = sys.executable

@@ -42,9 +42,7 @@ RECORDS_REPEATS = 5
 BATCH_REPEATS = 10  # batched rows: a run is 0.1-0.4 s, at the mercy of one scheduler hiccup
 SIDE_TIMEOUT_S = 3600
 YOGADL_PYTHON = os.path.join(ROOT, ".baselines", "yogadl", "bin", "python")
-VENV_HELP = (
-    "create it with: bash ../shared/tools/baseline-venvs.sh .baselines  (from the repo root)"
-)
+VENV_HELP = "create it with: bash bench/baselines/venvs.sh .baselines  (from the repo root)"
 ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")
 
 # row -> (what it reads, which process measures it); the order of the table.

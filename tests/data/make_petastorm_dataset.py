@@ -3,7 +3,7 @@ Spark in local mode, and what Petastorm's own make_reader decodes from it (expec
 
 Run it with the side venv's Python (it needs petastorm and pyspark, which yogadl_plus does not):
 
-    bash ../shared/tools/baseline-venvs.sh .baselines
+    bash bench/baselines/venvs.sh .baselines
     .baselines/petastorm/bin/python tests/data/make_petastorm_dataset.py
 """
 

@@ -6,7 +6,7 @@ Petastorm's own make_reader decodes.
 
 Run it with the side venv's Python (it needs petastorm and pyspark, which yogadl_plus does not):
 
-    bash ../shared/tools/baseline-venvs.sh .baselines
+    bash bench/baselines/venvs.sh .baselines
     .baselines/petastorm/bin/python tests/data/make_petastorm_partitioned.py
 """
 
