@@ -1,14 +1,15 @@
 """The peers' side of bench/headline.py: Grain, Lance and litdata read the headline's data, run
 in the peers venv (bench/baselines/venvs.sh). Does not import yogadl_plus.
 
-    .baselines/peers/bin/python bench/baselines/_headline_peers.py ROW DATA WORK REPEATS
+    .baselines/peers/bin/python bench/baselines/_headline_peers.py ROW DATA WORK REPEATS [LIMIT]
 
 ROW is one of:
 
 - ``grain-small``: WORK/peer.array_record (264-byte records, ``x`` float32[64] then ``y``
   int64, written by bench_build_columns.py's ArrayRecord writer) through
   ``grain.MapDataset.source(...).shuffle(seed=0).map(...).batch(256)``, each batch split into
-  ``x`` (256, 64) and ``y`` (256,);
+  ``x`` (256, 64) and ``y`` (256,); with LIMIT, only the first LIMIT records of the shuffled
+  epoch (checked to be LIMIT different records);
 - ``lance-small``: WORK/peer.lance (the same arrays, written by ``lance.write_dataset``), read
   with ``dataset.take`` of 256 shuffled row numbers at a time into the same two arrays;
 - ``litdata-small``: writes DATA/x.npy and DATA/y.npy with ``litdata.optimize`` into
@@ -59,7 +60,7 @@ def best_epoch(
     return expected[0] / best
 
 
-def small(row: str, data: str, work: str, repeats: int) -> dict[str, float]:
+def small(row: str, data: str, work: str, repeats: int, limit: int) -> dict[str, float]:
     y = np.load(os.path.join(data, "y.npy"))
     expected = (len(y), int(y.sum()))
 
@@ -77,13 +78,12 @@ def small(row: str, data: str, work: str, repeats: int) -> dict[str, float]:
                 "y": rows[:, 256:].copy().view(np.int64)[:, 0],
             }
 
-        dataset = (
-            grain.MapDataset.source(source)
-            .shuffle(seed=0)
-            .map(lambda b: np.frombuffer(b, np.uint8))
-            .batch(BATCH)
-            .map(split)
-        )
+        shuffled = grain.MapDataset.source(source).shuffle(seed=0)
+        if limit:  # the first ``limit`` records of the shuffled epoch: a check of its own
+            shuffled = shuffled.slice(slice(0, limit))
+            picked = {int(np.frombuffer(shuffled[i], np.int64, 1, 256)[0]) for i in range(limit)}
+            expected = (limit, sum(picked)) if len(picked) == limit else (-1, -1)
+        dataset = shuffled.map(lambda b: np.frombuffer(b, np.uint8)).batch(BATCH).map(split)
         return {"read": best_epoch(lambda: dataset, count, expected, repeats)}
     if row == "lance-small":
         import lance
@@ -143,7 +143,7 @@ def litdata_small(
     return figures
 
 
-def tokens(row: str, data: str, work: str, repeats: int) -> dict[str, float]:
+def tokens(row: str, data: str, work: str, repeats: int, limit: int) -> dict[str, float]:
     flat = np.load(os.path.join(data, "tokens.npy"))
     offsets = np.load(os.path.join(data, "offsets.npy"))
     n = len(offsets) - 1
@@ -188,8 +188,9 @@ def tokens(row: str, data: str, work: str, repeats: int) -> dict[str, float]:
 
 def main() -> None:
     row, data, work, repeats = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+    limit = int(sys.argv[5]) if len(sys.argv) > 5 else 0
     run = tokens if row.endswith("-tokens") else small
-    print(json.dumps(run(row, data, work, repeats)))
+    print(json.dumps(run(row, data, work, repeats, limit)))
 
 
 if __name__ == "__main__":
