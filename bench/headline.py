@@ -34,6 +34,7 @@ import argparse
 import contextlib
 import functools
 import gc
+import importlib.metadata
 import io
 import json
 import math
@@ -674,6 +675,10 @@ def describe_machine() -> dict[str, Any]:
     about["os"] = platform.platform()
     disk = shutil.disk_usage(tempfile.gettempdir())
     about["tmp_disk_gib"] = round(disk.total / 2**30)
+    about["libraries"] = {}
+    for name in ("torch", "tensorflow", "tensorflow-cpu", "keras", "grain", "pillow"):
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            about["libraries"][name] = importlib.metadata.version(name)
     return about
 
 
@@ -689,7 +694,9 @@ def markdown(
         f"{' --quick' if quick else ''}` ({seconds / 60:.1f} min) on {about['cpus']} CPUs "
         f"({about['cpu_model']}), {about.get('memory_gib', '?')} GiB RAM, {about['os']}; "
         f"Python {about['python']}, numpy {about['numpy']}, py-lmdb {about['lmdb']}, "
-        f"yogadl_plus {about['yogadl_plus']} ({about['git_commit']}). Load average "
+        f"yogadl_plus {about['yogadl_plus']} ({about['git_commit']}); "
+        + ", ".join(f"{k} {v}" for k, v in about["libraries"].items())
+        + f"; a {about['tmp_disk_gib']} GiB disk under the temporary folder. Load average "
         f"{about['load_average_at_start'][0]:.2f} at the start, {load_after[0]:.2f} at the end.",
         "",
         "| workload | unit | " + " | ".join(COLUMNS) + " |",
