@@ -10,8 +10,8 @@ apply or was not measured; a row that cannot run (a missing venv, no SeaweedFS) 
 under the table. Every figure is the best of --repeats epochs after the data were read once
 (page cache warm), unless the row says otherwise. The peers run in the side venvs as
 subprocesses (bench/baselines/_headline_peers.py and the older bench scripts it reuses), timed
-inside their own process. Sizes are chosen for about 10-15 minutes on 2 cores; --quick is a
-check that everything runs (about 3 minutes), not a measurement.
+inside their own process. The run takes about 4 minutes on 2 cores (longer on a loaded
+machine); --quick is a check that everything runs (about 2 minutes), not a measurement.
 
 Rows (what each column times is in ROWS below):
 
@@ -720,7 +720,7 @@ def markdown(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="small sizes: a check, ~3 min")
+    parser.add_argument("--quick", action="store_true", help="small sizes: a check, ~2 min")
     parser.add_argument("--repeats", type=int, default=3, help="epochs per figure (the best)")
     parser.add_argument("--baselines", default=str(ROOT / ".baselines"), help="the side venvs")
     parser.add_argument("--tmp", default=None, help="parent of the scratch folder")
