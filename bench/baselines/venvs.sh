@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Builds the side virtual environments holding the libraries that bench/ measures yogadl_plus
+# against. They stay out of the project's own dependencies (their pins clash with ours and with
+# each other), and the bench scripts run them as subprocesses.
+#
+#   usage: bash bench/baselines/venvs.sh .baselines    (the directory is git-ignored)
+#
+# Each venv is built once; delete its directory to rebuild it. Recipes known to work on
+# Python 3.11:
+#   yogadl     yogadl 0.1.4, the library this project grew from; runs with tensorflow-cpu 2.21.0.
+#   petastorm  petastorm 0.13.1 needs pyarrow 14.0.2 (15 and later break make_batch_reader, 26
+#              breaks the import), which in turn needs numpy<2 and pandas<3. Its image codec
+#              needs an OpenCV built for numpy 1. torch goes in last: its setuptools pin
+#              conflicts with petastorm's on paper only. make_reader datasets also need Spark and
+#              Java, with PYSPARK_PYTHON pointing at this venv's python.
+#   peers      grain + array-record, pylance (Lance) and litdata, with the CPU build of
+#              torch 2.13.0 installed first so that litdata does not pull a CUDA build.
+#              (mosaicml-streaming installs but does not import against this torch.)
+set -eu
+DIR=${1:-.baselines}
+PYTHON=${PYTHON:-python3}
+# The CPU build of torch: pip picks 2.13.0+cpu where a find-links directory holds it; elsewhere
+# point PIP_EXTRA_INDEX_URL at PyTorch's CPU wheel index before running this script.
+TORCH=${TORCH:-torch==2.13.0}
+mkdir -p "$DIR"
+
+new_venv() {  # new_venv NAME: true when NAME still has to be built (a fresh venv is made)
+  if [ -x "$DIR/$1/bin/python" ] && [ -e "$DIR/$1/.complete" ]; then return 1; fi
+  rm -rf "${DIR:?}/$1"
+  "$PYTHON" -m venv "$DIR/$1"
+}
+
+if new_venv yogadl; then
+  "$DIR/yogadl/bin/pip" install -q tensorflow-cpu==2.21.0 yogadl==0.1.4
+  touch "$DIR/yogadl/.complete"
+fi
+
+if new_venv petastorm; then
+  "$DIR/petastorm/bin/pip" install -q petastorm==0.13.1 pyarrow==14.0.2 "numpy<2" "pandas<3" \
+      "opencv-python-headless<4.11"
+  "$DIR/petastorm/bin/pip" install -q "$TORCH" || echo "petastorm: torch not installed"
+  touch "$DIR/petastorm/.complete"
+fi
+
+if new_venv peers; then
+  "$DIR/peers/bin/pip" install -q "$TORCH"
+  "$DIR/peers/bin/pip" install -q "$TORCH" grain array-record pylance litdata pyarrow numpy pillow
+  touch "$DIR/peers/.complete"
+fi
+
+echo "yogadl:    $DIR/yogadl/bin/python"
+echo "petastorm: $DIR/petastorm/bin/python"
+echo "peers:     $DIR/peers/bin/python   (grain, array_record, lance, litdata, torch)"
