@@ -9,6 +9,7 @@ what it handed out in the stream's stats. docs/streams.md lists its members.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -159,10 +160,13 @@ class StreamPlan:
             boundary=self.boundary.identity(),
         )
 
-    def check_state(self, state: StreamState) -> None:
+    def check_state(self, state: StreamState | Mapping[str, Any]) -> None:
         """ValueError, naming what differs, if ``state``'s offset would mean other records
         here: another source, order or n-gram, or a mixture's schedule that differs in an epoch
-        the state has read (a stage after it may be added or changed)."""
+        the state has read (a stage after it may be added or changed). ``state``: a
+        StreamState, or one saved as its ``to_dict()``."""
+        if not isinstance(state, StreamState):
+            state = StreamState.from_dict(state)
         here = self.state_at(0)
         try:
             state.check_loads_into(here)
