@@ -12,10 +12,9 @@ options, each a field of one of the settings dataclasses the stream layer is mad
 
 from __future__ import annotations
 
-import dataclasses
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -28,8 +27,6 @@ if TYPE_CHECKING:
     from yogadl_plus.stream import Stream
 
 __all__ = ["Leaf", "RecordSource"]
-
-S = TypeVar("S")
 
 
 class Leaf:
@@ -176,17 +173,20 @@ class RecordSource(ABC):
         cluster ``ray.init()`` joined), ``prefetch`` (units in flight), ``worker_start_method``.
         See docs/streams.md, docs/boundary.md and docs/many-machines.md.
         """
-        arguments = locals()  # (first: the keywords above, each held by one settings class)
-        from yogadl_plus.stream import BoundarySettings, Stream, WorkerSettings
+        from yogadl_plus.stream import Stream
+        from yogadl_plus.stream.keywords import routed
 
-        return Stream(
-            self,
-            _held_by(OrderSettings, arguments),
-            _held_by(BoundarySettings, arguments),
-            _held_by(WorkerSettings, arguments),
-        )
-
-
-def _held_by(kind: type[S], arguments: dict[str, Any]) -> S:
-    """The settings of ``kind`` made of the ``arguments`` that are its fields."""
-    return kind(**{f.name: arguments[f.name] for f in dataclasses.fields(kind)})  # type: ignore[arg-type]
+        settings = routed(
+            dict(
+                start_offset=start_offset, global_start=global_start, shuffle=shuffle,
+                shuffle_seed=shuffle_seed, skip_shuffle_at_epoch_end=skip_shuffle_at_epoch_end,
+                shuffle_window=shuffle_window, shard_rank=shard_rank, num_shards=num_shards,
+                drop_shard_remainder=drop_shard_remainder,
+                pad_shard_remainder=pad_shard_remainder, shard_by=shard_by,
+                fields=fields, predicate=predicate, skip=skip, ngram=ngram, transform=transform,
+                batch_size=batch_size, drop_last=drop_last,
+                num_workers=num_workers, prefetch=prefetch, worker_type=worker_type,
+                worker_start_method=worker_start_method,
+            )
+        )  # fmt: skip
+        return Stream(self, *settings)
