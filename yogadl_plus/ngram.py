@@ -28,13 +28,13 @@ from yogadl_plus.errors import NGramError, SchemaError
 
 if TYPE_CHECKING:
     from yogadl_plus.cache.fixed import Allocate
-    from yogadl_plus.dataref import DataRef
     from yogadl_plus.schema import Field, Schema
+    from yogadl_plus.streamsource import LeafSource
 
 __all__ = ["NGram", "NGramError"]
 
 # The anchors of each DataRef, per anchor key: computed once per DataRef object, dropped with it.
-_ANCHORS: weakref.WeakKeyDictionary[DataRef, dict[tuple[Any, ...], np.ndarray]] = (
+_ANCHORS: weakref.WeakKeyDictionary[LeafSource, dict[tuple[Any, ...], np.ndarray]] = (
     weakref.WeakKeyDictionary()
 )
 _ANCHORS_LOCK = threading.Lock()
@@ -316,7 +316,7 @@ class NGram:
                 f"be {want}, got {self.delta_threshold!r}"
             )
 
-    def anchors(self, dataref: DataRef) -> np.ndarray:
+    def anchors(self, dataref: LeafSource) -> np.ndarray:
         """The anchors of all windows of ``dataref``, sorted (the greedy set when
         ``timestamp_overlap=False``), as a read-only int64 array.
 
@@ -357,7 +357,7 @@ class NGram:
         return found
 
     def read_windows(
-        self, dataref: DataRef, anchors: np.ndarray | Sequence[int]
+        self, dataref: LeafSource, anchors: np.ndarray | Sequence[int]
     ) -> list[dict[int, dict[str, Any]]]:
         """The windows at ``anchors``, one ``{offset: {field: value}}`` dict each.
 
@@ -369,7 +369,7 @@ class NGram:
 
     def read_batch(
         self,
-        dataref: DataRef,
+        dataref: LeafSource,
         anchors: np.ndarray | Sequence[int],
         allocate: Allocate | None = None,
     ) -> dict[int, dict[str, Any]]:
@@ -403,7 +403,9 @@ class NGram:
 
     # --- the computation ---
 
-    def _checked_records(self, dataref: DataRef, anchors: np.ndarray | Sequence[int]) -> np.ndarray:
+    def _checked_records(
+        self, dataref: LeafSource, anchors: np.ndarray | Sequence[int]
+    ) -> np.ndarray:
         records = self.window_records(anchors)
         if records.size:
             low, high = int(records.min()), int(records.max())
@@ -415,14 +417,14 @@ class NGram:
                 )
         return records
 
-    def _timestamp_blocks(self, dataref: DataRef, name: str) -> Iterator[np.ndarray]:
+    def _timestamp_blocks(self, dataref: LeafSource, name: str) -> Iterator[np.ndarray]:
         n = len(dataref)
         for start in range(0, n, _TS_BLOCK):
             stop = min(start + _TS_BLOCK, n)
             block = dataref.get_batch(np.arange(start, stop), fields=[name])[name]
             yield np.asarray(block)
 
-    def _compute_anchors(self, dataref: DataRef, timestamp: str) -> np.ndarray:
+    def _compute_anchors(self, dataref: LeafSource, timestamp: str) -> np.ndarray:
         n = len(dataref)
         span = self.span
         if n < span:

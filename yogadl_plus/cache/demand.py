@@ -22,15 +22,9 @@ from typing import Any, Protocol
 import lmdb
 
 from yogadl_plus.cache.opening import OpenChunks
-from yogadl_plus.cache.workingset import Retired, WorkingSet
+from yogadl_plus.cache.workingset import Held, Retired, WorkingSet
 
 __all__ = ["ChunkSource", "ChunksOnDemand", "Held"]
-
-
-class Held(Protocol):
-    """What keeps one chunk file on disk (a pin); released once the chunk is unmapped."""
-
-    def release(self) -> None: ...
 
 
 class ChunkSource(Protocol):

@@ -36,7 +36,7 @@ from yogadl_plus.cache.writer import chunk_identity
 from yogadl_plus.errors import CacheCorrupted, unreadable
 
 if TYPE_CHECKING:
-    from yogadl_plus.cache.demand import Held
+    from yogadl_plus.cache.workingset import Held
 
 __all__ = ["MAPPED_CHUNKS_KEPT", "MAPPED_RECORDS_KEPT", "USES_TO_MAKE_AGAIN", "OpenChunks"]
 

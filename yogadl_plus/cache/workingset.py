@@ -15,15 +15,18 @@ import weakref
 from collections import OrderedDict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from yogadl_plus.cache.demand import Held
-
-__all__ = ["Retired", "WorkingSet"]
+__all__ = ["Held", "Retired", "WorkingSet"]
 
 # Chunks opened again within this many retirements count as retired too early.
 _RECENT = 16
+
+
+class Held(Protocol):
+    """What keeps one chunk file on disk (a pin); released once the chunk is unmapped."""
+
+    def release(self) -> None: ...
 
 
 @dataclass

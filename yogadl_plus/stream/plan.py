@@ -25,9 +25,9 @@ from yogadl_plus.stream.units import Units, UnitSizes
 if TYPE_CHECKING:
     from yogadl_plus.cache.fixed import Allocate
     from yogadl_plus.order.settings import OrderSettings
-    from yogadl_plus.recordsource import RecordSource
     from yogadl_plus.schema import Field
     from yogadl_plus.stream.settings import BoundarySettings
+    from yogadl_plus.streamsource import StreamSource
 
 __all__ = ["StreamPlan"]
 
@@ -43,7 +43,7 @@ class StreamPlan:
 
     def __init__(
         self,
-        source: RecordSource,
+        source: StreamSource,
         order: OrderSettings,
         boundary: BoundarySettings,
         stats: StatsCounter,
@@ -207,7 +207,7 @@ class StreamPlan:
         self.stats.handed(len(read), batches)
 
 
-def _chunk_positions(source: RecordSource, anchors: np.ndarray | None) -> np.ndarray:
+def _chunk_positions(source: StreamSource, anchors: np.ndarray | None) -> np.ndarray:
     """Positions per chunk: the source's records per chunk, or the n-gram windows whose anchor
     record lies in each (a windowed shuffle groups windows so)."""
     counts = source.chunk_records

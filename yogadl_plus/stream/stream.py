@@ -31,8 +31,8 @@ from yogadl_plus.stream.workers import OrderedPool
 
 if TYPE_CHECKING:
     from yogadl_plus.order.settings import OrderSettings
-    from yogadl_plus.recordsource import RecordSource
     from yogadl_plus.stream.settings import BoundarySettings, WorkerSettings
+    from yogadl_plus.streamsource import StreamSource
 
 __all__ = ["Stream"]
 
@@ -54,7 +54,7 @@ class Stream:
 
     def __init__(
         self,
-        source: RecordSource,
+        source: StreamSource,
         order: OrderSettings,
         boundary: BoundarySettings,
         workers: WorkerSettings,
