@@ -1,8 +1,9 @@
 """The package's structure, checked over its source: no import cycles, no reaching into another
 module's private attributes (docs/design.md#layers: each layer knows only the ones below it).
 
-Every import counts, the lazy ones inside functions included; only imports under
-``if TYPE_CHECKING:`` are exempt, since they never run. An import names the module it takes
+Every import counts, the lazy ones inside functions and those under ``if TYPE_CHECKING:``
+included: a type a module names is a module it knows, and a cycle of them is one a reader has
+to hold in mind whole (and the type checker to untangle). An import names the module it takes
 from: ``from yogadl_plus.cache.reader import ChunkSet`` is an edge to ``yogadl_plus.cache.reader``
 (Python also runs the package ``__init__`` files on the way, which every package does and is no
 design decision, so those implicit steps are not edges).
@@ -49,20 +50,9 @@ def parsed(path: pathlib.Path) -> ast.Module:
         gc.enable()
 
 
-def _is_type_checking(node: ast.If) -> bool:
-    test = node.test
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
-    )
-
-
 def _imports(node: ast.AST) -> Iterator[ast.Import | ast.ImportFrom]:
-    """Every import statement that can run, at any depth."""
+    """Every import statement, at any depth (under ``if TYPE_CHECKING:`` too)."""
     for child in ast.iter_child_nodes(node):
-        if isinstance(child, ast.If) and _is_type_checking(child):
-            for statement in child.orelse:
-                yield from _imports(statement)
-            continue
         if isinstance(child, ast.Import | ast.ImportFrom):
             yield child
         yield from _imports(child)
@@ -147,6 +137,30 @@ def test_no_import_cycles() -> None:
 def test_cycle_check_can_fail() -> None:
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert cycles(graph) == [["a", "b", "c"]]
+
+
+def test_imports_for_types_only_count_too() -> None:
+    tree = ast.parse(
+        "from typing import TYPE_CHECKING\n"
+        "import typing\n"
+        "if TYPE_CHECKING:\n"
+        "    from yogadl_plus.dataref import DataRef\n"
+        "if typing.TYPE_CHECKING:\n"
+        "    import yogadl_plus.mixture\n"
+        "else:\n"
+        "    import yogadl_plus.schema\n"
+        "def f():\n"
+        "    from yogadl_plus.stream import Stream\n"
+    )
+    found = [ast.unparse(statement) for statement in _imports(tree)]
+    assert found == [
+        "from typing import TYPE_CHECKING",
+        "import typing",
+        "from yogadl_plus.dataref import DataRef",
+        "import yogadl_plus.mixture",
+        "import yogadl_plus.schema",
+        "from yogadl_plus.stream import Stream",
+    ]
 
 
 def _defined_names(tree: ast.Module) -> set[str]:

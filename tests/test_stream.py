@@ -316,3 +316,31 @@ def test_iter_blocks_refuses_batches_that_are_not_plain_runs(ref):
     for kwargs in ({"predicate": odd}, {"transform": lambda r: r}):
         with pytest.raises(ValueError, match="iter\\(\\)"):
             ref.stream(batch_size=4, **kwargs).iter_blocks()
+
+
+def test_stream_hands_every_keyword_as_given_to_the_routing(ref, monkeypatch):
+    # RecordSource.stream names its keywords once more to hand them on: one left out would
+    # silently keep its default.
+    import inspect
+
+    from yogadl_plus.recordsource import RecordSource
+    from yogadl_plus.stream import keywords
+
+    names = set(inspect.signature(RecordSource.stream).parameters) - {"self"}
+    assert names == keywords.KEYWORDS
+    got = {}
+    monkeypatch.setattr(keywords, "routed", lambda given: got.update(given) or 1 / 0)
+    marked = {name: (name,) for name in names}  # a value that only this keyword has
+    with pytest.raises(ZeroDivisionError):
+        ref.stream(**marked)
+    assert got == marked
+
+
+def test_replace_routes_its_changes_and_names_an_unknown_one(ref):
+    stream = ref.stream(shuffle=True, shuffle_seed=4, batch_size=8)
+    changed = stream.replace(batch_size=16, num_workers=1, start_offset=3)
+    plan = changed.plan()
+    assert (plan.boundary.batch_size, changed.workers.num_workers) == (16, 1)
+    assert plan.order.settings.start_offset == 3 and plan.order.settings.shuffle_seed == 4
+    with pytest.raises(TypeError, match=r"replace\(\) got unknown arguments \['bacth_size'\]"):
+        stream.replace(bacth_size=16)

@@ -77,6 +77,16 @@ def test_stream_sampler_has_the_streams_order(ref, window):
     assert len(sampler) == len(stream)
 
 
+def test_stream_sampler_takes_a_streams_order_whole(ref):
+    stream = ref.stream(shuffle=True, num_shards=2, shard_rank=1, shuffle_seed=5, start_offset=9)
+    sampler = ydl.torch.StreamSampler(ref, order=stream.plan().order.settings)
+    assert list(sampler) == ids(stream)
+    with pytest.raises(TypeError, match=r"not both \(got order= and \['shuffle'\]\)"):
+        ydl.torch.StreamSampler(ref, shuffle=True, order=stream.plan().order.settings)
+    with pytest.raises(TypeError, match="order= takes an OrderSettings"):
+        ydl.torch.StreamSampler(ref, order={"shuffle": True})
+
+
 def test_stream_sampler_start_offset(ref):
     sampler = ydl.torch.StreamSampler(ref, shuffle=True, shuffle_seed=1, start_offset=N + 7)
     assert list(sampler) == ids(ref.stream(shuffle=True, shuffle_seed=1, start_offset=N + 7))

@@ -148,9 +148,9 @@ def test_a_collate_fn_gets_each_filled_batch(ref):
 def test_ddp_refuses_a_filtered_loader_unless_told(ref, monkeypatch):
     # Ranks fill their batches from the records of their own that pass: their numbers of
     # batches differ, and the rank with more waits for ever in its last all-reduce.
-    from yogadl_plus.adapters import torch as face
+    from yogadl_plus.adapters import torch_ddp
 
-    monkeypatch.setattr(face, "_distributed", lambda: True)
+    monkeypatch.setattr(torch_ddp, "distributed", lambda: True)
     stream = ref.stream(batch_size=8, predicate=kept_below(100), num_shards=2, shard_rank=0)
     with pytest.raises(ValueError, match="allow_uneven_shards=True"):
         ydl.torch.make_dataloader(stream)

@@ -11,16 +11,53 @@ from __future__ import annotations
 import io
 import struct
 import threading
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
 from yogadl_plus.errors import SchemaError
 
-if TYPE_CHECKING:
-    from yogadl_plus.schema import Field
+__all__ = [
+    "Bytes",
+    "Codec",
+    "CodecField",
+    "Compressed",
+    "Image",
+    "Raw",
+    "Scalar",
+    "String",
+    "codec_from_json",
+]
 
-__all__ = ["Bytes", "Codec", "Compressed", "Image", "Raw", "Scalar", "String", "codec_from_json"]
+
+class CodecField(Protocol):
+    """What a codec asks of the field it stores (a ``schema.Field``, which holds its codec:
+    declared here so that codecs need not know the schema)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def dtype(self) -> Any: ...
+
+    @property
+    def shape(self) -> tuple[int | None, ...]: ...
+
+    @property
+    def kind(self) -> str: ...
+
+    @property
+    def dtype_name(self) -> str: ...
+
+    @property
+    def nbytes(self) -> int: ...
+
+    @property
+    def num_variable_dims(self) -> int: ...
+
+    def require_numeric(self, codec: Codec) -> None: ...
+
+    def require_kind(self, codec: Codec, kind: str) -> None: ...
 
 
 class Codec:
@@ -30,13 +67,13 @@ class Codec:
     #: Fixed-size codecs store exactly ``field.nbytes`` bytes and are decoded in bulk.
     fixed_size: ClassVar[bool] = False
 
-    def encode(self, field: Field, value: Any) -> bytes:
+    def encode(self, field: CodecField, value: Any) -> bytes:
         raise NotImplementedError
 
-    def decode(self, field: Field, data: memoryview | bytes) -> Any:
+    def decode(self, field: CodecField, data: memoryview | bytes) -> Any:
         raise NotImplementedError
 
-    def check(self, field: Field) -> None:
+    def check(self, field: CodecField) -> None:
         """Raise SchemaError if this codec cannot store ``field``."""
 
     def params(self) -> dict[str, Any]:
@@ -45,7 +82,7 @@ class Codec:
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, **self.params()}
 
-    def is_fixed_for(self, field: Field) -> bool:
+    def is_fixed_for(self, field: CodecField) -> bool:
         """True when every value of ``field`` encodes to the same ``field.nbytes`` bytes."""
         return False
 
@@ -60,7 +97,7 @@ class Codec:
         return f"codecs.{type(self).__name__}({args})"
 
 
-def _pack_dims(field: Field, shape: tuple[int, ...]) -> bytes:
+def _pack_dims(field: CodecField, shape: tuple[int, ...]) -> bytes:
     """The variable dims of ``shape`` (the ones the schema leaves as None), as uint32s."""
     variable = [d for d, f in zip(shape, field.shape) if f is None]
     if not variable:
@@ -74,7 +111,7 @@ def _pack_dims(field: Field, shape: tuple[int, ...]) -> bytes:
         ) from None
 
 
-def _unpack_dims(field: Field, data: memoryview | bytes) -> tuple[tuple[int, ...], int]:
+def _unpack_dims(field: CodecField, data: memoryview | bytes) -> tuple[tuple[int, ...], int]:
     """Shape stored by _pack_dims and the number of header bytes it took."""
     n_var = field.num_variable_dims
     if not n_var:
@@ -89,16 +126,16 @@ class Raw(Codec):
 
     name = "raw"
 
-    def check(self, field: Field) -> None:
+    def check(self, field: CodecField) -> None:
         field.require_numeric(self)
 
-    def is_fixed_for(self, field: Field) -> bool:
+    def is_fixed_for(self, field: CodecField) -> bool:
         return field.num_variable_dims == 0
 
-    def encode(self, field: Field, value: np.ndarray) -> bytes:
+    def encode(self, field: CodecField, value: np.ndarray) -> bytes:
         return _pack_dims(field, value.shape) + value.tobytes()
 
-    def decode(self, field: Field, data: memoryview | bytes) -> np.ndarray:
+    def decode(self, field: CodecField, data: memoryview | bytes) -> np.ndarray:
         shape, start = _unpack_dims(field, data)
         # A private copy: the caller may keep the array after the read transaction ends.
         return np.frombuffer(bytearray(data[start:]), dtype=field.dtype).reshape(shape)
@@ -109,7 +146,7 @@ class Scalar(Codec):
 
     name = "scalar"
 
-    def check(self, field: Field) -> None:
+    def check(self, field: CodecField) -> None:
         field.require_numeric(self)
         if field.shape != ():
             raise SchemaError(
@@ -117,13 +154,13 @@ class Scalar(Codec):
                 "use codecs.Raw() for arrays"
             )
 
-    def is_fixed_for(self, field: Field) -> bool:
+    def is_fixed_for(self, field: CodecField) -> bool:
         return True
 
-    def encode(self, field: Field, value: np.ndarray) -> bytes:
+    def encode(self, field: CodecField, value: np.ndarray) -> bytes:
         return value.tobytes()
 
-    def decode(self, field: Field, data: memoryview | bytes) -> Any:
+    def decode(self, field: CodecField, data: memoryview | bytes) -> Any:
         return np.frombuffer(data, dtype=field.dtype, count=1)[0]
 
 
@@ -141,7 +178,7 @@ class Compressed(Codec):
     def params(self) -> dict[str, Any]:
         return {"level": self.level}
 
-    def check(self, field: Field) -> None:
+    def check(self, field: CodecField) -> None:
         field.require_numeric(self)
 
     def _compressor(self) -> Any:
@@ -159,10 +196,10 @@ class Compressed(Codec):
             self._local.decompressor = zstandard.ZstdDecompressor()
         return self._local.decompressor
 
-    def encode(self, field: Field, value: np.ndarray) -> bytes:
+    def encode(self, field: CodecField, value: np.ndarray) -> bytes:
         return _pack_dims(field, value.shape) + self._compressor().compress(value.tobytes())
 
-    def decode(self, field: Field, data: memoryview | bytes) -> np.ndarray:
+    def decode(self, field: CodecField, data: memoryview | bytes) -> np.ndarray:
         shape, start = _unpack_dims(field, data)
         raw = self._decompressor().decompress(bytes(data[start:]))
         return np.frombuffer(bytearray(raw), dtype=field.dtype).reshape(shape)
@@ -187,7 +224,7 @@ class Image(Codec):
     def params(self) -> dict[str, Any]:
         return {"format": self.format, "quality": self.quality}
 
-    def check(self, field: Field) -> None:
+    def check(self, field: CodecField) -> None:
         allowed = ("uint8", "uint16") if self.format == "png" else ("uint8",)
         if field.kind != "numeric" or field.dtype.name not in allowed:
             raise SchemaError(
@@ -208,7 +245,7 @@ class Image(Codec):
         if field.dtype.name == "uint16" and len(field.shape) == 3:
             raise SchemaError(f"field {field.name!r}: 16-bit PNG is supported for (H, W) only")
 
-    def encode(self, field: Field, value: np.ndarray) -> bytes:
+    def encode(self, field: CodecField, value: np.ndarray) -> bytes:
         from PIL import Image as PILImage
 
         array = value[:, :, 0] if value.ndim == 3 and value.shape[2] == 1 else value
@@ -243,7 +280,7 @@ class Image(Codec):
             ) from None
         return out.getvalue()
 
-    def decode(self, field: Field, data: memoryview | bytes) -> np.ndarray:
+    def decode(self, field: CodecField, data: memoryview | bytes) -> np.ndarray:
         from PIL import Image as PILImage
 
         with PILImage.open(io.BytesIO(bytes(data))) as image:
@@ -258,13 +295,13 @@ class Bytes(Codec):
 
     name = "bytes"
 
-    def check(self, field: Field) -> None:
+    def check(self, field: CodecField) -> None:
         field.require_kind(self, "bytes")
 
-    def encode(self, field: Field, value: bytes) -> bytes:
+    def encode(self, field: CodecField, value: bytes) -> bytes:
         return value
 
-    def decode(self, field: Field, data: memoryview | bytes) -> bytes:
+    def decode(self, field: CodecField, data: memoryview | bytes) -> bytes:
         return bytes(data)
 
 
@@ -273,10 +310,10 @@ class String(Codec):
 
     name = "string"
 
-    def check(self, field: Field) -> None:
+    def check(self, field: CodecField) -> None:
         field.require_kind(self, "str")
 
-    def encode(self, field: Field, value: str) -> bytes:
+    def encode(self, field: CodecField, value: str) -> bytes:
         try:
             return value.encode("utf-8")
         except UnicodeEncodeError as exc:
@@ -288,7 +325,7 @@ class String(Codec):
                 "bytes field"
             ) from None
 
-    def decode(self, field: Field, data: memoryview | bytes) -> str:
+    def decode(self, field: CodecField, data: memoryview | bytes) -> str:
         return str(data, "utf-8")
 
 

@@ -29,8 +29,8 @@ from yogadl_plus.errors import NGramError, SchemaError
 
 if TYPE_CHECKING:
     from yogadl_plus.cache.fixed import Allocate
-    from yogadl_plus.dataref import DataRef
     from yogadl_plus.schema import Field, Schema
+    from yogadl_plus.streamsource import LeafSource
 
 __all__ = ["NGram", "NGramError"]
 
@@ -301,7 +301,7 @@ class NGram:
                 f"be {want}, got {self.delta_threshold!r}"
             )
 
-    def anchors(self, dataref: DataRef) -> np.ndarray:
+    def anchors(self, dataref: LeafSource) -> np.ndarray:
         """The anchors of all windows of ``dataref``, sorted (the greedy set when
         ``timestamp_overlap=False``), as a read-only int64 array, computed once per DataRef
         object (``yogadl_plus.stream.ngram_reader.anchors``, which says more)."""
@@ -329,7 +329,7 @@ class NGram:
         return found
 
     def read_windows(
-        self, dataref: DataRef, anchors: np.ndarray | Sequence[int]
+        self, dataref: LeafSource, anchors: np.ndarray | Sequence[int]
     ) -> list[dict[int, dict[str, Any]]]:
         """The windows at ``anchors``, one ``{offset: {field: value}}`` dict each
         (``yogadl_plus.stream.ngram_reader.read_windows``)."""
@@ -339,7 +339,7 @@ class NGram:
 
     def read_batch(
         self,
-        dataref: DataRef,
+        dataref: LeafSource,
         anchors: np.ndarray | Sequence[int],
         allocate: Allocate | None = None,
     ) -> dict[int, dict[str, Any]]:

@@ -32,6 +32,7 @@ from yogadl_plus.dataref import DataRef
 from yogadl_plus.mixture import Mixture
 from yogadl_plus.order import OrderSettings, shard_order
 from yogadl_plus.schema import Field
+from yogadl_plus.stream.keywords import order_settings
 
 __all__ = ["GrainSource", "StreamSampler", "sampler", "source"]
 
@@ -102,7 +103,8 @@ class StreamSampler:
     of ``S`` reads global positions ``r, r + S, ...`` of each epoch's order, as
     ``dataref.stream(num_shards=S, shard_rank=r)`` does; with ``drop_remainder=True`` each epoch
     is first cut to a multiple of ``S`` (``drop_shard_remainder=True``) and every shard's order is
-    exactly that stream's. ``num_epochs=None`` repeats forever.
+    exactly that stream's. ``num_epochs=None`` repeats forever. The shuffle's keywords may
+    come as one ``OrderSettings`` instead (``order=``), without shards or a start.
     """
 
     def __init__(
@@ -115,6 +117,7 @@ class StreamSampler:
         num_epochs: int | None = None,
         skip_shuffle_at_epoch_end: bool = False,
         shuffle_window: int | None = None,
+        order: OrderSettings | None = None,
     ) -> None:
         if isinstance(dataref, Mixture):
             raise TypeError(
@@ -122,15 +125,13 @@ class StreamSampler:
                 "position reads changes with the epoch, and Grain reads a source by one key: "
                 "use grain.samplers.IndexSampler over ydl.grain.source(mix), or mix.stream(...)"
             )
-        if check_bool("shuffle", shuffle) and shuffle_seed is None:
-            raise ValueError(
-                "shuffle=True needs a shuffle_seed: Grain checks a DataLoader checkpoint "
-                "against repr(sampler), so a seed drawn at random would make it unloadable"
-            )
-        settings = OrderSettings(
+        check_bool("shuffle", shuffle)
+        settings = order_settings(
+            "ydl.grain.sampler", order,
             shuffle=shuffle, shuffle_seed=shuffle_seed,
             skip_shuffle_at_epoch_end=skip_shuffle_at_epoch_end, shuffle_window=shuffle_window,
         )  # fmt: skip
+        _check_grain_order(settings)
         self.order = shard_order(settings, len(dataref), dataref.chunk_records)
         self.shuffle_seed = settings.shuffle_seed
         if shard_options is None:
@@ -177,3 +178,23 @@ class StreamSampler:
 
 
 sampler = StreamSampler  # ydl.grain.sampler(ref, shuffle=..., ...): the name users call
+
+
+def _check_grain_order(order: OrderSettings) -> None:
+    """ValueError for an order a Grain sampler cannot keep: one drawn at random, or shards and
+    a start (Grain's ``shard_options`` and its checkpoints hold those)."""
+    if order.shuffle and order.shuffle_seed is None:
+        raise ValueError(
+            "shuffle=True needs a shuffle_seed: Grain checks a DataLoader checkpoint "
+            "against repr(sampler), so a seed drawn at random would make it unloadable"
+        )
+    if order != OrderSettings(
+        shuffle=order.shuffle, shuffle_seed=order.shuffle_seed,
+        skip_shuffle_at_epoch_end=order.skip_shuffle_at_epoch_end,
+        shuffle_window=order.shuffle_window,
+    ):  # fmt: skip
+        raise ValueError(
+            f"ydl.grain.sampler: order={order!r} shards or starts part-way; Grain shards with "
+            "shard_options= and resumes from its own checkpoints: give the sampler only the "
+            "shuffle (shuffle, shuffle_seed, skip_shuffle_at_epoch_end, shuffle_window)"
+        )

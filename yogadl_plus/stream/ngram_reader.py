@@ -20,13 +20,13 @@ from yogadl_plus.errors import NGramError, SchemaError
 
 if TYPE_CHECKING:
     from yogadl_plus.cache.fixed import Allocate
-    from yogadl_plus.dataref import DataRef
     from yogadl_plus.ngram import NGram
+    from yogadl_plus.streamsource import LeafSource
 
 __all__ = ["anchors", "read_batch", "read_windows"]
 
 # The anchors of each DataRef, per anchor key: computed once per DataRef object, dropped with it.
-_ANCHORS: weakref.WeakKeyDictionary[DataRef, dict[tuple[Any, ...], np.ndarray]] = (
+_ANCHORS: weakref.WeakKeyDictionary[LeafSource, dict[tuple[Any, ...], np.ndarray]] = (
     weakref.WeakKeyDictionary()
 )
 _ANCHORS_LOCK = threading.Lock()
@@ -43,7 +43,7 @@ lifecycle.on_fork(after_in_child=_new_lock_after_fork)
 _TS_BLOCK = 65536
 
 
-def anchors(ngram: NGram, dataref: DataRef) -> np.ndarray:
+def anchors(ngram: NGram, dataref: LeafSource) -> np.ndarray:
     """The anchors of all of ``ngram``'s windows in ``dataref``, sorted (the greedy set when
     ``timestamp_overlap=False``), as a read-only int64 array.
 
@@ -66,7 +66,7 @@ def anchors(ngram: NGram, dataref: DataRef) -> np.ndarray:
 
 
 def read_windows(
-    ngram: NGram, dataref: DataRef, anchors: np.ndarray | Sequence[int]
+    ngram: NGram, dataref: LeafSource, anchors: np.ndarray | Sequence[int]
 ) -> list[dict[int, dict[str, Any]]]:
     """The windows of ``ngram`` at ``anchors``, one ``{offset: {field: value}}`` dict each.
 
@@ -79,7 +79,7 @@ def read_windows(
 
 def read_batch(
     ngram: NGram,
-    dataref: DataRef,
+    dataref: LeafSource,
     anchors: np.ndarray | Sequence[int],
     allocate: Allocate | None = None,
 ) -> dict[int, dict[str, Any]]:
@@ -99,7 +99,7 @@ def read_batch(
 
 
 def _checked_records(
-    ngram: NGram, dataref: DataRef, anchors: np.ndarray | Sequence[int]
+    ngram: NGram, dataref: LeafSource, anchors: np.ndarray | Sequence[int]
 ) -> np.ndarray:
     records = ngram.window_records(anchors)
     if records.size:
@@ -113,7 +113,7 @@ def _checked_records(
     return records
 
 
-def _timestamp_blocks(dataref: DataRef, name: str) -> Iterator[np.ndarray]:
+def _timestamp_blocks(dataref: LeafSource, name: str) -> Iterator[np.ndarray]:
     n = len(dataref)
     for start in range(0, n, _TS_BLOCK):
         stop = min(start + _TS_BLOCK, n)
@@ -121,7 +121,7 @@ def _timestamp_blocks(dataref: DataRef, name: str) -> Iterator[np.ndarray]:
         yield np.asarray(block)
 
 
-def _compute_anchors(ngram: NGram, dataref: DataRef, timestamp: str) -> np.ndarray:
+def _compute_anchors(ngram: NGram, dataref: LeafSource, timestamp: str) -> np.ndarray:
     n = len(dataref)
     span = ngram.span
     if n < span:

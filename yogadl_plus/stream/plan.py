@@ -9,6 +9,7 @@ what it handed out in the stream's stats. docs/streams.md lists its members.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -25,9 +26,9 @@ from yogadl_plus.stream.units import Units, UnitSizes
 if TYPE_CHECKING:
     from yogadl_plus.cache.fixed import Allocate
     from yogadl_plus.order.settings import OrderSettings
-    from yogadl_plus.recordsource import RecordSource
     from yogadl_plus.schema import Field
     from yogadl_plus.stream.settings import BoundarySettings
+    from yogadl_plus.streamsource import StreamSource
 
 __all__ = ["StreamPlan"]
 
@@ -43,7 +44,7 @@ class StreamPlan:
 
     def __init__(
         self,
-        source: RecordSource,
+        source: StreamSource,
         order: OrderSettings,
         boundary: BoundarySettings,
         stats: StatsCounter,
@@ -160,10 +161,13 @@ class StreamPlan:
             boundary=self.boundary.identity(),
         )
 
-    def check_state(self, state: StreamState) -> None:
+    def check_state(self, state: StreamState | Mapping[str, Any]) -> None:
         """ValueError, naming what differs, if ``state``'s offset would mean other records
         here: another source, order or n-gram, or a mixture's schedule that differs in an epoch
-        the state has read (a stage after it may be added or changed)."""
+        the state has read (a stage after it may be added or changed). ``state``: a
+        StreamState, or one saved as its ``to_dict()``."""
+        if not isinstance(state, StreamState):
+            state = StreamState.from_dict(state)
         here = self.state_at(0)
         try:
             state.check_loads_into(here)
@@ -204,7 +208,7 @@ class StreamPlan:
         self.stats.handed(len(read), batches)
 
 
-def _chunk_positions(source: RecordSource, anchors: np.ndarray | None) -> np.ndarray:
+def _chunk_positions(source: StreamSource, anchors: np.ndarray | None) -> np.ndarray:
     """Positions per chunk: the source's records per chunk, or the n-gram windows whose anchor
     record lies in each (a windowed shuffle groups windows so)."""
     counts = source.chunk_records

@@ -12,8 +12,10 @@ import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+from yogadl_plus.stream.verdict import bottleneck
+
 if TYPE_CHECKING:
-    from yogadl_plus.stream.stats import StreamStats
+    from yogadl_plus.stream.timings import Timings
 
 __all__ = ["exposition"]
 
@@ -30,7 +32,7 @@ _STAGES = (
 )
 
 
-def exposition(stats: StreamStats, labels: Mapping[str, str] | None = None) -> str:
+def exposition(stats: Timings, labels: Mapping[str, str] | None = None) -> str:
     """``stats`` as Prometheus text, each sample labelled with ``labels`` (e.g. the rank)."""
     base = dict(labels or {})
     getting = max(0.0, stats.seconds - stats.in_consumer)
@@ -51,7 +53,7 @@ def exposition(stats: StreamStats, labels: Mapping[str, str] | None = None) -> s
          [({"stage": stage}, getattr(stats, stage)) for stage in _STAGES]),
         ("wall_seconds", "gauge", "Wall time since the stats began.", [({}, stats.seconds)]),
         ("bottleneck", "gauge", "1 for the verdict of what limits the run (stats.bottleneck).",
-         [({"verdict": stats.bottleneck}, 1)]),
+         [({"verdict": bottleneck(stats)}, 1)]),
     ]  # fmt: skip
     lines = []
     for name, kind, about, samples in metrics:

@@ -39,13 +39,12 @@ from yogadl_plus.stream.stats import (
 
 if TYPE_CHECKING:
     from yogadl_plus.cache.fixed import Allocate, Values
-    from yogadl_plus.dataref import DataRef
     from yogadl_plus.ngram import NGram
     from yogadl_plus.order.placement import Placement
     from yogadl_plus.predicates import Predicate
-    from yogadl_plus.recordsource import RecordSource
     from yogadl_plus.schema import Field
     from yogadl_plus.stream.settings import BoundarySettings
+    from yogadl_plus.streamsource import LeafSource, StreamSource
 
 __all__ = ["LeafReader", "SourceReader", "Unit"]
 
@@ -59,7 +58,7 @@ class LeafReader:
     """The boundary's work on one DataRef's records (or windows anchored at them): ``name``
     is the leaf's, for error messages ('' for a stream over the DataRef itself)."""
 
-    dataref: DataRef
+    dataref: LeafSource
     fields: tuple[Field, ...]
     name: str = ""
     predicate: Predicate | None = None
@@ -201,7 +200,7 @@ class SourceReader:
 
     def __init__(
         self,
-        source: RecordSource,
+        source: StreamSource,
         boundary: BoundarySettings,
         anchors: np.ndarray | None,
         seed: int = 0,
@@ -335,7 +334,7 @@ class SourceReader:
 
 
 def _leaf_readers(
-    source: RecordSource, boundary: BoundarySettings, anchors: np.ndarray | None, seed: int
+    source: StreamSource, boundary: BoundarySettings, anchors: np.ndarray | None, seed: int
 ) -> list[LeafReader]:
     """A reader per leaf, each with that leaf's fields: those named, or for batches the shared
     ones; records read record by record keep each leaf's own fields."""
@@ -364,7 +363,7 @@ def _leaf_readers(
     return readers
 
 
-def _check_leaf(dataref: DataRef, name: str, boundary: BoundarySettings) -> None:
+def _check_leaf(dataref: LeafSource, name: str, boundary: BoundarySettings) -> None:
     """SchemaError for fields the predicate or n-gram names that the leaf lacks."""
     try:
         if boundary.ngram is not None:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 if TYPE_CHECKING:
-    from yogadl_plus.recordsource import RecordSource
+    from yogadl_plus.streamsource import StreamSource
 
 __all__ = ["Skips", "skipped"]
 
@@ -62,7 +62,7 @@ class Skips:
                 digest.update(indices.astype("<i8", copy=False).tobytes())
         return {"records": len(self), "sha256": digest.hexdigest()}
 
-    def for_source(self, source: RecordSource) -> list[np.ndarray | None]:
+    def for_source(self, source: StreamSource) -> list[np.ndarray | None]:
         """Each leaf's indices to skip (None: none), checked against ``source``: a mapping
         for a mixture naming its sources, indices in range and masks as long as their source
         (ValueError naming the source)."""

@@ -16,6 +16,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from yogadl_plus.stream.prometheus import exposition
+from yogadl_plus.stream.timings import Timings
 from yogadl_plus.stream.verdict import bottleneck as verdict_of
 from yogadl_plus.stream.verdict import summary as summary_of
 
@@ -54,7 +55,7 @@ def add_work(into: Work, work: Work) -> None:
 
 
 @dataclass(frozen=True)
-class StreamStats:
+class StreamStats(Timings):
     """What ``stream.stats()`` returns: the work since the stream first began an epoch, or
     since ``stream.reset_stats()``.
 
@@ -71,28 +72,6 @@ class StreamStats:
     decoded bytes of the records handed out (before a transform; a str counts its length), at
     the average of the blocks read.
     """
-
-    items: int
-    batches: int
-    bytes: int
-    seconds: float
-    reading: float
-    decoding: float
-    predicates: float
-    transforms: float
-    batching: float
-    waiting_on_workers: float
-    in_consumer: float
-
-    @property
-    def items_per_s(self) -> float:
-        """Items handed out per second of ``seconds``."""
-        return self.items / self.seconds if self.seconds > 0 else 0.0
-
-    @property
-    def bytes_per_s(self) -> float:
-        """Stored bytes read per second of ``seconds``."""
-        return self.bytes / self.seconds if self.seconds > 0 else 0.0
 
     @property
     def bottleneck(self) -> str:

@@ -9,12 +9,11 @@ order), and turns the blocks into records, windows or batches. It only keeps whe
 
 from __future__ import annotations
 
-import dataclasses
 import warnings
 from collections import deque
 from collections.abc import Iterator, Mapping
 from time import perf_counter
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -22,6 +21,7 @@ from yogadl_plus.checks import check_int
 from yogadl_plus.errors import NothingPassedWarning
 from yogadl_plus.stream.batching import take
 from yogadl_plus.stream.block import Block, as_items
+from yogadl_plus.stream.keywords import StreamSettings, routed
 from yogadl_plus.stream.ledger import Ledger, position_after
 from yogadl_plus.stream.lineage import lineage, position_after_items
 from yogadl_plus.stream.plan import StreamPlan
@@ -31,12 +31,11 @@ from yogadl_plus.stream.workers import OrderedPool
 
 if TYPE_CHECKING:
     from yogadl_plus.order.settings import OrderSettings
-    from yogadl_plus.recordsource import RecordSource
     from yogadl_plus.stream.settings import BoundarySettings, WorkerSettings
+    from yogadl_plus.streamsource import StreamSource
 
 __all__ = ["Stream"]
 
-S = TypeVar("S", bound="OrderSettings | BoundarySettings | WorkerSettings")
 
 # Iterations whose ledgers offset_after can still answer for: the current one, and those a
 # consumer reading ahead across epochs (tf.data's .repeat() with a prefetch) may still be in.
@@ -55,7 +54,7 @@ class Stream:
 
     def __init__(
         self,
-        source: RecordSource,
+        source: StreamSource,
         order: OrderSettings,
         boundary: BoundarySettings,
         workers: WorkerSettings,
@@ -101,17 +100,8 @@ class Stream:
     def replace(self, **changes: Any) -> Stream:
         """The same stream (same seed, same start) with some of ``stream(...)``'s arguments
         changed."""
-        order, boundary, workers = self._plan.order.settings, self._plan.boundary, self.workers
-        names = {f.name for s in (order, boundary, workers) for f in dataclasses.fields(s)}
-        unknown = sorted(set(changes) - names)
-        if unknown:
-            raise TypeError(f"replace() got unknown arguments {unknown}")
-        return Stream(
-            self.source,
-            _changed(order, changes),
-            _changed(boundary, changes),
-            _changed(workers, changes),
-        )
+        now = StreamSettings(self._plan.order.settings, self._plan.boundary, self.workers)
+        return Stream(self.source, *routed(changes, over=now, who="replace()"))
 
     def __repr__(self) -> str:
         plan = self._plan
@@ -392,9 +382,3 @@ def _finished(plan: StreamPlan, ledger: Ledger) -> None:
             NothingPassedWarning,
             stacklevel=3,
         )
-
-
-def _changed(settings: S, changes: dict[str, Any]) -> S:
-    """``settings`` with those of ``changes`` that are its fields."""
-    fields = {f.name for f in dataclasses.fields(settings)}
-    return dataclasses.replace(settings, **{k: v for k, v in changes.items() if k in fields})

@@ -18,8 +18,8 @@ import numpy as np
 if TYPE_CHECKING:
     from yogadl_plus.order.placement import Placement
     from yogadl_plus.order.shards import ShardOrder
-    from yogadl_plus.recordsource import RecordSource
     from yogadl_plus.stream.reader import SourceReader, Unit
+    from yogadl_plus.streamsource import StreamSource
 
 __all__ = ["READ_AHEAD_BYTES", "UnitSizes", "Units"]
 
@@ -54,7 +54,7 @@ class UnitSizes:
     read_ahead: int
 
     @classmethod
-    def of(cls, source: RecordSource, windows: bool) -> UnitSizes:
+    def of(cls, source: StreamSource, windows: bool) -> UnitSizes:
         """The sizes for ``source``'s records (its n-gram windows, with ``windows``)."""
         record_bytes = source.record_bytes
         read_block = (
@@ -79,7 +79,7 @@ class Units:
 
     def __init__(
         self,
-        source: RecordSource,
+        source: StreamSource,
         order: ShardOrder,
         reader: SourceReader,
         sizes: UnitSizes,

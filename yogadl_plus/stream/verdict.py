@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from yogadl_plus.stream.stats import StreamStats
+    from yogadl_plus.stream.timings import Timings
 
 __all__ = ["VERDICTS", "bottleneck", "summary"]
 
@@ -50,7 +50,7 @@ _TOO_SHORT_S = 0.2
 _CHEAP_ITEM_S = 10e-6
 
 
-def bottleneck(stats: StreamStats) -> str:
+def bottleneck(stats: Timings) -> str:
     """The verdict (one of VERDICTS) for ``stats``: see the module's docstring."""
     getting = _getting(stats)
     if stats.seconds <= 0 or getting / stats.seconds < _DATA_BOUND:
@@ -61,7 +61,7 @@ def bottleneck(stats: StreamStats) -> str:
     return max(work, key=lambda kind: work[kind])
 
 
-def summary(stats: StreamStats) -> str:
+def summary(stats: Timings) -> str:
     """One sentence: how data-bound the run is, what the loader's time went to, what to do."""
     verdict = bottleneck(stats)
     share = _getting(stats) / stats.seconds if stats.seconds > 0 else 0.0
@@ -90,7 +90,7 @@ def summary(stats: StreamStats) -> str:
     )
 
 
-def _why_workers_cannot_help(stats: StreamStats, work: float) -> str | None:
+def _why_workers_cannot_help(stats: Timings, work: float) -> str | None:
     """Why more workers would not make this run faster (None: they may)."""
     if stats.seconds < _TOO_SHORT_S:
         return (
@@ -106,12 +106,12 @@ def _why_workers_cannot_help(stats: StreamStats, work: float) -> str | None:
     return None
 
 
-def _getting(stats: StreamStats) -> float:
+def _getting(stats: Timings) -> float:
     """Seconds the consuming thread spent getting items, not using them."""
     return max(0.0, stats.seconds - stats.in_consumer)
 
 
-def _work(stats: StreamStats) -> dict[str, float]:
+def _work(stats: Timings) -> dict[str, float]:
     return {
         "read": stats.reading,
         "decode": stats.decoding + stats.batching,

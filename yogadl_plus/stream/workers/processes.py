@@ -24,9 +24,16 @@ from typing import Any
 from yogadl_plus import lifecycle
 from yogadl_plus.errors import TransformError, WorkerDied
 from yogadl_plus.stream.workers.base import GRACE_SECONDS, Task, Workers
-from yogadl_plus.stream.workers.child import ParentWatch, keep_freed_memory, skip_inherited_objects
-from yogadl_plus.stream.workers.remote import error_payload, raised_from
-from yogadl_plus.stream.workers.ring import SharedRing
+from yogadl_plus.stream.workers.handoff import (
+    ParentWatch,
+    Sender,
+    SharedRing,
+    raised_from,
+    start_worker,
+    unpack,
+    worker_rings,
+)
+from yogadl_plus.stream.workers.ring import Packed
 
 __all__ = ["ProcessWorkers", "end_all"]
 
@@ -71,12 +78,10 @@ class ProcessWorkers(Workers):
         self._in_flight: dict[int, Any] = {}
         # One ring per worker process, made before it starts; dropped with these workers (the
         # arrays handed out from it keep its memory until they are gone).
-        self._rings: list[SharedRing | None] = []
+        self._rings: list[SharedRing | None] = worker_rings(num_workers)
         try:
-            for k in range(num_workers):
+            for k, ring in enumerate(self._rings):
                 here, there = context.Pipe()
-                ring = SharedRing.create()
-                self._rings.append(ring)
                 began = context.RawValue("q", 0)
                 self._began.append(began)
                 process = context.Process(  # type: ignore[attr-defined]
@@ -126,8 +131,9 @@ class ProcessWorkers(Workers):
                 if got == sequence:
                     break
                 # Anything older is left from units cancelled when an earlier map was dropped.
-                if outcome == _SHARED:
-                    self._ring(k).discard(pickle.loads(payload))
+                ring = self._rings[k]
+                if outcome == _SHARED and ring is not None:
+                    ring.discard(pickle.loads(payload))
         except WorkerDied:
             raise
         except BaseException:
@@ -136,19 +142,13 @@ class ProcessWorkers(Workers):
         if outcome == _FAILED:
             raise raised_from(payload, lambda: self.task.describe(unit))
         try:
-            if outcome == _SHARED:
-                return self._ring(k).unpack(pickle.loads(payload))
-            return pickle.loads(payload)
+            packed = pickle.loads(payload) if outcome == _SHARED else Packed(payload)
+            return unpack(self._rings[k], packed)
         except Exception as exc:
             raise TransformError(
                 f"the result of {self.task.describe(unit)} came back from the worker process "
                 f"but cannot be unpickled here ({type(exc).__name__}: {exc})"
             ) from exc
-
-    def _ring(self, k: int) -> SharedRing:
-        ring = self._rings[k]
-        assert ring is not None, "a worker without a ring sent a result in one"
-        return ring
 
     def _receive(self, k: int, unit: Any) -> bytes:
         process, conn = self._workers[k]
@@ -250,11 +250,9 @@ def _process_main(
     # the caller ends a stuck worker: a handler inherited from the parent must not keep it.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    watch.start()
-    skip_inherited_objects()
-    keep_freed_memory()
-    if ring is not None:
-        task.decode_into(ring.empty)
+    start_worker(watch)
+    sender = Sender(ring)
+    sender.decode_into_ring(task)
     inbox: queue.SimpleQueue[tuple[int, Any] | None] = queue.SimpleQueue()
     outbox: queue.SimpleQueue[tuple[int, int, bytes]] = queue.SimpleQueue()
     cancelled = [0]  # units up to this sequence number are not wanted any more
@@ -270,24 +268,22 @@ def _process_main(
         if sequence <= cancelled[0]:
             continue
         began.value = sequence  # (so that the parent can name it if this process dies in it)
-        outbox.put((sequence, *_outcome(task, unit, ring)))
+        outbox.put((sequence, *_outcome(task, unit, sender)))
         del job, unit
 
 
-def _outcome(task: Task, unit: Any, ring: SharedRing | None) -> tuple[int, bytes]:
+def _outcome(task: Task, unit: Any, sender: Sender) -> tuple[int, bytes]:
     try:
         result = task(unit)
     except BaseException as exc:
-        return _FAILED, error_payload(exc)
+        return _FAILED, sender.failed(exc)
     try:
-        if ring is None:
-            return _DONE, pickle.dumps(result, pickle.HIGHEST_PROTOCOL)
-        packed = ring.pack(result)
-        if packed.shared:
-            return _SHARED, pickle.dumps(packed, pickle.HIGHEST_PROTOCOL)
-        return _DONE, packed.data
+        packed = sender.pack(result)
     except Exception as exc:
-        return _FAILED, error_payload(task.unpicklable(unit, result, exc))
+        return _FAILED, sender.failed(task.unpicklable(unit, result, exc))
+    if packed.shared:
+        return _SHARED, pickle.dumps(packed, pickle.HIGHEST_PROTOCOL)
+    return _DONE, packed.data
 
 
 def _receive_units(
