@@ -194,7 +194,7 @@ class Field:
             return text_converter(str)
         if self.kind == "bytes":
             return text_converter(bytes)
-        return numeric_converter(self)
+        return numeric_converter(self.dtype, self.shape)
 
 
 def _name_problem(name: str) -> str | None:

@@ -14,12 +14,9 @@ import functools
 import math
 import numbers
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
-
-if TYPE_CHECKING:
-    from yogadl_plus.schema.model import Field
 
 __all__ = [
     "RAGGED_FIX",
@@ -203,12 +200,11 @@ def _not_exact(value: Any, dtype: np.dtype, src: np.ndarray, array: np.ndarray, 
     )
 
 
-def numeric_converter(field: Field) -> Callable[[Any], Any]:
-    """A function that takes a value of numeric ``field`` to an array of its dtype and shape,
-    holding the values exactly, or raises ValueError saying what came and why it cannot."""
-    dtype: np.dtype = field.dtype
+def numeric_converter(dtype: np.dtype, shape: tuple[int | None, ...]) -> Callable[[Any], Any]:
+    """A function that takes a value of a numeric field (its ``dtype`` and ``shape``, None for
+    a variable size) to an array of that dtype and shape, holding the values exactly, or
+    raises ValueError saying what came and why it cannot."""
     scalar_type = dtype.type
-    shape = field.shape
     fixed_shape = None not in shape
     ndim = len(shape)
     # Python ints (and floats into floats) for a shape-() field: one numpy scalar, checked

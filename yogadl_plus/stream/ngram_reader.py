@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import threading
 import weakref
-from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -20,10 +20,37 @@ from yogadl_plus.errors import NGramError, SchemaError
 
 if TYPE_CHECKING:
     from yogadl_plus.cache.fixed import Allocate
-    from yogadl_plus.ngram import NGram
+    from yogadl_plus.schema import Field, Schema
     from yogadl_plus.streamsource import LeafSource
 
-__all__ = ["anchors", "read_batch", "read_windows"]
+__all__ = ["WindowSpec", "anchors", "read_batch", "read_windows"]
+
+
+class WindowSpec(Protocol):
+    """What this reader needs of a window's description: ``ydl.NGram`` is one. Declared here,
+    not imported, so that ``ngram.py`` (the settings) may hand its reading over to this module
+    without the two importing each other."""
+
+    offsets: tuple[int, ...]
+    delta_threshold: Any
+    timestamp_overlap: bool
+    min_offset: int
+    span: int
+
+    def check(self, schema: Schema) -> None: ...
+
+    def anchor_key(self) -> tuple[Any, ...]: ...
+
+    def timestamp_name(self, schema: Schema) -> str: ...
+
+    def resolve(self, schema: Schema) -> dict[int, tuple[Field, ...]]: ...
+
+    def window_records(self, anchors: np.ndarray | Sequence[int]) -> np.ndarray: ...
+
+    def iter_assembled(
+        self, columns_by_offset: Mapping[int, Mapping[str, Any]], count: int
+    ) -> Iterator[dict[int, dict[str, Any]]]: ...
+
 
 # The anchors of each DataRef, per anchor key: computed once per DataRef object, dropped with it.
 _ANCHORS: weakref.WeakKeyDictionary[LeafSource, dict[tuple[Any, ...], np.ndarray]] = (
@@ -43,7 +70,7 @@ lifecycle.on_fork(after_in_child=_new_lock_after_fork)
 _TS_BLOCK = 65536
 
 
-def anchors(ngram: NGram, dataref: LeafSource) -> np.ndarray:
+def anchors(ngram: WindowSpec, dataref: LeafSource) -> np.ndarray:
     """The anchors of all of ``ngram``'s windows in ``dataref``, sorted (the greedy set when
     ``timestamp_overlap=False``), as a read-only int64 array.
 
@@ -66,7 +93,7 @@ def anchors(ngram: NGram, dataref: LeafSource) -> np.ndarray:
 
 
 def read_windows(
-    ngram: NGram, dataref: LeafSource, anchors: np.ndarray | Sequence[int]
+    ngram: WindowSpec, dataref: LeafSource, anchors: np.ndarray | Sequence[int]
 ) -> list[dict[int, dict[str, Any]]]:
     """The windows of ``ngram`` at ``anchors``, one ``{offset: {field: value}}`` dict each.
 
@@ -78,7 +105,7 @@ def read_windows(
 
 
 def read_batch(
-    ngram: NGram,
+    ngram: WindowSpec,
     dataref: LeafSource,
     anchors: np.ndarray | Sequence[int],
     allocate: Allocate | None = None,
@@ -99,7 +126,7 @@ def read_batch(
 
 
 def _checked_records(
-    ngram: NGram, dataref: LeafSource, anchors: np.ndarray | Sequence[int]
+    ngram: WindowSpec, dataref: LeafSource, anchors: np.ndarray | Sequence[int]
 ) -> np.ndarray:
     records = ngram.window_records(anchors)
     if records.size:
@@ -121,7 +148,7 @@ def _timestamp_blocks(dataref: LeafSource, name: str) -> Iterator[np.ndarray]:
         yield np.asarray(block)
 
 
-def _compute_anchors(ngram: NGram, dataref: LeafSource, timestamp: str) -> np.ndarray:
+def _compute_anchors(ngram: WindowSpec, dataref: LeafSource, timestamp: str) -> np.ndarray:
     n = len(dataref)
     span = ngram.span
     if n < span:
