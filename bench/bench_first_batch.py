@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--tmp", default=None)
     args = parser.parse_args(argv)
-    from servers import seaweedfs
+    from helpers.servers import seaweedfs
 
     work = Path(tempfile.mkdtemp(prefix="bench-first-", dir=args.tmp))
     script = work / "rank.py"

@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-from fault_proxy import FaultProxy
-from remote_helpers import records
+from helpers.fault_proxy import FaultProxy
+from helpers.remote_helpers import records
 
 import yogadl_plus as ydl
 from yogadl_plus.dataref import DataRefOnDemand

@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-from damage import chunk_path, without_builds
-from remote_helpers import records
+from helpers.damage import chunk_path, without_builds
+from helpers.remote_helpers import records
 
 import yogadl_plus as ydl
 from yogadl_plus.cli import main

@@ -12,7 +12,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from servers import stop_spark
+from helpers.servers import stop_spark
 
 import yogadl_plus as ydl
 

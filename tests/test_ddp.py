@@ -1,4 +1,4 @@
-"""DDP with the torch face's defaults: a real 3-process gloo job (ddp_job.py) never hangs.
+"""DDP with the torch face's defaults: a real 3-process gloo job (jobs/ddp_job.py) never hangs.
 
 Three ranks over 50 records get 17 / 17 / 16 positions, so 5 / 5 / 4 batches of 4: a DDP job
 whose ranks take different numbers of steps waits for ever in the last all-reduce of the rank
@@ -13,11 +13,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from servers import free_ports
+from helpers.servers import free_ports
 
 pytest.importorskip("torch")
 
-JOB = Path(__file__).with_name("ddp_job.py")
+JOB = Path(__file__).parent / "jobs" / "ddp_job.py"
 WORLD = 3
 RECORDS, BATCH = 50, 4
 # Past the job's collective timeout (ddp_job.COLLECTIVE_TIMEOUT): a rank still running then is

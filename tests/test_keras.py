@@ -453,7 +453,7 @@ def test_fit_on_a_stream_resumed_by_start_offset_trains_every_later_epoch_whole(
 
 # --- other backends, and TensorFlow under a distribution strategy ---
 
-JOB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "keras_backend_job.py")
+JOB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "jobs", "keras_backend_job.py")
 
 
 @pytest.mark.parametrize("backend", ["torch", "jax"])

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from remote_helpers import make_storage, records, spec_for
+from helpers.remote_helpers import make_storage, records, spec_for
 
 import yogadl_plus as ydl
 from yogadl_plus.errors import TransientStorageError

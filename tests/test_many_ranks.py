@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fault_proxy import FaultProxy
-from remote_helpers import records
+from helpers.fault_proxy import FaultProxy
+from helpers.remote_helpers import records
 
 import yogadl_plus as ydl
 

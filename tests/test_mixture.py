@@ -1221,7 +1221,7 @@ def test_a_damaged_chunk_of_one_source_fails_a_mixtures_batches_naming_it(
 ) -> None:
     # Mixture batches read every source in one pass: a damaged chunk is still the
     # CacheCorrupted naming it, never other records.
-    from damage import chunk_path, flip_byte
+    from helpers.damage import chunk_path, flip_byte
 
     good = ydl.cache_dataset(
         {"src": np.zeros(400, np.int64), "i": np.arange(400)}, "dm-a", "v", storage,

@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-from remote_helpers import records
-from servers import FakeGCS, SeaweedFS, _fake_gcs_binary, _weed_binary
+from helpers.remote_helpers import records
+from helpers.servers import FakeGCS, SeaweedFS, _fake_gcs_binary, _weed_binary
 
 import yogadl_plus as ydl
 

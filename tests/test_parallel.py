@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from damage import version_files
+from helpers.damage import version_files
 
 import yogadl_plus as ydl
 from yogadl_plus.build import starts
@@ -280,7 +280,7 @@ def test_bad_parallel_arguments(local_storage, options, message):
 
 
 def test_pool_build_into_a_bucket_uploads_what_the_tasks_wrote(tmp_path, s3_server, s3_bucket):
-    from remote_helpers import make_storage, spec_for
+    from helpers.remote_helpers import make_storage, spec_for
 
     spec = spec_for("s3", s3_server, s3_bucket)
     storage = make_storage(spec, tmp_path / "builder")
@@ -309,7 +309,7 @@ def test_a_storage_made_from_keywords_travels_to_other_processes(tmp_path, s3_se
 
 
 def test_a_storage_with_a_ready_client_says_why_it_cannot_travel(tmp_path, s3_server, s3_bucket):
-    from remote_helpers import make_storage, spec_for
+    from helpers.remote_helpers import make_storage, spec_for
 
     storage = make_storage(spec_for("s3", s3_server, s3_bucket), tmp_path)
     with pytest.raises(ydl.YogaError, match="without client="):
@@ -317,7 +317,7 @@ def test_a_storage_with_a_ready_client_says_why_it_cannot_travel(tmp_path, s3_se
 
 
 def test_upload_sink_keeps_only_the_named_chunks(tmp_path, s3_server, s3_bucket):
-    from remote_helpers import make_storage, spec_for
+    from helpers.remote_helpers import make_storage, spec_for
 
     storage = make_storage(spec_for("s3", s3_server, s3_bucket), tmp_path)
     sink = UploadSink(storage.objects, "ds/v1/", "b-1234")
@@ -332,7 +332,7 @@ def test_upload_sink_keeps_only_the_named_chunks(tmp_path, s3_server, s3_bucket)
 
 
 def test_a_task_uploads_each_chunk_as_soon_as_it_is_written(tmp_path, s3_server, s3_bucket):
-    from remote_helpers import make_storage, spec_for
+    from helpers.remote_helpers import make_storage, spec_for
 
     from yogadl_plus.cache.version_writer import source_blocks, write_blocks
 

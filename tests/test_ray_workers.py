@@ -239,7 +239,7 @@ def test_a_stream_dropped_on_rays_own_thread_stops_its_workers_without_hanging(
     # Before: its pool's finalizer called ray.kill on Ray's event-loop thread, which that call
     # waits for: Ray never served again, and ray.shutdown() hung at the end of the suite. In a
     # process of its own (a cluster of its own), so that a hang cannot take this one down.
-    job = Path(__file__).parent / "ray_drop_job.py"
+    job = Path(__file__).parent / "jobs" / "ray_drop_job.py"
     process = subprocess.Popen(
         [sys.executable, str(job), str(tmp_path)],
         stdout=subprocess.PIPE,

@@ -16,7 +16,7 @@ from email.utils import parsedate_to_datetime
 from pathlib import Path
 
 import pytest
-from servers import GCSServer, S3Server
+from helpers.servers import GCSServer, S3Server
 
 MiB = 1024 * 1024
 

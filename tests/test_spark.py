@@ -13,8 +13,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from damage import version_files, written_names
-from servers import stop_spark
+from helpers.damage import version_files, written_names
+from helpers.servers import stop_spark
 
 import yogadl_plus as ydl
 from yogadl_plus.cache.manifest import MANIFEST_NAME

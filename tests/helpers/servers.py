@@ -1,6 +1,6 @@
 """Pytest plugin: real object-store servers on 127.0.0.1, started once per session.
 
-Registered from ``tests/conftest.py`` with ``pytest_plugins = ["servers"]``.
+Registered from ``tests/conftest.py`` with ``pytest_plugins = ["helpers.servers", ...]``.
 
 Fixtures
 --------

@@ -1,7 +1,7 @@
 """One rank of a 3-process DDP job (gloo, CPU) for test_ddp.py: a DistributedDataParallel model
 trained on ``make_dataloader`` (or a DataLoader with a ``StreamSampler``) over one shard each.
 
-    python ddp_job.py ROOT RANK WORLD PORT FACE MODE
+    python tests/jobs/ddp_job.py ROOT RANK WORLD PORT FACE MODE
 
 FACE is "loader" or "sampler"; MODE is "default", "drop", "pad" or "allow" (uneven shards
 allowed: the job that hangs). Prints "refused: <message>" when the face refuses at
