@@ -3,4 +3,4 @@ tests/helpers/ (pytest puts tests/ on sys.path, so they import as ``helpers.<mod
 
 from __future__ import annotations
 
-pytest_plugins = ["helpers.servers", "helpers.fixtures"]
+pytest_plugins = ["helpers.servers", "helpers.fixtures", "helpers.mixtures"]
