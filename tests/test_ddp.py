@@ -80,7 +80,7 @@ def test_even_shards_train_every_rank_to_the_end(face, mode, steps, tmp_path):
 def test_without_the_check_the_job_hangs(tmp_path):
     # What the refusal prevents: with allow_uneven_shards=True, the rank with 4 steps waits at
     # its final barrier while the others wait in their 5th step's all-reduce, until the
-    # collective timeout (20 s here, 30 minutes by default): no rank ends.
+    # collective timeout (the job's HANGING_STEP_TIMEOUT, 30 minutes by default): no rank ends.
     # A rank's error is gloo's timeout, or, where a peer timed out and left first, the closed
     # connection to that peer (which of the two each rank meets depends on the machine's load).
     outputs = run_job(tmp_path, "loader", "allow")
