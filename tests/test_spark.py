@@ -7,14 +7,12 @@ from __future__ import annotations
 import json
 import os
 import signal
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 from helpers.damage import version_files, written_names
-from helpers.servers import stop_spark
 
 import yogadl_plus as ydl
 from yogadl_plus.cache.manifest import MANIFEST_NAME
@@ -24,33 +22,6 @@ pyspark = pytest.importorskip("pyspark")
 F = pytest.importorskip("pyspark.sql.functions")
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")  # pyspark on pandas 3
-
-
-@pytest.fixture(scope="session")
-def spark():
-    """Spark in local mode on 127.0.0.1: 2 task threads, a failed task tried up to 3 times
-    (local[2, 3]); stopped, its JVM included, at the end of the session."""
-    from pyspark.sql import SparkSession
-
-    stop_spark()  # one a documentation snippet left, with another configuration
-    tests = str(Path(__file__).parent)  # executors unpickle this module's functions by name
-    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"  # what the JVM binds, whatever the hostname
-    session = (
-        SparkSession.builder.master("local[2, 3]")
-        .appName("yogadl_plus tests")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.pyspark.python", sys.executable)
-        .config("spark.executorEnv.PYTHONPATH", tests)
-        .config("spark.sql.shuffle.partitions", "3")
-        .config("spark.sql.execution.arrow.maxRecordsPerBatch", "500")
-        .getOrCreate()
-    )
-    session.sparkContext.setLogLevel("FATAL")
-    yield session
-    stop_spark()
 
 
 def events(spark, rows: int = 3000, partitions: int = 3):
