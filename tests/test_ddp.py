@@ -17,6 +17,8 @@ from helpers.servers import free_ports
 
 pytest.importorskip("torch")
 
+pytestmark = pytest.mark.slow
+
 JOB = Path(__file__).parent / "jobs" / "ddp_job.py"
 WORLD = 3
 RECORDS, BATCH = 50, 4

@@ -354,6 +354,7 @@ def test_lmdb_errors_are_cache_corrupted_and_good_records_read_on(storage, page)
 # --- a pulled copy, damaged after the pull --------------------------------------------------------
 
 
+@pytest.mark.servers
 def test_a_pulled_copy_damaged_after_the_pull_is_refused_and_verify_repairs_it(
     s3_server, s3_bucket, tmp_path
 ):

@@ -23,7 +23,11 @@ import yogadl_plus as ydl
 
 JOB = job.__file__
 
-pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+pytestmark = [
+    pytest.mark.crash,
+    pytest.mark.slow,
+    pytest.mark.filterwarnings("ignore::DeprecationWarning"),
+]
 
 
 def run_job(root: str, face: str, save_freq: str, predicate: bool, kill: str) -> int:

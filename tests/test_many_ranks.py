@@ -22,7 +22,7 @@ from helpers.remote_helpers import records
 
 import yogadl_plus as ydl
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.servers, pytest.mark.timeout(300)]
 
 RANKS = 8
 N = 3000

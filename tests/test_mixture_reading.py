@@ -128,6 +128,7 @@ def test_a_damaged_chunk_of_one_source_fails_a_mixtures_batches_naming_it(
         list(mix.stream(shuffle=True, shuffle_seed=2, batch_size=64))
 
 
+@pytest.mark.servers
 def test_a_mixture_of_a_remote_dataref_and_a_local_one(
     pool: Pool, s3_server: Any, s3_bucket: str, tmp_path: Path
 ) -> None:

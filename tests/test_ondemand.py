@@ -35,6 +35,8 @@ import yogadl_plus as ydl
 from yogadl_plus.dataref import DataRefOnDemand
 from yogadl_plus.storage.pins import exclusively
 
+pytestmark = pytest.mark.servers
+
 TESTS = Path(__file__).resolve().parent
 
 N = 3000  # records(N): about 30 chunks of CHUNK_BYTES

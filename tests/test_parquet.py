@@ -277,6 +277,7 @@ def test_a_spark_style_layout_reads_as_spark_reads_it(tmp_path):
     assert ref.schema["id"].dtype == np.int32 and ref.schema["id"].nullable
 
 
+@pytest.mark.spark
 @pytest.mark.filterwarnings("ignore::FutureWarning")  # pyspark on pandas 3
 def test_a_spark_partitioned_write_caches_as_spark_reads_it(spark, tmp_path):
     """Real Spark: df.write.partitionBy(...), a null partition, values Spark escapes."""

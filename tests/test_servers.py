@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 from helpers.servers import GCSServer, S3Server
 
+pytestmark = pytest.mark.servers
+
 MiB = 1024 * 1024
 
 

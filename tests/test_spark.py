@@ -21,7 +21,10 @@ from yogadl_plus.storage.sink import ChunkSink
 pyspark = pytest.importorskip("pyspark")
 F = pytest.importorskip("pyspark.sql.functions")
 
-pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")  # pyspark on pandas 3
+pytestmark = [
+    pytest.mark.spark,
+    pytest.mark.filterwarnings("ignore::FutureWarning"),  # pyspark on pandas 3
+]
 
 
 def events(spark, rows: int = 3000, partitions: int = 3):
@@ -239,6 +242,7 @@ def always_dies(batches):
         yield batch
 
 
+@pytest.mark.crash
 def test_a_task_killed_after_delivering_chunks_is_retried_without_duplicates(
     spark, local_storage, tmp_path, monkeypatch
 ):
@@ -254,6 +258,7 @@ def test_a_task_killed_after_delivering_chunks_is_retried_without_duplicates(
     assert len({name[:15] for name in written_names(ref)}) == 3  # one attempt per partition
 
 
+@pytest.mark.crash
 def test_a_task_killed_while_reading_is_retried(spark, local_storage, tmp_path):
     import functools
 
@@ -267,6 +272,7 @@ def test_a_task_killed_while_reading_is_retried(spark, local_storage, tmp_path):
     assert version_files(local_storage, "events", "v1") == {MANIFEST_NAME, *named}
 
 
+@pytest.mark.crash
 def test_a_task_that_always_dies_fails_the_build(spark, local_storage):
     base = events(spark, rows=2000)
     frame = base.mapInArrow(always_dies, base.schema)
@@ -278,6 +284,7 @@ def test_a_task_that_always_dies_fails_the_build(spark, local_storage):
 # ----------------------------------------------------------------- buckets
 
 
+@pytest.mark.servers
 def test_tasks_upload_their_chunks_into_an_s3_bucket_once(
     spark, tmp_path, s3_server, s3_bucket, monkeypatch
 ):
@@ -294,6 +301,7 @@ def test_tasks_upload_their_chunks_into_an_s3_bucket_once(
     assert_holds_events(reader.fetch("events", "v1"), list(range(3000)))
 
 
+@pytest.mark.servers
 def test_a_failed_build_stops_its_tasks_before_cleaning_the_bucket(
     spark, tmp_path, s3_server, s3_bucket
 ):
@@ -309,6 +317,7 @@ def test_a_failed_build_stops_its_tasks_before_cleaning_the_bucket(
     assert [k for k in keys if k.endswith(".mdb")] == []
 
 
+@pytest.mark.servers
 def test_tasks_upload_their_chunks_into_a_gcs_bucket(
     spark, tmp_path, gcs_server, gcs_bucket, monkeypatch
 ):

@@ -24,6 +24,8 @@ from helpers.remote_helpers import client_for, count_downloads, make_storage, re
 import yogadl_plus as ydl
 from yogadl_plus.storage.lease import BuildLease
 
+pytestmark = pytest.mark.servers
+
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
 
@@ -313,6 +315,7 @@ def test_racing_builders_in_processes_build_once(spec: dict, tmp_path: Path) -> 
     assert len(marker.read_text().split()) == 1
 
 
+@pytest.mark.crash
 def test_builder_killed_mid_upload_leaves_no_version_and_its_lease_expires(
     spec: dict, tmp_path: Path
 ) -> None:
