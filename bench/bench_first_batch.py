@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=smoke(3, 1))
     parser.add_argument("--tmp", default=None)
     args = parser.parse_args(argv)
-    from servers import seaweedfs
+    from helpers.servers import seaweedfs
 
     work = Path(tempfile.mkdtemp(prefix="bench-first-", dir=args.tmp))
     rows = []

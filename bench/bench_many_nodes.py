@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         help="the peers venv's python ('' to leave litdata out)",
     )
     args = parser.parse_args(argv)
-    from servers import seaweedfs
+    from helpers.servers import seaweedfs
 
     python = (
         args.litdata_python if args.litdata_python and Path(args.litdata_python).exists() else ""

@@ -173,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error("--window: this yogadl_plus's Stream takes no shuffle_window yet")
         options = {"shuffle": True, "shuffle_seed": 0, "shuffle_window": args.window}
 
-    from servers import seaweedfs
+    from helpers.servers import seaweedfs
 
     work = Path(tempfile.mkdtemp(prefix="ydl-bench-ondemand-", dir=args.tmp))
     rows: dict[str, dict[str, Any]] = {}

@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tmp", default=None)
     args = parser.parse_args(argv)
     from botocore.config import Config
-    from servers import SeaweedFS
+    from helpers.servers import SeaweedFS
 
     work = Path(tempfile.mkdtemp(prefix="bench-outage-", dir=args.tmp))
     weed = or_skip(lambda: SeaweedFS(work / "weed"))

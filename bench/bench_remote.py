@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", default=None, help="also write the results as JSON here")
     args = parser.parse_args(argv)
 
-    from servers import seaweedfs
+    from helpers.servers import seaweedfs
 
     work = Path(tempfile.mkdtemp(prefix="ydl-bench-remote-", dir=args.tmp))
     try:

@@ -280,6 +280,7 @@ def test_an_arrow_table_of_any_type_caches_each_value_exactly_or_names_the_recor
     _check(storage, case, pa.table({"x": case.array}))
 
 
+@pytest.mark.slow
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     case=cases(PORTABLE_TYPES),

@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-from fault_proxy import FaultProxy
-from remote_helpers import records
+from helpers.fault_proxy import FaultProxy
+from helpers.remote_helpers import records
 
 import yogadl_plus as ydl
 from yogadl_plus.dataref import DataRefOnDemand
@@ -74,6 +74,7 @@ def messages(caplog: Any) -> list[str]:
 # --- damage on the way, and in the bucket ---------------------------------------------------
 
 
+@pytest.mark.servers
 @pytest.mark.parametrize("on_demand", [False, True], ids=["pull", "on-demand"])
 def test_a_byte_flipped_on_the_way_is_fetched_again(
     s3_server: Any, bucket: str, built: ydl.DataRef, tmp_path: Path, caplog: Any, on_demand: bool
@@ -92,6 +93,7 @@ def test_a_byte_flipped_on_the_way_is_fetched_again(
     assert any("arrived whole on download 2: it had been damaged on the way" in m for m in said)
 
 
+@pytest.mark.servers
 def test_bytes_damaged_on_the_way_every_time_are_told_from_a_damaged_object(
     s3_server: Any, bucket: str, built: ydl.DataRef, tmp_path: Path
 ) -> None:
@@ -107,6 +109,7 @@ def test_bytes_damaged_on_the_way_every_time_are_told_from_a_damaged_object(
     assert "rebuild" not in text  # rebuilding would not help: the bucket is fine
 
 
+@pytest.mark.servers
 def test_an_object_damaged_in_the_bucket_is_blamed_after_the_same_bytes_three_times(
     s3_server: Any, bucket: str, built: ydl.DataRef, tmp_path: Path
 ) -> None:
@@ -128,6 +131,7 @@ def test_an_object_damaged_in_the_bucket_is_blamed_after_the_same_bytes_three_ti
 # --- throttling and cut connections -----------------------------------------------------------
 
 
+@pytest.mark.servers
 def test_slow_down_is_backed_off_and_the_read_goes_on(
     s3_server: Any, bucket: str, built: ydl.DataRef, tmp_path: Path, caplog: Any
 ) -> None:
@@ -210,6 +214,7 @@ def test_calls_to_one_store_failing_together_warn_once_every_30_s(
     assert len(caplog.records) == 1
 
 
+@pytest.mark.servers
 def test_gcs_a_byte_flipped_on_the_way_is_fetched_again(
     gcs_server: Any, tmp_path: Path, caplog: Any
 ) -> None:
@@ -240,6 +245,7 @@ def test_gcs_a_byte_flipped_on_the_way_is_fetched_again(
     assert any("fail the store's checksum" in m and "fetching it again" in m for m in said), said
 
 
+@pytest.mark.servers
 def test_a_manifest_damaged_on_the_way_is_read_again(
     s3_server: Any, bucket: str, built: ydl.DataRef, tmp_path: Path, caplog: Any
 ) -> None:
@@ -288,6 +294,7 @@ def in_thread(work: Any) -> tuple[threading.Thread, dict[str, Any]]:
     return thread, done
 
 
+@pytest.mark.servers
 def test_a_pull_waiting_on_a_hung_server_says_so_naming_the_chunk(
     s3_server: Any, bucket: str, built: ydl.DataRef, tmp_path: Path, caplog: Any, said_soon: None
 ) -> None:
@@ -306,6 +313,7 @@ def test_a_pull_waiting_on_a_hung_server_says_so_naming_the_chunk(
     assert any(chunk in m and "went on after" in m for m in messages(caplog))
 
 
+@pytest.mark.servers
 def test_a_pull_given_up_on_a_hung_server_names_the_chunk(
     s3_server: Any, bucket: str, built: ydl.DataRef, tmp_path: Path
 ) -> None:
@@ -326,6 +334,7 @@ def test_a_pull_given_up_on_a_hung_server_names_the_chunk(
     assert "manifest.json" not in text, text
 
 
+@pytest.mark.servers
 def test_a_stream_reading_on_demand_says_which_chunk_a_hung_server_holds_up(
     s3_server: Any, bucket: str, built: ydl.DataRef, tmp_path: Path, caplog: Any, said_soon: None
 ) -> None:

@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-from damage import chunk_path, without_builds
-from remote_helpers import records
+from helpers.damage import chunk_path, without_builds
+from helpers.remote_helpers import records
 
 import yogadl_plus as ydl
 from yogadl_plus.cli import main
@@ -371,6 +371,7 @@ def test_a_damaged_chunk_fails_verify_with_exit_1(local, capsys):
     assert line.startswith(f"yogadl-plus verify: error: chunk {chunk} has sha256")
 
 
+@pytest.mark.servers
 def test_a_denied_storage_exits_4(s3_url, monkeypatch, capsys):
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-the-secret")
     assert main(["ls", "--storage", s3_url]) == 4
@@ -423,6 +424,7 @@ def test_progress_bars_only_on_a_terminal_and_when_asked(
 # --------------------------------------------------------------------------- push and pull
 
 
+@pytest.mark.servers
 def test_push_then_pull_copies_a_version_whole(local, remote, tmp_path, monkeypatch, capsys):
     built = local.fetch("sensors", "v1")
     pushed = run_cli("push", "sensors", "v1", remote, "--storage", local.root, "--json")
@@ -441,6 +443,7 @@ def test_push_then_pull_copies_a_version_whole(local, remote, tmp_path, monkeypa
     assert main(["verify", "sensors", "v1", "--storage", second.root]) == 0
 
 
+@pytest.mark.servers
 def test_push_refuses_a_damaged_chunk_and_publishes_nothing(local, s3_url, tmp_path, capsys):
     chunk = chunk_path(local.fetch("sensors", "v1"), 2)
     data = bytearray(chunk.read_bytes())
@@ -453,6 +456,7 @@ def test_push_refuses_a_damaged_chunk_and_publishes_nothing(local, s3_url, tmp_p
     assert not [key for key, _ in bucket.objects.keys("") if key.endswith(".mdb")]
 
 
+@pytest.mark.servers
 def test_verify_pulls_a_damaged_local_copy_of_a_bucket_again(local, s3_url, capsys):
     copy_version(local, ydl.open_storage(s3_url), "sensors", "v1")
     home = Path(os.environ["YOGADL_PLUS_HOME"])
@@ -466,6 +470,7 @@ def test_verify_pulls_a_damaged_local_copy_of_a_bucket_again(local, s3_url, caps
     assert chunk.read_bytes() == chunk_path(local.fetch("sensors", "v1"), 1).read_bytes()
 
 
+@pytest.mark.servers
 def test_pull_pulls_a_damaged_local_copy_of_a_bucket_again(local, s3_url, tmp_path, capsys):
     copy_version(local, ydl.open_storage(s3_url), "sensors", "v1")
     home = Path(os.environ["YOGADL_PLUS_HOME"])
@@ -524,6 +529,7 @@ def test_copy_version_names_a_missing_chunk(local, tmp_path):
     assert target.list() == []
 
 
+@pytest.mark.slow
 def test_build_with_workers_equals_the_serial_build(tmp_path, capsys):
     store = ["--storage", str(tmp_path)]
     assert main(["build", DEMO_PARQUET, "sensors", "serial", *store]) == 0

@@ -10,9 +10,10 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import pytest
-from servers import stop_spark
+from helpers.servers import stop_spark
 
 import yogadl_plus as ydl
 
@@ -30,6 +31,7 @@ def run_cli(*args: str, home: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow
 def test_demo_runs_on_the_default_storage(tmp_path):
     first = run_cli("demo", home=tmp_path)
     assert first.returncode == 0, first.stderr
@@ -128,6 +130,7 @@ def test_faces_import_by_name_and_name_the_extra_they_need(face, name, library, 
     )
 
 
+@pytest.mark.slow
 def test_every_way_of_importing_a_face_gives_one_module_and_no_framework_before():
     script = (
         "import sys\n"
@@ -159,7 +162,32 @@ def test_bundled_parquet_is_what_the_generator_makes():
     assert pq.read_table(DEMO_PARQUET).equals(make_demo_table())
 
 
-@pytest.mark.parametrize("script", sorted(p.name for p in (ROOT / "examples").glob("*.py")))
+def marks_of(code: str, slow: bool, bucket: bool = False) -> list[pytest.MarkDecorator]:
+    """The marks (docs/contributing.md) of a program: what it starts, and how long it takes."""
+    marks = [pytest.mark.ray] if "import ray" in code else []
+    marks += [pytest.mark.spark] if "pyspark" in code else []
+    return marks + [pytest.mark.servers] * bucket + [pytest.mark.slow] * slow
+
+
+# The examples and pages that take more than about 2 s on 2 cores, most of it their framework's
+# import, or Ray's or Spark's start (the "slow" mark; docs/contributing.md).
+SLOW_EXAMPLES = {
+    "grain_jax_train.py", "mixture.py", "parallel_build.py", "parquet_shards.py",
+    "spark_build.py", "tf_fit_resume.py", "torch_ddp_resume.py", "torch_preprocess.py",
+}  # fmt: skip
+SLOW_PAGES = {
+    "adapters/grain.md", "adapters/keras.md", "adapters/tensorflow.md", "adapters/torch.md",
+    "boundary.md", "distributed.md", "long-runs.md", "many-machines.md", "migrating/petastorm.md",
+    "parallel.md", "sources/columns.md", "sources/spark.md", "stats.md",
+}  # fmt: skip
+
+EXAMPLES = [
+    pytest.param(p.name, marks=marks_of(p.read_text(), p.name in SLOW_EXAMPLES))
+    for p in sorted((ROOT / "examples").glob("*.py"))
+]
+
+
+@pytest.mark.parametrize("script", EXAMPLES)
 def test_examples_run_as_they_are(script, tmp_path, request):
     for prefix, framework in (("torch_", "torch"), ("tf_", "tensorflow"), ("grain_", "grain")):
         if script.startswith(prefix):
@@ -198,12 +226,17 @@ def python_blocks(path: Path) -> list[str]:
     return [block.split("```", 1)[0] for block in text.split("```python\n")[1:]]
 
 
+def page(path: Path, name: str) -> Any:
+    """A page as a parameter, marked by what its snippets start (the test servers' bucket: as
+    test_documentation_snippets_run tells) and by how long they take."""
+    bucket = any(f"{scheme}://my-team-bucket" in path.read_text() for scheme in ("s3", "gs"))
+    code = "\n".join(python_blocks(path))
+    return pytest.param(path, id=name, marks=marks_of(code, name in SLOW_PAGES, bucket))
+
+
 DOC_PAGES = [  # README.md, then every page under docs/ (nested too), named by its path there
-    pytest.param(ROOT / "README.md", id="README.md"),
-    *(
-        pytest.param(p, id=p.relative_to(ROOT / "docs").as_posix())
-        for p in sorted((ROOT / "docs").rglob("*.md"))
-    ),
+    page(ROOT / "README.md", "README.md"),
+    *(page(p, p.relative_to(ROOT / "docs").as_posix()) for p in sorted(ROOT.glob("docs/**/*.md"))),
 ]
 
 
@@ -268,6 +301,8 @@ def test_progress_bar_only_on_a_terminal_and_when_asked(
     assert ("caching bar:v1" in stderr.getvalue()) is shown
 
 
+@pytest.mark.slow
+@pytest.mark.spark
 def test_the_spark_example_runs_from_a_virtual_environment_not_activated(tmp_path):
     # Before: run by a venv's python with the venv not on the PATH (as Slurm and cron run it),
     # Spark's Python workers ran the system's python3 and failed after 96 s: no module 'lmdb'.

@@ -17,7 +17,7 @@ import pytest
 
 import yogadl_plus as ydl
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.crash, pytest.mark.timeout(120)]
 
 # The builder run in a child process: argv = root version n slow_after sleep seed overwrite marker
 # chunk_bytes. Records 0..slow_after-1 come at once, later ones after `sleep` seconds each; the

@@ -1,4 +1,4 @@
-"""DDP with the torch face's defaults: a real 3-process gloo job (ddp_job.py) never hangs.
+"""DDP with the torch face's defaults: a real 3-process gloo job (jobs/ddp_job.py) never hangs.
 
 Three ranks over 50 records get 17 / 17 / 16 positions, so 5 / 5 / 4 batches of 4: a DDP job
 whose ranks take different numbers of steps waits for ever in the last all-reduce of the rank
@@ -13,11 +13,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from servers import free_ports
+from helpers.servers import free_ports
 
 pytest.importorskip("torch")
 
-JOB = Path(__file__).with_name("ddp_job.py")
+pytestmark = pytest.mark.slow
+
+JOB = Path(__file__).parent / "jobs" / "ddp_job.py"
 WORLD = 3
 RECORDS, BATCH = 50, 4
 # Past the job's collective timeout (ddp_job.COLLECTIVE_TIMEOUT): a rank still running then is
@@ -80,7 +82,7 @@ def test_even_shards_train_every_rank_to_the_end(face, mode, steps, tmp_path):
 def test_without_the_check_the_job_hangs(tmp_path):
     # What the refusal prevents: with allow_uneven_shards=True, the rank with 4 steps waits at
     # its final barrier while the others wait in their 5th step's all-reduce, until the
-    # collective timeout (20 s here, 30 minutes by default): no rank ends.
+    # collective timeout (the job's HANGING_STEP_TIMEOUT, 30 minutes by default): no rank ends.
     # A rank's error is gloo's timeout, or, where a peer timed out and left first, the closed
     # connection to that peer (which of the two each rank meets depends on the machine's load).
     outputs = run_job(tmp_path, "loader", "allow")

@@ -114,7 +114,7 @@ def test_a_source_pickles_and_names_its_build(ref, storage):
         ydl.grain.source([1, 2, 3])
 
 
-@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("workers", [0, pytest.param(2, marks=pytest.mark.slow)])
 def test_dataloader_with_index_sampler_reads_every_record_once(ref, workers, workers_allowed):
     sampler = grain.samplers.IndexSampler(N, shuffle=True, seed=1, num_epochs=2)
     got = ids(loader(ydl.grain.source(ref, ["i", "x"]), sampler, workers, batch=25))
@@ -174,7 +174,7 @@ def test_sampler_arguments(ref):
     assert "shuffle_seed=2" in repr(endless) and "shuffle_window=2" in repr(endless)
 
 
-@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("workers", [0, pytest.param(2, marks=pytest.mark.slow)])
 def test_a_dataloader_checkpoint_resumes_at_the_next_batch(ref, workers, workers_allowed):
     def make():
         sampler = ydl.grain.sampler(ref, shuffle=True, shuffle_seed=5, num_epochs=1)
@@ -221,6 +221,7 @@ def mix(storage):
     return ydl.mix({"a": make("a", 40), "b": make("b", 200)}, {"a": 1, "b": 3}, epoch_size=100)
 
 
+@pytest.mark.slow
 def test_a_mixture_is_a_grain_source(mix, workers_allowed):
     src = ydl.grain.source(mix)
     ds = grain.MapDataset.source(src)

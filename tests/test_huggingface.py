@@ -593,6 +593,7 @@ def test_without_datasets_the_extra_is_named(monkeypatch):
 # --------------------------------------------------------------------------- builds
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stored", ["in_memory", "on_disk"])
 def test_parallel_build_equals_the_serial_one(rich, local_storage, tmp_path, stored):
     dataset = rich

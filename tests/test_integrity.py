@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from damage import chunk_path, flip_byte
+from helpers.damage import chunk_path, flip_byte
 
 import yogadl_plus as ydl
 from yogadl_plus.cache import reader
@@ -353,6 +353,7 @@ def test_lmdb_errors_are_cache_corrupted_and_good_records_read_on(storage, page)
 # --- a pulled copy, damaged after the pull --------------------------------------------------------
 
 
+@pytest.mark.servers
 def test_a_pulled_copy_damaged_after_the_pull_is_refused_and_verify_repairs_it(
     s3_server, s3_bucket, tmp_path
 ):

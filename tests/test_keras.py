@@ -453,9 +453,10 @@ def test_fit_on_a_stream_resumed_by_start_offset_trains_every_later_epoch_whole(
 
 # --- other backends, and TensorFlow under a distribution strategy ---
 
-JOB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "keras_backend_job.py")
+JOB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "jobs", "keras_backend_job.py")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["torch", "jax"])
 def test_other_backends_fit_evaluate_and_predict_on_the_streams_epochs(backend, tmp_path):
     # Before: Keras's torch and JAX trainers read a batch to build the model from an iteration
@@ -484,6 +485,7 @@ def test_other_backends_fit_evaluate_and_predict_on_the_streams_epochs(backend, 
     }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("face", ["sequence", "tf"])
 def test_under_a_distribution_strategy_fit_trains_the_streams_first_epochs(ref, face):
     # Before: Keras's TensorFlow trainer, under a strategy, reads a batch of its own to build

@@ -17,14 +17,17 @@ import pytest
 pytest.importorskip("tensorflow")
 pytest.importorskip("keras")
 
+from jobs import keras_resume_job as job
+
 import yogadl_plus as ydl
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-JOB = os.path.join(HERE, "keras_resume_job.py")
-sys.path.insert(0, HERE)
-import keras_resume_job as job  # noqa: E402
+JOB = job.__file__
 
-pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+pytestmark = [
+    pytest.mark.crash,
+    pytest.mark.slow,
+    pytest.mark.filterwarnings("ignore::DeprecationWarning"),
+]
 
 
 def run_job(root: str, face: str, save_freq: str, predicate: bool, kill: str) -> int:

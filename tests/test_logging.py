@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from remote_helpers import make_storage, records, spec_for
+from helpers.remote_helpers import make_storage, records, spec_for
 
 import yogadl_plus as ydl
 from yogadl_plus.errors import TransientStorageError
@@ -44,6 +44,7 @@ def test_a_build_and_an_overwrite_are_logged_and_nothing_is_printed(local_storag
     assert out.out == "" and out.err == ""  # no bar either: stderr is no terminal here
 
 
+@pytest.mark.servers
 def test_a_pull_is_logged_naming_the_version(s3_server, tmp_path: Path, caplog) -> None:
     spec = spec_for("s3", s3_server, s3_server.make_bucket())
     ydl.cache_dataset(records(500), "pulled", "v1", make_storage(spec, tmp_path / "a"))

@@ -262,6 +262,7 @@ def test_a_negative_record_count_is_refused(built):
         manifest.write_text(text)
 
 
+@pytest.mark.servers
 def test_a_tampered_remote_manifest_is_refused(s3_server, s3_bucket, tmp_path):
     bucket = s3_server.storage(s3_bucket, "manifest", tmp_path / "cache")
     ydl.cache_dataset(records, "ds", "v1", bucket, schema=SCHEMA, progress=False, chunk_bytes=600)
@@ -276,6 +277,7 @@ def test_a_tampered_remote_manifest_is_refused(s3_server, s3_bucket, tmp_path):
         elsewhere.fetch("ds", "v1")
 
 
+@pytest.mark.servers
 @pytest.mark.parametrize("on_demand", [False, True], ids=["pull", "on-demand"])
 def test_a_remote_manifest_with_a_chunk_entry_of_another_build_is_refused(
     s3_server, s3_bucket, tmp_path, on_demand

@@ -17,12 +17,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fault_proxy import FaultProxy
-from remote_helpers import records
+from helpers.fault_proxy import FaultProxy
+from helpers.remote_helpers import records
 
 import yogadl_plus as ydl
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.servers, pytest.mark.timeout(300)]
 
 RANKS = 8
 N = 3000

@@ -18,9 +18,9 @@ from typing import Any
 
 import numpy as np
 import pytest
+from helpers.mixtures import largest_remainder
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_mixture import largest_remainder
 
 import yogadl_plus as ydl
 from yogadl_plus.mixture import Mixture

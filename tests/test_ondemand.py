@@ -28,12 +28,14 @@ from typing import Any
 
 import numpy as np
 import pytest
-from remote_helpers import client_for, make_storage, records, spec_for
-from servers import SeaweedFS, _weed_binary
+from helpers.remote_helpers import client_for, make_storage, records, spec_for
+from helpers.servers import SeaweedFS, _weed_binary
 
 import yogadl_plus as ydl
 from yogadl_plus.dataref import DataRefOnDemand
 from yogadl_plus.storage.pins import exclusively
+
+pytestmark = pytest.mark.servers
 
 TESTS = Path(__file__).resolve().parent
 
@@ -376,7 +378,7 @@ CHILD_READ = textwrap.dedent(
     import json, pickle, sys, threading, time, warnings
     sys.path.insert(0, {tests!r})
     import numpy as np
-    from remote_helpers import records
+    from helpers.remote_helpers import records
 
     ref = pickle.loads(open(sys.argv[1], "rb").read())
     log = []

@@ -282,6 +282,7 @@ def unnamed_files(storage: ydl.LocalStorage) -> list[str]:
     return found
 
 
+@pytest.mark.crash
 @pytest.mark.parametrize("overwrite", [False, True], ids=["first_build", "overwrite"])
 def test_sigkill_after_every_filesystem_step_leaves_old_or_new_whole(tmp_path, overwrite):
     old_n, new_n = 300, 240

@@ -17,7 +17,7 @@ from pathlib import Path
 import lmdb
 import numpy as np
 import pytest
-from damage import chunk_path, flip_byte
+from helpers.damage import chunk_path, flip_byte
 
 import yogadl_plus as ydl
 from yogadl_plus import predicates

@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from damage import version_files
+from helpers.damage import version_files
 
 import yogadl_plus as ydl
 from yogadl_plus.building import starts
@@ -122,6 +122,7 @@ def test_pool_build_of_parquet_equals_the_serial_build(tmp_path, local_storage):
     assert sorted(int(r["id"]) for r in shuffled) == list(range(2700))
 
 
+@pytest.mark.slow
 def test_pool_build_of_a_map_style_dataset_and_a_list(local_storage):
     serial = ydl.cache_dataset(Squares(1000), "squares", "serial", local_storage)
     parallel = ydl.cache_dataset(Squares(1000), "squares", "pool", local_storage, workers=2)
@@ -132,6 +133,7 @@ def test_pool_build_of_a_map_style_dataset_and_a_list(local_storage):
     assert listed[123]["x"].tolist() == list(range(123 % 7))
 
 
+@pytest.mark.crash
 @pytest.mark.parametrize("how", ["kill", "oserror"])
 def test_a_part_that_dies_once_is_built_again_without_duplicates(tmp_path, local_storage, how):
     marker = tmp_path / "crashed"
@@ -147,6 +149,7 @@ def test_a_part_that_dies_once_is_built_again_without_duplicates(tmp_path, local
     ref.verify()
 
 
+@pytest.mark.crash
 def test_crashes_of_different_parts_are_charged_only_to_the_part_that_crashed(
     tmp_path, local_storage
 ):
@@ -159,6 +162,7 @@ def test_crashes_of_different_parts_are_charged_only_to_the_part_that_crashed(
     assert [int(r["i"]) for r in ref.stream()] == list(range(800))
 
 
+@pytest.mark.crash
 def test_a_part_that_always_kills_its_worker_ends_the_build(local_storage):
     with pytest.raises(ydl.WorkerDied, match=r"part 7 .* died 3 times"):
         ydl.cache_dataset(KillsItsWorker(100), "squares", "v1", local_storage, workers=2)
@@ -185,6 +189,7 @@ def test_parquet_files_of_different_types_are_read_as_the_dataset_types(tmp_path
     assert_same_records(serial, parallel)
 
 
+@pytest.mark.slow
 def test_a_bad_record_fails_the_build_naming_it_and_publishes_nothing(local_storage):
     with pytest.raises(ydl.SchemaError, match="record 777"):
         ydl.cache_dataset(Squares(1000, bad_at=777), "squares", "v1", local_storage, workers=2)
@@ -210,6 +215,7 @@ def test_a_small_source_is_built_serially_and_says_why_once(local_storage, caplo
     assert_same_records(ydl.cache_dataset(Squares(200), "squares", "v1", local_storage), ref)
 
 
+@pytest.mark.slow
 def test_how_the_workers_start_is_logged_once(local_storage, caplog):
     with caplog.at_level(logging.INFO, logger="yogadl_plus"):
         ref = ydl.cache_dataset(Squares(300), "squares", "pool", local_storage, workers=2)
@@ -279,8 +285,9 @@ def test_bad_parallel_arguments(local_storage, options, message):
         ydl.cache_dataset([{"i": 1}], "x", "v1", local_storage, **options)
 
 
+@pytest.mark.servers
 def test_pool_build_into_a_bucket_uploads_what_the_tasks_wrote(tmp_path, s3_server, s3_bucket):
-    from remote_helpers import make_storage, spec_for
+    from helpers.remote_helpers import make_storage, spec_for
 
     spec = spec_for("s3", s3_server, s3_bucket)
     storage = make_storage(spec, tmp_path / "builder")
@@ -292,6 +299,7 @@ def test_pool_build_into_a_bucket_uploads_what_the_tasks_wrote(tmp_path, s3_serv
 # ----------------------------------------------------------------- storage objects travel
 
 
+@pytest.mark.servers
 def test_a_storage_made_from_keywords_travels_to_other_processes(tmp_path, s3_server, s3_bucket):
     storage = s3_server.storage(s3_bucket, "p", tmp_path / "c")
     storage.objects.create("hello", b"from the parent")
@@ -308,16 +316,18 @@ def test_a_storage_made_from_keywords_travels_to_other_processes(tmp_path, s3_se
     assert out.stdout.decode().strip() == "from the parent"
 
 
+@pytest.mark.servers
 def test_a_storage_with_a_ready_client_says_why_it_cannot_travel(tmp_path, s3_server, s3_bucket):
-    from remote_helpers import make_storage, spec_for
+    from helpers.remote_helpers import make_storage, spec_for
 
     storage = make_storage(spec_for("s3", s3_server, s3_bucket), tmp_path)
     with pytest.raises(ydl.YogaError, match="without client="):
         pickle.dumps(storage.objects)
 
 
+@pytest.mark.servers
 def test_upload_sink_keeps_only_the_named_chunks(tmp_path, s3_server, s3_bucket):
-    from remote_helpers import make_storage, spec_for
+    from helpers.remote_helpers import make_storage, spec_for
 
     storage = make_storage(spec_for("s3", s3_server, s3_bucket), tmp_path)
     sink = UploadSink(storage.objects, "ds/v1/", "b-1234")
@@ -331,8 +341,9 @@ def test_upload_sink_keeps_only_the_named_chunks(tmp_path, s3_server, s3_bucket)
         sink.settle([kept, missing])
 
 
+@pytest.mark.servers
 def test_a_task_uploads_each_chunk_as_soon_as_it_is_written(tmp_path, s3_server, s3_bucket):
-    from remote_helpers import make_storage, spec_for
+    from helpers.remote_helpers import make_storage, spec_for
 
     from yogadl_plus.cache.version_writer import source_blocks, write_blocks
 
@@ -367,6 +378,7 @@ def test_a_task_uploads_each_chunk_as_soon_as_it_is_written(tmp_path, s3_server,
 # (ray_cluster: conftest.py)
 
 
+@pytest.mark.ray
 def test_ray_build_equals_the_serial_build(tmp_path, local_storage, ray_cluster):
     data = write_parquet(tmp_path / "data")
     serial = ydl.cache_dataset(str(data), "events", "serial", local_storage)
@@ -375,6 +387,8 @@ def test_ray_build_equals_the_serial_build(tmp_path, local_storage, ray_cluster)
     assert len(on_ray.manifest.chunks) == 8  # 4 parts per CPU of the cluster
 
 
+@pytest.mark.crash
+@pytest.mark.ray
 def test_ray_task_killed_once_is_retried_without_duplicates(tmp_path, local_storage, ray_cluster):
     marker = tmp_path / "crashed"
     source = Squares(1000, marker=str(marker), crash_at=(450,))
@@ -387,12 +401,15 @@ def test_ray_task_killed_once_is_retried_without_duplicates(tmp_path, local_stor
     }
 
 
+@pytest.mark.ray
 def test_ray_task_errors_reach_the_caller_as_raised(local_storage, ray_cluster):
     with pytest.raises(ydl.SchemaError, match="record 777"):
         ydl.cache_dataset(Squares(1000, bad_at=777), "squares", "v1", local_storage, engine="ray")
     assert local_storage.list() == []
 
 
+@pytest.mark.ray
+@pytest.mark.servers
 def test_ray_tasks_upload_their_chunks_into_the_bucket(tmp_path, s3_server, s3_bucket, ray_cluster):
     storage = s3_server.storage(s3_bucket, "team", tmp_path / "builder")
     data = write_parquet(tmp_path / "data")
@@ -406,6 +423,8 @@ def test_ray_tasks_upload_their_chunks_into_the_bucket(tmp_path, s3_server, s3_b
     assert_same_records(serial, ref)
 
 
+@pytest.mark.ray
+@pytest.mark.servers
 def test_a_failed_ray_build_leaves_no_chunks_in_the_bucket(
     tmp_path, s3_server, s3_bucket, ray_cluster
 ):
@@ -415,6 +434,7 @@ def test_a_failed_ray_build_leaves_no_chunks_in_the_bucket(
     assert [k for k, _ in storage.objects.keys("sq/v1/")] == []
 
 
+@pytest.mark.ray
 def test_a_ray_dataset_is_a_source(tmp_path, local_storage, ray_cluster):
     import ray.data
 

@@ -6,7 +6,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from test_spark import spark  # noqa: F401  (the tests' Spark session, for a real partitionBy)
 
 import yogadl_plus as ydl
 from yogadl_plus.sources import ParquetSource, as_source
@@ -278,8 +277,9 @@ def test_a_spark_style_layout_reads_as_spark_reads_it(tmp_path):
     assert ref.schema["id"].dtype == np.int32 and ref.schema["id"].nullable
 
 
+@pytest.mark.spark
 @pytest.mark.filterwarnings("ignore::FutureWarning")  # pyspark on pandas 3
-def test_a_spark_partitioned_write_caches_as_spark_reads_it(spark, tmp_path):  # noqa: F811
+def test_a_spark_partitioned_write_caches_as_spark_reads_it(spark, tmp_path):
     """Real Spark: df.write.partitionBy(...), a null partition, values Spark escapes."""
     from pyspark.sql import functions as F
 

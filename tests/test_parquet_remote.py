@@ -13,6 +13,8 @@ import pytest
 
 import yogadl_plus as ydl
 
+pytestmark = pytest.mark.servers
+
 
 def table(start: int, n: int) -> pa.Table:
     return pa.table(

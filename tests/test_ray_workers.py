@@ -24,7 +24,7 @@ import yogadl_plus as ydl
 from yogadl_plus import predicates
 from yogadl_plus.errors import TransformError, WorkerDied
 
-pytestmark = [pytest.mark.timeout(300), pytest.mark.usefixtures("ray_cluster")]
+pytestmark = [pytest.mark.ray, pytest.mark.timeout(300), pytest.mark.usefixtures("ray_cluster")]
 
 N = 3000
 
@@ -121,6 +121,7 @@ def test_resume_and_offset_after_hold_on_ray_workers(ref: ydl.DataRef) -> None:
     assert [b["i"].tolist() for b in again] == whole[7:]
 
 
+@pytest.mark.crash
 def test_an_actor_killed_mid_epoch_is_replaced_and_its_units_run_again(
     ref: ydl.DataRef, tmp_path: Path, caplog: Any
 ) -> None:
@@ -155,6 +156,7 @@ class _KillAlways:
         return record
 
 
+@pytest.mark.crash
 def test_a_unit_that_kills_every_actor_is_worker_died_naming_it(ref: ydl.DataRef) -> None:
     stream = ref.stream(batch_size=10, transform=_KillAlways(), num_workers=2, worker_type="ray")
     with pytest.raises(
@@ -239,7 +241,7 @@ def test_a_stream_dropped_on_rays_own_thread_stops_its_workers_without_hanging(
     # Before: its pool's finalizer called ray.kill on Ray's event-loop thread, which that call
     # waits for: Ray never served again, and ray.shutdown() hung at the end of the suite. In a
     # process of its own (a cluster of its own), so that a hang cannot take this one down.
-    job = Path(__file__).parent / "ray_drop_job.py"
+    job = Path(__file__).parent / "jobs" / "ray_drop_job.py"
     process = subprocess.Popen(
         [sys.executable, str(job), str(tmp_path)],
         stdout=subprocess.PIPE,

@@ -90,6 +90,7 @@ def test_page_map_of_a_file_that_is_not_lmdb_is_none(tmp_path):
             os.close(fd)
 
 
+@pytest.mark.slow
 def test_page_map_of_a_damaged_tree_is_none_or_in_bounds(local_storage):
     """A flipped byte in a branch or leaf page never makes the map point outside the file (a
     hint is harmless, an exception here would not be)."""

@@ -15,6 +15,8 @@ import pytest
 
 import yogadl_plus as ydl
 
+pytestmark = pytest.mark.crash
+
 N = 600
 WORLD = 3
 STEPS_BEFORE_CRASH = 5

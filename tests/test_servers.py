@@ -16,7 +16,9 @@ from email.utils import parsedate_to_datetime
 from pathlib import Path
 
 import pytest
-from servers import GCSServer, S3Server
+from helpers.servers import GCSServer, S3Server
+
+pytestmark = pytest.mark.servers
 
 MiB = 1024 * 1024
 

@@ -295,6 +295,7 @@ def _children() -> list[int]:
     return [p.pid for p in multiprocessing.active_children()]
 
 
+@pytest.mark.crash
 def test_a_worker_killed_mid_epoch_is_worker_died_and_leaves_nothing(ref):
     shm = shm_entries()
     gc.collect()
@@ -332,6 +333,7 @@ print(sum(1 for line in open("/proc/self/maps") if "yogadl_plus-ring" in line), 
 """
 
 
+@pytest.mark.crash
 @pytest.mark.parametrize(
     "make",
     [
@@ -371,7 +373,8 @@ def test_the_program_ending_any_way_leaves_nothing(tmp_path, make, action):
 
 
 @pytest.mark.parametrize(
-    "workers, persistent, context", [(2, False, None), (2, True, None), (1, False, "spawn")]
+    "workers, persistent, context",
+    [(2, False, None), (2, True, None), pytest.param(1, False, "spawn", marks=pytest.mark.slow)],
 )
 def test_loader_batches_come_from_the_rings_as_tensors(ref, workers, persistent, context):
     torch = pytest.importorskip("torch")
@@ -465,6 +468,7 @@ def slow(record):
     return record
 
 
+@pytest.mark.crash
 def test_loader_workers_killed_leave_nothing_behind(ref):
     torch = pytest.importorskip("torch")
     shm = shm_entries()

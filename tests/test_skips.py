@@ -83,6 +83,7 @@ def test_a_predicate_and_a_skip_list_both_leave_records_out(ref: ydl.DataRef) ->
     assert got == [i for i in range(N) if i % 2 == 0 and i not in SKIP]
 
 
+@pytest.mark.slow
 def test_a_million_skipped_ids(tmp_path) -> None:
     storage = ydl.LocalStorage(tmp_path)
     n = 1_000_300

@@ -7,14 +7,12 @@ from __future__ import annotations
 import json
 import os
 import signal
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
-from damage import version_files, written_names
-from servers import stop_spark
+from helpers.damage import version_files, written_names
 
 import yogadl_plus as ydl
 from yogadl_plus.cache.manifest import MANIFEST_NAME
@@ -23,34 +21,10 @@ from yogadl_plus.storage.sink import ChunkSink
 pyspark = pytest.importorskip("pyspark")
 F = pytest.importorskip("pyspark.sql.functions")
 
-pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")  # pyspark on pandas 3
-
-
-@pytest.fixture(scope="session")
-def spark():
-    """Spark in local mode on 127.0.0.1: 2 task threads, a failed task tried up to 3 times
-    (local[2, 3]); stopped, its JVM included, at the end of the session."""
-    from pyspark.sql import SparkSession
-
-    stop_spark()  # one a documentation snippet left, with another configuration
-    tests = str(Path(__file__).parent)  # executors unpickle this module's functions by name
-    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"  # what the JVM binds, whatever the hostname
-    session = (
-        SparkSession.builder.master("local[2, 3]")
-        .appName("yogadl_plus tests")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.pyspark.python", sys.executable)
-        .config("spark.executorEnv.PYTHONPATH", tests)
-        .config("spark.sql.shuffle.partitions", "3")
-        .config("spark.sql.execution.arrow.maxRecordsPerBatch", "500")
-        .getOrCreate()
-    )
-    session.sparkContext.setLogLevel("FATAL")
-    yield session
-    stop_spark()
+pytestmark = [
+    pytest.mark.spark,
+    pytest.mark.filterwarnings("ignore::FutureWarning"),  # pyspark on pandas 3
+]
 
 
 def events(spark, rows: int = 3000, partitions: int = 3):
@@ -268,6 +242,7 @@ def always_dies(batches):
         yield batch
 
 
+@pytest.mark.crash
 def test_a_task_killed_after_delivering_chunks_is_retried_without_duplicates(
     spark, local_storage, tmp_path, monkeypatch
 ):
@@ -283,6 +258,7 @@ def test_a_task_killed_after_delivering_chunks_is_retried_without_duplicates(
     assert len({name[:15] for name in written_names(ref)}) == 3  # one attempt per partition
 
 
+@pytest.mark.crash
 def test_a_task_killed_while_reading_is_retried(spark, local_storage, tmp_path):
     import functools
 
@@ -296,6 +272,7 @@ def test_a_task_killed_while_reading_is_retried(spark, local_storage, tmp_path):
     assert version_files(local_storage, "events", "v1") == {MANIFEST_NAME, *named}
 
 
+@pytest.mark.crash
 def test_a_task_that_always_dies_fails_the_build(spark, local_storage):
     base = events(spark, rows=2000)
     frame = base.mapInArrow(always_dies, base.schema)
@@ -307,6 +284,7 @@ def test_a_task_that_always_dies_fails_the_build(spark, local_storage):
 # ----------------------------------------------------------------- buckets
 
 
+@pytest.mark.servers
 def test_tasks_upload_their_chunks_into_an_s3_bucket_once(
     spark, tmp_path, s3_server, s3_bucket, monkeypatch
 ):
@@ -323,6 +301,7 @@ def test_tasks_upload_their_chunks_into_an_s3_bucket_once(
     assert_holds_events(reader.fetch("events", "v1"), list(range(3000)))
 
 
+@pytest.mark.servers
 def test_a_failed_build_stops_its_tasks_before_cleaning_the_bucket(
     spark, tmp_path, s3_server, s3_bucket
 ):
@@ -338,6 +317,7 @@ def test_a_failed_build_stops_its_tasks_before_cleaning_the_bucket(
     assert [k for k in keys if k.endswith(".mdb")] == []
 
 
+@pytest.mark.servers
 def test_tasks_upload_their_chunks_into_a_gcs_bucket(
     spark, tmp_path, gcs_server, gcs_bucket, monkeypatch
 ):

@@ -92,6 +92,7 @@ def test_a_full_disk_during_an_overwrite_keeps_the_version(tmp_path):
         ref.verify()
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not ROOT, reason="mounting a small tmpfs needs root")
 def test_the_cli_exits_4_on_a_full_disk(tmp_path, capsys):
     table = pa.table(
@@ -186,6 +187,7 @@ def test_a_storage_root_that_is_a_file_is_named(tmp_path):
 # --- a read-only local cache of a bucket --------------------------------------------------------
 
 
+@pytest.mark.servers
 @pytest.mark.skipif(not ROOT, reason="a read-only bind mount needs root")
 def test_a_read_only_local_cache_of_a_bucket_is_read(s3_server, s3_bucket, tmp_path):
     prefix = f"ro-{uuid.uuid4().hex[:6]}"

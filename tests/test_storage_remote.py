@@ -19,10 +19,12 @@ from typing import Any
 
 import numpy as np
 import pytest
-from remote_helpers import client_for, count_downloads, make_storage, records, spec_for
+from helpers.remote_helpers import client_for, count_downloads, make_storage, records, spec_for
 
 import yogadl_plus as ydl
 from yogadl_plus.storage.lease import BuildLease
+
+pytestmark = pytest.mark.servers
 
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
@@ -150,7 +152,7 @@ CHILD_FETCH = textwrap.dedent(
     """
     import json, sys
     sys.path.insert(0, {tests!r})
-    from remote_helpers import count_downloads, make_storage
+    from helpers.remote_helpers import count_downloads, make_storage
     storage = make_storage(json.loads(sys.argv[1]), sys.argv[2])
     seen = count_downloads(storage)
     ref = storage.fetch("d", "v")
@@ -259,7 +261,7 @@ CHILD_BUILD = textwrap.dedent(
     import json, os, sys, time
     sys.path.insert(0, {tests!r})
     import yogadl_plus as ydl
-    from remote_helpers import make_storage, records
+    from helpers.remote_helpers import make_storage, records
 
     spec = json.loads(sys.argv[1]); cache = sys.argv[2]; marker = sys.argv[3]
     options = json.loads(sys.argv[4]) if len(sys.argv) > 4 else {{}}
@@ -313,6 +315,7 @@ def test_racing_builders_in_processes_build_once(spec: dict, tmp_path: Path) -> 
     assert len(marker.read_text().split()) == 1
 
 
+@pytest.mark.crash
 def test_builder_killed_mid_upload_leaves_no_version_and_its_lease_expires(
     spec: dict, tmp_path: Path
 ) -> None:
@@ -465,7 +468,7 @@ def test_missing_bucket_names_the_url(spec: dict, tmp_path: Path) -> None:
 
 
 def test_unreachable_endpoint_names_it(spec: dict, tmp_path: Path) -> None:
-    from servers import free_ports
+    from helpers.servers import free_ports
 
     port = free_ports(1)[0]
     key = "endpoint_url" if spec["kind"] == "s3" else "endpoint"
@@ -494,7 +497,7 @@ CHILD_READER = textwrap.dedent(
     """
     import json, sys, time
     sys.path.insert(0, {tests!r})
-    from remote_helpers import make_storage
+    from helpers.remote_helpers import make_storage
     spec = json.loads(sys.argv[1])
     storage = make_storage(spec, sys.argv[2])
     ref = storage.fetch("d", "old")

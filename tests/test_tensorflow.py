@@ -444,6 +444,7 @@ def test_nullable_fields_are_refused_and_datetimes_become_int64(storage):
     assert got == [stamps.astype(np.int64).tolist()]
 
 
+@pytest.mark.slow
 def test_cardinality_is_a_whole_epoch_and_iterations_may_end_before_it(ref):
     assert int(make_tf_dataset(ref.stream(batch_size=10)).cardinality()) == 6
     assert int(make_tf_dataset(ref.stream(batch_size=10, drop_last=True)).cardinality()) == 5
@@ -600,6 +601,7 @@ print("ok")
 """
 
 
+@pytest.mark.slow
 def test_values_with_a_zero_dim_come_through_without_a_crash(tmp_path):
     # Before: TensorFlow's unbatch, which the face used for blocks and groups of batches,
     # ended the process with a segmentation fault on a field of shape (2, 0).

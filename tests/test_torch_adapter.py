@@ -48,7 +48,7 @@ def test_record_dataset_items_and_batched_fetch(ref):
     np.testing.assert_array_equal(copy[9]["x"], np.full(4, 9, np.float32))
 
 
-@pytest.mark.parametrize("context", ["fork", "spawn"])
+@pytest.mark.parametrize("context", ["fork", pytest.param("spawn", marks=pytest.mark.slow)])
 def test_record_dataset_in_dataloader_workers(ref, context):
     ds = ydl.torch.RecordDataset(ref, fields=["i", "x", "h", "flag"])
     loader = torch.utils.data.DataLoader(
@@ -187,6 +187,7 @@ def test_state_from_another_seed_is_refused(ref):
         b.load_state_dict(a.state_dict())
 
 
+@pytest.mark.slow
 def test_a_stream_with_its_own_workers_goes_into_a_dataloader(ref):
     stream = ref.stream(
         shuffle=True, shuffle_seed=4, batch_size=25, num_workers=2, worker_type="process"

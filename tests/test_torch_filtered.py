@@ -57,6 +57,7 @@ filters = st.one_of(
 skips = st.lists(st.integers(0, N - 1), max_size=300).map(lambda s: np.array(sorted(set(s))))
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore::yogadl_plus.NothingPassedWarning")  # (some drawn filters)
 @settings(
     max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]

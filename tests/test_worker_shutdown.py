@@ -164,6 +164,7 @@ def test_process_workers_stuck_in_a_transform_stop_with_the_program(start, tmp_p
     assert still_alive_after(pids, 10.0) == [], "worker processes outlived the program"
 
 
+@pytest.mark.crash
 @pytest.mark.parametrize("mode", ["process", "torch"])
 def test_workers_stuck_in_a_transform_end_when_the_program_is_killed(start, tmp_path, mode):
     proc = start(mode, "wait")

@@ -253,6 +253,7 @@ def test_bad_worker_arguments(ref):
         ref.stream(num_workers=1, prefetch=0)
 
 
+@pytest.mark.crash
 def test_a_worker_killed_mid_epoch_is_reported_and_the_stream_goes_on(ref):
     args = dict(shuffle=True, shuffle_seed=5, transform=jittery)
     stream = ref.stream(num_workers=2, worker_type="process", **args)
@@ -329,6 +330,7 @@ def wide_ref(tmp_path_factory):
     return ydl.cache_dataset(records, "d", "v", storage, progress=False)
 
 
+@pytest.mark.crash
 @pytest.mark.parametrize("transform", [None, add_square])
 def test_a_worker_killed_while_batches_are_consumed_is_worker_died(wide_ref, transform):
     # Batches: the death is noticed when the next unit is handed to the pool as well as when a
@@ -371,6 +373,7 @@ def big_and_exit_at_13(record):
     return {"i": i, "blob": bytes(300_000)}
 
 
+@pytest.mark.crash
 def test_a_worker_that_dies_with_a_result_unsent_names_the_unit_it_was_on(ref):
     # The second worker finishes unit 1, but the parent, waiting on the slow unit 0, does not
     # read its pipe: the result (a MiB) is still being sent when the worker goes on to unit 3

@@ -1,7 +1,7 @@
 """One rank of a 3-process DDP job (gloo, CPU) for test_ddp.py: a DistributedDataParallel model
 trained on ``make_dataloader`` (or a DataLoader with a ``StreamSampler``) over one shard each.
 
-    python ddp_job.py ROOT RANK WORLD PORT FACE MODE
+    python tests/jobs/ddp_job.py ROOT RANK WORLD PORT FACE MODE
 
 FACE is "loader" or "sampler"; MODE is "default", "drop", "pad" or "allow" (uneven shards
 allowed: the job that hangs). Prints "refused: <message>" when the face refuses at
@@ -21,9 +21,11 @@ from torch.utils.data import DataLoader
 import yogadl_plus as ydl
 
 RECORDS, BATCH, SEED = 50, 4, 3
-# Long enough for the job's own steps on a loaded machine, short enough for a test to see a
-# collective that never completes.
+# Starting and the final barrier: long enough for the ranks' start on a loaded machine.
 COLLECTIVE_TIMEOUT = datetime.timedelta(seconds=20)
+# The training steps' all-reduce in mode "allow", which waits for a step one rank never takes:
+# short, so that the test sees the hang in seconds; still many times a step's time.
+HANGING_STEP_TIMEOUT = datetime.timedelta(seconds=5)
 
 
 def dataref(root: str) -> ydl.DataRef:
@@ -70,7 +72,10 @@ def main(root: str, rank: int, world: int, port: int, face: str, mode: str) -> N
         dist.destroy_process_group()
         return
     torch.manual_seed(0)
-    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 1))
+    steps_group = dist.new_group(timeout=HANGING_STEP_TIMEOUT) if mode == "allow" else None
+    model = torch.nn.parallel.DistributedDataParallel(
+        torch.nn.Linear(2, 1), process_group=steps_group
+    )
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     steps, seen = 0, []
     for batch in loader:

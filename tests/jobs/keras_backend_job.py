@@ -1,6 +1,6 @@
 """What Keras trains, evaluates and predicts on, with one backend, for test_keras.py.
 
-    python keras_backend_job.py BACKEND ROOT
+    python tests/jobs/keras_backend_job.py BACKEND ROOT
 
 BACKEND is "torch" or "jax". Prints one JSON object: for each check, a pair [what Keras was
 handed (record ids, or where the stream stands), what the stream's epochs hold, in order].

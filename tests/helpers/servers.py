@@ -1,6 +1,6 @@
 """Pytest plugin: real object-store servers on 127.0.0.1, started once per session.
 
-Registered from ``tests/conftest.py`` with ``pytest_plugins = ["servers"]``.
+Registered from ``tests/conftest.py`` with ``pytest_plugins = ["helpers.servers", ...]``.
 
 Fixtures
 --------
@@ -55,6 +55,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from helpers.marks import require_mark
 
 __all__ = [
     "FakeGCS",
@@ -118,6 +120,7 @@ def free_ports(n: int, grpc_offset: int | None = None) -> list[int]:
 def start_local_ray(ray: Any, **extra: Any) -> None:
     """Start a local Ray cluster of 2 CPUs, bound to 127.0.0.1, for this process (``extra``:
     more ``ray.init`` arguments); Ray's own logs stay out of the test output."""
+    require_mark("ray", "a local Ray cluster")
     ray.init(
         address="local",
         num_cpus=2,
@@ -416,6 +419,7 @@ class SeaweedFS(_ServerProcess):
 
     def start(self) -> None:
         """Run the server (again) and wait until it answers S3 requests."""
+        require_mark("servers", "an S3 server (SeaweedFS)")
         assert self.proc is None, "SeaweedFS is already running"
         env = _clean_env(("AWS_", "S3_", "WEED_"))
         proc = _spawn(self.cmd, self.log, cwd=self.root, env=env)
@@ -551,6 +555,7 @@ class FakeGCS(_ServerProcess):
 
     def start(self) -> None:
         """Run the server (again) and wait until it answers."""
+        require_mark("servers", "a GCS server (fake-gcs-server)")
         assert self.proc is None, "fake-gcs-server is already running"
         env = _clean_env(("STORAGE_EMULATOR_HOST", "GOOGLE_"))
         proc = _spawn(self.cmd, self.log, cwd=self.root, env=env)

@@ -1,7 +1,7 @@
 """A training job for test_keras_resume.py: model.fit with ydl.keras.BackupAndRestore, killed
 on request, run again by the test until it finishes.
 
-    python keras_resume_job.py ROOT FACE SAVE_FREQ PREDICATE KILL
+    python tests/jobs/keras_resume_job.py ROOT FACE SAVE_FREQ PREDICATE KILL
 
 FACE is "tf" (make_tf_dataset) or "seq" (StreamSequence); SAVE_FREQ "epoch" or an int;
 PREDICATE "0" or "1"; KILL is "none", "step:N" (SIGKILL inside the N-th training step of this

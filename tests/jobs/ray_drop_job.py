@@ -2,7 +2,7 @@
 runs finalizers on whichever thread allocates). Exits 0 when Ray still serves afterwards and
 shuts down; before the fix, stopping the workers there waited for that very loop, forever.
 
-    python ray_drop_job.py FOLDER
+    python tests/jobs/ray_drop_job.py FOLDER
 """
 
 from __future__ import annotations
@@ -10,12 +10,15 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import ray
-from servers import start_local_ray
 
 import yogadl_plus as ydl
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for helpers
+from helpers.servers import start_local_ray
 
 
 @ray.remote
