@@ -8,7 +8,8 @@ import os
 
 import pytest
 
-BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BENCH = os.path.join(ROOT, "bench")
 # Modules that import at their top what only their side venv has.
 SIDE_VENV_ONLY = {"baselines.litdata_s3"}
 
@@ -23,6 +24,9 @@ def _modules() -> list[str]:
 
 
 @pytest.mark.parametrize("name", [m for m in _modules() if m not in SIDE_VENV_ONLY])
-def test_bench_module_imports(name: str) -> None:
+def test_bench_module_imports(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # As `python -m bench.<name>` from the repository root sees it: pytest itself puts only
+    # tests/ on the path.
+    monkeypatch.syspath_prepend(ROOT)
     module = importlib.import_module(f"bench.{name}")
     assert module.__doc__, f"bench/{name}.py says nothing about what it measures"
