@@ -26,10 +26,7 @@ from typing import Any
 import numpy as np
 
 import yogadl_plus as ydl
-from bench.harness import call_in_tree, smoke, start_or_skip
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))  # the SeaweedFS runner the tests use
+from bench.harness import call_in_tree, smoke, start_seaweedfs
 
 
 def first_batch(spec: dict[str, Any]) -> dict[str, float]:
@@ -60,13 +57,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=smoke(3, 1))
     parser.add_argument("--tmp", default=None)
     args = parser.parse_args(argv)
-    from helpers.servers import seaweedfs
 
     work = Path(tempfile.mkdtemp(prefix="bench-first-", dir=args.tmp))
     rows = []
     try:
         with contextlib.ExitStack() as stack:
-            server = start_or_skip(stack, seaweedfs(work / "weed"))
+            server = start_seaweedfs(stack, work / "weed")
             bucket = server.make_bucket()
             builder = server.storage(bucket, "team", work / "builder")
             for n in map(int, args.records.split(",")):

@@ -44,11 +44,8 @@ from bench.harness import (
     run_baseline,
     smoke,
     start_call,
-    start_or_skip,
+    start_seaweedfs,
 )
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))  # the SeaweedFS runner the tests use
 
 
 def _wait_until(start_at: float) -> None:
@@ -130,7 +127,6 @@ def main(argv: list[str] | None = None) -> int:
         help="the peers venv's python ('' to leave litdata out)",
     )
     args = parser.parse_args(argv)
-    from helpers.servers import seaweedfs
 
     python = (
         args.litdata_python if args.litdata_python and Path(args.litdata_python).exists() else ""
@@ -141,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[int, dict[str, float]] = {}
     try:
         with contextlib.ExitStack() as stack:
-            server = start_or_skip(stack, seaweedfs(work / "weed"))
+            server = start_seaweedfs(stack, work / "weed")
             bucket = server.make_bucket()
             n = args.records
             columns = {

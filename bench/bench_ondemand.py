@@ -37,11 +37,8 @@ import numpy as np
 
 import yogadl_plus as ydl
 from bench.delay_proxy import DelayProxy
-from bench.harness import machine, smoke, start_or_skip, time_once, write_json
+from bench.harness import machine, smoke, start_seaweedfs, time_once, write_json
 from yogadl_plus.stream import Stream
-
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))  # the SeaweedFS runner the tests use
 
 RECORD_FLOATS = 16384  # 64 KiB records
 
@@ -124,14 +121,14 @@ def count_fetches(machine: Any) -> Counter[str]:
 def count_ready(ref: Any, ready: list[bool]) -> None:
     """Appends to ``ready``, for each chunk a reader opens, whether it was on disk already
     (fetched ahead of the read)."""
-    source = ref.source
-    original = source.acquire
+    fetcher = ref.provider  # the ChunkFetcher that brings chunks to local disk
+    original = fetcher.acquire
 
     def acquire(number: int) -> Any:
-        ready.append(os.path.exists(os.path.join(source.folder, source.chunks[number].file)))
+        ready.append(os.path.exists(os.path.join(fetcher.folder, fetcher.chunks[number].file)))
         return original(number)
 
-    source.acquire = acquire
+    fetcher.acquire = acquire
 
 
 def stream_pass(ref: ydl.DataRef, options: dict[str, Any], batch_size: int, step: float) -> None:
@@ -173,13 +170,11 @@ def main(argv: list[str] | None = None) -> int:
             parser.error("--window: this yogadl_plus's Stream takes no shuffle_window yet")
         options = {"shuffle": True, "shuffle_seed": 0, "shuffle_window": args.window}
 
-    from helpers.servers import seaweedfs
-
     work = Path(tempfile.mkdtemp(prefix="ydl-bench-ondemand-", dir=args.tmp))
     rows: dict[str, dict[str, Any]] = {}
     try:
         with contextlib.ExitStack() as stack:
-            server = start_or_skip(stack, seaweedfs(work / "seaweedfs"))
+            server = start_seaweedfs(stack, work / "seaweedfs")
             server.make_bucket("bench")
             port = int(server.endpoint_url.rsplit(":", 1)[1])
             builder = storage(server, port, work / "builder")

@@ -2,15 +2,16 @@
 
     python -m bench.bench_outage [--outage-s 300] [--records 20000] [--tmp DIR]
 
-Too slow for the test suite (tests/test_outages.py stops the server for 15 s); this is the
-five-minute outage at full length. A SeaweedFS on 127.0.0.1 holds a version of --records records
-(``{"x": float32[64], "label": int64}``) in chunks of 100 kB; a node reads it on demand through
-a local cache limited to half of it, with the default ``retry_timeout`` (300 s), in shuffled
-batches of 100 with ``shuffle_window=4``. After a fifth of the epoch's batches the server is
-stopped (its port refuses connections) for --outage-s seconds, then started again on the same
-port with the same data. The loop "trains" at 10 ms a batch. Printed: the outage, the longest
-wait for a batch, the WARNING lines the ``yogadl_plus`` logger wrote during the wait (at the
-first retry, then every 30 s), and whether every record of the epoch was handed out once.
+Too slow for the test suite (tests/test_outages.py stops the server for 8 s); this is the
+five-minute outage at full length (2 s in smoke mode). A SeaweedFS on 127.0.0.1 holds a version
+of --records records (``{"x": float32[64], "label": int64}``) in chunks of 100 kB; a node reads
+it on demand through a local cache limited to half of it, with the default ``retry_timeout``
+(300 s), in shuffled batches of 100 with ``shuffle_window=4``. After a fifth of the epoch's
+batches the server is stopped (its port refuses connections) for --outage-s seconds, then
+started again on the same port with the same data. The loop "trains" at 10 ms a batch. Printed:
+the outage, the longest wait for a batch, the WARNING lines the ``yogadl_plus`` logger wrote
+during the wait (at the first retry, then every 30 s), and whether every record of the epoch was
+handed out once.
 """
 
 from __future__ import annotations
@@ -27,10 +28,7 @@ from pathlib import Path
 import numpy as np
 
 import yogadl_plus as ydl
-from bench.harness import or_skip, smoke
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))  # the SeaweedFS runner the tests use
+from bench.harness import local_servers, or_skip, smoke
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -39,11 +37,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--records", type=int, default=smoke(20_000, 2_000))
     parser.add_argument("--tmp", default=None)
     args = parser.parse_args(argv)
+    servers = or_skip(local_servers)
     from botocore.config import Config
-    from helpers.servers import SeaweedFS
 
     work = Path(tempfile.mkdtemp(prefix="bench-outage-", dir=args.tmp))
-    weed = or_skip(lambda: SeaweedFS(work / "weed"))
+    weed = or_skip(lambda: servers.SeaweedFS(work / "weed"))
     warnings_seen: list[tuple[float, str]] = []
 
     class Keep(logging.Handler):

@@ -28,10 +28,7 @@ from typing import Any
 import numpy as np
 
 import yogadl_plus as ydl
-from bench.harness import machine, smoke, start_or_skip, target_cell, time_once, write_json
-
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))  # the SeaweedFS runner the tests use
+from bench.harness import machine, smoke, start_seaweedfs, target_cell, time_once, write_json
 
 RECORD_FLOATS = 16384  # 64 KiB records
 
@@ -90,12 +87,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", default=None, help="also write the results as JSON here")
     args = parser.parse_args(argv)
 
-    from helpers.servers import seaweedfs
-
     work = Path(tempfile.mkdtemp(prefix="ydl-bench-remote-", dir=args.tmp))
     try:
         with contextlib.ExitStack() as stack:
-            server = start_or_skip(stack, seaweedfs(work / "seaweedfs"))
+            server = start_seaweedfs(stack, work / "seaweedfs")
             client = server.client()
             bucket = server.make_bucket("bench")
             builder = ydl.S3Storage(

@@ -76,8 +76,8 @@ FINGERPRINT_ITEMS = 3
 
 
 def small_records(n: int, seed: int) -> Iterable[dict[str, Any]]:
-    # Record dicts, not a dict of columns: cache_dataset at b5ffa17 does not take columns yet
-    # (API.md lists them), and the script must build with that checkout too.
+    # Record dicts, not a dict of columns: cache_dataset at b5ffa17 does not take columns yet,
+    # and the script must build with that checkout too.
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((n, 64), dtype=np.float32)
     label = rng.integers(0, 1_000_000, n, dtype=np.int64)

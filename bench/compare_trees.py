@@ -1,8 +1,8 @@
 """bench_stream_paths.py against two checkouts of yogadl_plus, alternately (A B A B ...), for a
 change that should leave the sequential layer's speed as it was:
 
-    git worktree add /work/base HEAD                   # once, before the change: tree A
-    python -m bench.compare_trees [--a /work/base] [--b .] [--rounds 3] [--quick]
+    git worktree add /tmp/ydl-before HEAD              # once, before the change: tree A
+    python -m bench.compare_trees [--a /tmp/ydl-before] [--b .] [--rounds 3] [--quick]
 
 Every run is a fresh process of the same script (this checkout's bench.bench_stream_paths) with
 that tree's yogadl_plus (``bench.harness.run_bench``: the tree on ``PYTHONPATH``, before the
@@ -89,7 +89,9 @@ def spread(values: list[float]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--a", default=None, help="tree A, the code before the change")
+    parser.add_argument(
+        "--a", default=None, help="tree A, the code before the change (default /tmp/ydl-before)"
+    )
     parser.add_argument("--b", default=ROOT, help="tree B, the changed code (default: this one)")
     parser.add_argument("--rounds", type=int, default=smoke(3, 1), help="A B rounds (3)")
     parser.add_argument(
@@ -113,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.rounds < 1:
         parser.error("--rounds >= 1")
     if args.a is None:
-        args.a = smoke_tree() if SMOKE else "/work/base"
+        args.a = smoke_tree() if SMOKE else "/tmp/ydl-before"
     if args.python is None:
         args.python = NOX_PYTHON if os.path.exists(NOX_PYTHON) else sys.executable
     trees = {"A": os.path.abspath(args.a), "B": os.path.abspath(args.b)}

@@ -16,6 +16,7 @@ import argparse
 import atexit
 import contextlib
 import gc
+import importlib
 import json
 import os
 import platform
@@ -25,6 +26,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Mapping
+from types import ModuleType
 from typing import Any, NoReturn, TypeVar
 
 T = TypeVar("T")
@@ -72,9 +74,21 @@ def or_skip(make: Callable[[], T]) -> T:
         skip(str(e))
 
 
-def start_or_skip(stack: contextlib.ExitStack, server: contextlib.AbstractContextManager[T]) -> T:
-    """Enters ``server`` (a local server for the block) on ``stack``, or skips (``or_skip``)."""
-    return or_skip(lambda: stack.enter_context(server))
+def local_servers() -> ModuleType:
+    """The tests' local servers, for the scripts that read from a bucket: the module
+    ``tests/helpers/servers.py`` (``seaweedfs(folder)``, a SeaweedFS on 127.0.0.1 for a block;
+    the ``SeaweedFS`` class, to stop and start). Raises ImportError where the test dependencies
+    it needs (pytest, boto3) are not installed: ``or_skip(local_servers)`` skips instead."""
+    # tests/ has no __init__.py: from the repository root it imports as a namespace package.
+    return importlib.import_module("tests.helpers.servers")
+
+
+def start_seaweedfs(stack: contextlib.ExitStack, folder: str | os.PathLike[str]) -> Any:
+    """A SeaweedFS on 127.0.0.1 keeping its data under ``folder``, stopped when ``stack``
+    closes (the tests' runner, ``local_servers().seaweedfs``); ``skip`` where the runner or
+    the server binary is not installed."""
+    servers = or_skip(local_servers)
+    return or_skip(lambda: stack.enter_context(servers.seaweedfs(folder)))
 
 
 # --------------------------------------------------------------------------- timing
@@ -404,8 +418,6 @@ def alternate(
 
 def _call_main(argv: list[str]) -> int:
     """The child side of ``call_in_tree``: runs the function, prints its result as JSON."""
-    import importlib
-
     module, function, args = argv
     result = getattr(importlib.import_module(f"bench.{module}"), function)(*json.loads(args))
     imported = sys.modules.get("yogadl_plus")

@@ -1,7 +1,7 @@
 """The headline table of docs/performance.md: yogadl_plus against its peers, one run, one machine.
 
     bash bench/baselines/venvs.sh .baselines        # once: the peers' side venvs
-    python bench/headline.py [--quick] [--json out.json] [--repeats 3]
+    python -m bench.headline [--quick] [--json out.json] [--repeats 3] [--baselines DIR]
 
 Prints the machine, then one markdown table ready to paste: a row per workload, a column per
 library, each cell the throughput and, for a peer, yogadl_plus's throughput divided by the
@@ -9,9 +9,11 @@ peer's (2.00x: yogadl_plus twice as fast), both from this run. "—" where a lib
 apply or was not measured; a row that cannot run (a missing venv, no SeaweedFS) says why
 under the table. Every figure is the best of --repeats epochs after the data were read once
 (page cache warm), unless the row says otherwise. The peers run in the side venvs as
-subprocesses (bench/baselines/_headline_peers.py and the older bench scripts it reuses), timed
-inside their own process. The run takes about 4 minutes on 2 cores (longer on a loaded
-machine); --quick is a check that everything runs (about 2 minutes), not a measurement.
+subprocesses (``bench.baselines.headline_peers``, and ``grain_big``, ``litdata_s3``,
+``yogadl_foundation`` and ``peer_writers`` that other scripts use too), timed inside their own
+process. The run takes about 4 minutes on 2 cores (longer on a loaded machine); --quick is a
+check that everything runs (about 2 minutes), not a measurement; smoke mode
+(``YDL_BENCH_SMOKE=1``) is smaller still, one epoch a figure.
 
 Rows (what each column times is in ROWS below):
 
@@ -33,16 +35,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
-import gc
 import importlib.metadata
 import io
-import json
 import math
 import os
-import platform
 import random
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -53,29 +51,26 @@ from typing import Any
 
 import numpy as np
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-for path in (str(ROOT), str(HERE), str(ROOT / "tests")):
-    if path not in sys.path:
-        sys.path.insert(0, path)
+import yogadl_plus as ydl
+from bench.bench_build_columns import peer as write_peer
+from bench.bench_foundation import bench_yogadl, make_data
+from bench.bench_peers_big import ours as big_records_rate
+from bench.harness import (
+    BASELINE_VENVS,
+    SMOKE,
+    VENVS_HINT,
+    best_of,
+    local_servers,
+    machine,
+    run_baseline,
+    smoke,
+    time_once,
+    write_json,
+)
+
+# Before TensorFlow and Keras are imported (lazily, in the tf.data and Keras rows).
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
-
-# Timing and the benchmarks reused: the one place to switch when bench/ becomes a package.
-from bench_build_columns import peer as write_peer  # noqa: E402
-from bench_foundation import bench_yogadl, best_of, machine, make_data  # noqa: E402
-from bench_peers_big import ours as big_records_rate  # noqa: E402
-
-import yogadl_plus as ydl  # noqa: E402
-
-
-def timed(run: Callable[[], Any]) -> float:
-    """Seconds one call of ``run`` took (for what is measured once: builds, cold reads)."""
-    gc.collect()
-    began = time.perf_counter()
-    run()
-    return time.perf_counter() - began
-
 
 COLUMNS = (
     "yogadl_plus",
@@ -119,6 +114,17 @@ class Sizes:
 
     @staticmethod
     def pick(quick: bool) -> Sizes:
+        """The full run's sizes, --quick's, or smoke mode's (smaller still: every row runs)."""
+        if SMOKE:
+            return Sizes(
+                2_000,
+                50,
+                32,
+                1_000,
+                2_000,
+                big_seconds=0.2,
+                bucket_chunk_bytes=64 << 10,
+            )
         if quick:
             return Sizes(
                 20_000,
@@ -172,24 +178,13 @@ def _short(value: float) -> str:
 # --------------------------------------------------------------------------- the side venvs
 
 
-def side_script(name: str) -> Path:
-    """A baseline script, wherever it lives now (bench/baselines/ or bench/)."""
-    for folder in (HERE / "baselines", HERE):
-        if (folder / name).exists():
-            return folder / name
-    raise FileNotFoundError(f"no {name} under bench/baselines or bench")
-
-
-def run_peer(python: Path, *argv: str) -> dict[str, Any]:
-    """Runs a script in a side venv; its last line of stdout is its JSON."""
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")
-    env.pop("PYTHONPATH", None)  # the peers must not import this checkout's yogadl_plus
-    done = subprocess.run(
-        [str(python), *argv], capture_output=True, text=True, env=env, timeout=1200
-    )
-    if done.returncode:
-        raise RuntimeError(f"{Path(argv[0]).name} {argv[1:2]}: {done.stderr.strip()[-800:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+def peer_run(python: Path, module: str, *args: str) -> dict[str, Any]:
+    """Runs ``bench.baselines.<module>`` in the side venv of ``python``; its JSON, or a
+    RuntimeError saying why there is none."""
+    got = run_baseline("peers", module, list(args), python=str(python), timeout=1200)
+    if isinstance(got, str):
+        raise RuntimeError(got)
+    return got
 
 
 # --------------------------------------------------------------------------- data
@@ -200,7 +195,7 @@ def epoch_count(items: Iterable[Any], key: str) -> int:
 
 
 def rate(n: int, run: Callable[[], Any], repeats: int) -> float:
-    """``n`` / the best of ``repeats`` runs of ``run`` (bench_foundation's best_of)."""
+    """``n`` / the best of ``repeats`` runs of ``run`` (``harness.best_of``), after one untimed."""
     run()  # untimed: pages warm, workers started, graphs traced
     best, _ = best_of(run, repeats)
     return n / best
@@ -323,14 +318,15 @@ class Headline:
     def has(self, python: Path, what: str) -> bool:
         if python.exists():
             return True
-        self.skipped.append(f"{what}: no side venv at {python} (bash bench/baselines/venvs.sh)")
+        self.skipped.append(f"{what}: no side venv at {python}; {VENVS_HINT}")
         return False
 
     def peer(self, row: Row, column: str, run: Callable[[], float]) -> None:
         """A peer's figure, or why it is missing: one failing peer does not stop the run."""
         try:
             row.figures[column] = run()
-        except Exception as error:  # reported under the table
+        # SystemExit: bench_build_columns.peer ends its own script so when a writer fails.
+        except (Exception, SystemExit) as error:  # reported under the table
             self.skipped.append(f"{row.name}, {column}: {error}".replace("\n", " ")[:400])
 
     def small_rows(self) -> list[Row]:
@@ -348,9 +344,10 @@ class Headline:
         builds: list[float] = []
         for k in range(self.repeats):
             storage = ydl.LocalStorage(self.work / f"build-{k}")
-            builds.append(
-                timed(lambda s=storage: ydl.cache_dataset(columns, "d", "v", s, progress=False))
+            seconds, _ = time_once(
+                lambda s=storage: ydl.cache_dataset(columns, "d", "v", s, progress=False)
             )
+            builds.append(seconds)
             shutil.rmtree(self.work / f"build-{k}")
         build.figures["yogadl_plus"] = n / min(builds)
         if self.has(self.peers, "Grain, litdata, Lance"):
@@ -360,7 +357,6 @@ class Headline:
         return [reads, build]
 
     def peer_small(self, reads: Row, build: Row) -> None:
-        script = str(side_script("_headline_peers.py"))
         folder = self.work / "peers-small"
         folder.mkdir()
         for column, kind in (("Grain", "array_record"), ("Lance", "lance")):
@@ -372,18 +368,15 @@ class Headline:
                     / write_peer(str(self.peers), kind, str(self.arrays), str(folder))
                 ),
             )
+        data = (str(self.arrays), str(folder), str(self.repeats))
         for column, row in (("Grain", "grain-small"), ("Lance", "lance-small")):
-            argv = [script, row, str(self.arrays), str(folder), str(self.repeats)]
-            self.peer(reads, column, lambda argv=argv: run_peer(self.peers, *argv)["read"])
-        try:
-            got = run_peer(
-                self.peers,
-                script,
-                "litdata-small",
-                str(self.arrays),
-                str(folder),
-                str(self.repeats),
+            self.peer(
+                reads,
+                column,
+                lambda row=row: peer_run(self.peers, "headline_peers", row, *data)["read"],
             )
+        try:
+            got = peer_run(self.peers, "headline_peers", "litdata-small", *data)
             build.figures["litdata"] = got["build"]
             reads.figures["litdata"] = got["read_w0"]
             self.litdata_w2 = got["read_w2"]
@@ -392,9 +385,7 @@ class Headline:
         shutil.rmtree(folder)
 
     def yogadl014(self, build: Row) -> float:
-        got = bench_yogadl(
-            self.sizes.small, self.x, self.label, str(self.work), self.repeats, str(self.yogadl)
-        )
+        got = bench_yogadl(self.x, self.label, str(self.work), self.repeats, str(self.yogadl))
         if isinstance(got, str):
             raise RuntimeError(got)
         build.figures["yogadl 0.1.4"] = got["n"] / got["build_s"]
@@ -407,7 +398,7 @@ class Headline:
         size, count, seconds = 256 << 10, self.sizes.big, self.sizes.big_seconds
         schema = ydl.Schema([ydl.Field("x", np.uint8, (size,)), ydl.Field("y", np.int64)])
 
-        def records() -> Iterable[dict[str, Any]]:  # the records _grain_big.py writes
+        def records() -> Iterable[dict[str, Any]]:  # the records grain_big writes
             base = np.random.default_rng(0).integers(0, 255, size, dtype=np.uint8)
             for i in range(count):
                 yield {"x": np.roll(base, i % 997), "y": np.int64(i)}
@@ -420,14 +411,8 @@ class Headline:
         if self.has(self.peers, "Grain, big records"):
             folder = self.work / "grain-big"
             folder.mkdir()
-            script = str(side_script("_grain_big.py"))
-            self.peer(
-                row,
-                "Grain",
-                lambda: run_peer(
-                    self.peers, script, str(folder), str(count), str(size), str(seconds)
-                )["map"],
-            )
+            args = (str(folder), str(count), str(size), str(seconds))
+            self.peer(row, "Grain", lambda: peer_run(self.peers, "grain_big", *args)["map"])
             shutil.rmtree(folder)
         ref.close()
         return row
@@ -485,14 +470,12 @@ class Headline:
 
         row.figures["yogadl_plus"] = rate(n, epoch, self.repeats)
         if self.has(self.peers, "Grain, Lance: tokens"):
-            script = str(side_script("_headline_peers.py"))
+            args = (str(data), str(data), str(self.repeats))
             for column, kind in (("Grain", "grain-tokens"), ("Lance", "lance-tokens")):
                 self.peer(
                     row,
                     column,
-                    lambda kind=kind: run_peer(
-                        self.peers, script, kind, str(data), str(data), str(self.repeats)
-                    )["read"],
+                    lambda kind=kind: peer_run(self.peers, "headline_peers", kind, *args)["read"],
                 )
         ref.close()
         return row
@@ -500,9 +483,7 @@ class Headline:
     def bucket_row(self) -> Row:
         row = Row("from a bucket (S3, cold), shuffled batches of 256", "records/s")
         try:
-            from servers import seaweedfs
-
-            server_context = seaweedfs(self.work / "weed")
+            server_context = local_servers().seaweedfs(self.work / "weed")
             server = server_context.__enter__()
         except Exception as error:  # no SeaweedFS binary, no boto3
             self.skipped.append(f"{row.name}: no local S3 server ({error})"[:400])
@@ -552,13 +533,11 @@ class Headline:
                 assert epoch_count(stream, "i") == n
                 ref.close()
 
-            times.append(timed(cold_epoch))
+            times.append(time_once(cold_epoch)[0])
             shutil.rmtree(cache)
         row.figures["yogadl_plus"] = n / min(times)
         if self.has(self.peers, "litdata from a bucket"):
-            script = str(side_script("_litdata_s3_baseline.py"))
             argv = [
-                script,
                 "--endpoint",
                 server.endpoint_url,
                 "--bucket",
@@ -576,9 +555,9 @@ class Headline:
             ]
 
             def litdata() -> float:
-                run_peer(self.peers, *argv, "--mode", "prepare")
+                peer_run(self.peers, "litdata_s3", *argv, "--mode", "prepare")
                 return max(
-                    run_peer(self.peers, *argv, "--mode", "read")["records_per_s"]
+                    peer_run(self.peers, "litdata_s3", *argv, "--mode", "read")["records_per_s"]
                     for _ in range(self.repeats)
                 )
 
@@ -671,11 +650,9 @@ class Headline:
 
 def describe_machine() -> dict[str, Any]:
     about = machine()
-    about["uptime_load"] = os.getloadavg()
     with contextlib.suppress(ValueError, OSError):
         memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
         about["memory_gib"] = round(memory / 2**30, 1)
-    about["os"] = platform.platform()
     disk = shutil.disk_usage(tempfile.gettempdir())
     about["tmp_disk_gib"] = round(disk.total / 2**30)
     about["libraries"] = {}
@@ -690,12 +667,12 @@ def markdown(
     about: dict[str, Any],
     load_after: tuple[float, ...],
     seconds: float,
-    quick: bool,
+    command: str,
 ) -> str:
     lines = [
-        f"Measured {time.strftime('%Y-%m-%d')} with `python bench/headline.py"
-        f"{' --quick' if quick else ''}` ({seconds / 60:.1f} min) on {about['cpus']} CPUs "
-        f"({about['cpu_model']}), {about.get('memory_gib', '?')} GiB RAM, {about['os']}; "
+        f"Measured {time.strftime('%Y-%m-%d')} with `{command}`"
+        f"{' in smoke mode' if SMOKE else ''} ({seconds / 60:.1f} min) on {about['cpus']} CPUs "
+        f"({about['cpu_model']}), {about.get('memory_gib', '?')} GiB RAM, {about['platform']}; "
         f"Python {about['python']}, numpy {about['numpy']}, py-lmdb {about['lmdb']}, "
         f"yogadl_plus {about['yogadl_plus']} ({about['git_commit']}); "
         + ", ".join(f"{k} {v}" for k, v in about["libraries"].items())
@@ -721,8 +698,10 @@ def markdown(
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes: a check, ~2 min")
-    parser.add_argument("--repeats", type=int, default=3, help="epochs per figure (the best)")
-    parser.add_argument("--baselines", default=str(ROOT / ".baselines"), help="the side venvs")
+    parser.add_argument(
+        "--repeats", type=int, default=smoke(3, 1), help="epochs per figure (the best)"
+    )
+    parser.add_argument("--baselines", default=BASELINE_VENVS, help="the side venvs")
     parser.add_argument("--tmp", default=None, help="parent of the scratch folder")
     parser.add_argument("--json", help="also write every figure here")
     args = parser.parse_args(argv)
@@ -736,19 +715,13 @@ def main(argv: list[str] | None = None) -> int:
         headline.close()
     seconds = time.perf_counter() - began
     load_after = os.getloadavg()
-    print(markdown(rows, about, load_after, seconds, args.quick))
+    command = "python -m bench.headline" + (" --quick" if args.quick else "")
+    print(markdown(rows, about, load_after, seconds, command))
     for reason in headline.skipped:
         print(f"- not measured: {reason}")
-    if args.json:
-        figures = {r.name: {"unit": r.unit, **r.figures} for r in rows}
-        out = {
-            "machine": about,
-            "load_after": load_after,
-            "seconds": seconds,
-            "rows": figures,
-            "not_measured": headline.skipped,
-        }
-        Path(args.json).write_text(json.dumps(out, indent=1))
+    figures = {r.name: {"unit": r.unit, **r.figures} for r in rows}
+    results = {"seconds": seconds, "rows": figures, "not_measured": headline.skipped}
+    write_json(args.json, results, info=about)
     return 0
 
 

@@ -24,10 +24,6 @@ OUTSIDE = {
 }
 # The changelog may say which issue a change closed.
 EXEMPT = {"CHANGELOG.md", "tests/test_repository.py"}
-# Owned by others and not yet rewritten: to be removed from here once they are clean.
-PENDING = ("bench/", "docs/performance.md")
-# While performance.md keeps its headings, links to them carry their anchors.
-PENDING_ANCHOR = re.compile(r"performance\.md#[\w-]*issue-\d+")
 
 
 def tracked_text_files() -> dict[str, str]:
@@ -57,7 +53,6 @@ def outside_references(text: str) -> list[str]:
     """Each reference in ``text`` to what a clone cannot see: ``"line N: what (the text)"``."""
     found = []
     for number, line in enumerate(text.splitlines(), 1):
-        line = PENDING_ANCHOR.sub("performance.md#", line)
         for what, pattern in OUTSIDE.items():
             for match in pattern.finditer(line):
                 found.append(f"line {number}: {what} ({match.group().strip()!r})")
@@ -70,7 +65,7 @@ def test_tracked_text_cites_nothing_outside_the_repository():
     found = [
         f"{name} {hit}"
         for name, text in sorted(texts.items())
-        if name not in EXEMPT and not name.startswith(PENDING)
+        if name not in EXEMPT
         for hit in outside_references(text)
     ]
     assert not found, (

@@ -56,7 +56,7 @@ from typing import Any
 
 import pytest
 
-from helpers.marks import require_mark
+from .marks import require_mark
 
 __all__ = [
     "FakeGCS",

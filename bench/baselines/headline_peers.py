@@ -1,12 +1,12 @@
-"""The peers' side of bench/headline.py: Grain, Lance and litdata read the headline's data, run
-in the peers venv (bench/baselines/venvs.sh). Does not import yogadl_plus.
+"""The peers' side of bench.headline: Grain, Lance and litdata read the headline's data, run
+in the peers venv from the repository root. Does not import yogadl_plus.
 
-    .baselines/peers/bin/python bench/baselines/_headline_peers.py ROW DATA WORK REPEATS
+    .baselines/peers/bin/python -m bench.baselines.headline_peers ROW DATA WORK REPEATS
 
 ROW is one of:
 
 - ``grain-small``: WORK/peer.array_record (264-byte records, ``x`` float32[64] then ``y``
-  int64, written by bench_build_columns.py's ArrayRecord writer): Grain's shuffle of the
+  int64, written by ``peer_writers``, as bench_build_columns writes it): Grain's shuffle of the
   record numbers (``grain.MapDataset.range(n).shuffle(seed=0).batch(256)``), each batch read
   with ``ArrayRecordDataSource.__getitems__`` (its batched read: Grain's
   ``MapDataset.source(...).batch(...)`` reads record by record, about 40x slower here) and
