@@ -93,15 +93,19 @@ def test_killed_early_in_an_epoch_and_after_a_backup_every_epoch_is_exact(tmp_pa
     fit_until_done(tmp_path, face, "10", ["step:18", "backup:1", "step:5"])
 
 
-@pytest.mark.parametrize("face", ["tf", "seq"])
-def test_killed_around_each_rename_of_a_backup_every_epoch_is_exact(tmp_path, face):
+# The face reads the stream at the positions a backup restores, so both faces are killed mid-epoch
+# above and restored at an epoch's start below (a backup on an epoch's last step). How a backup
+# is switched in and which one a restart finds, after a kill around a rename or with
+# save_freq="epoch", is the callback's alone, the same with either face: one face is enough. (The
+# restores here land where the test above and the last one restore both faces: at step 10 of
+# epoch 0, step 4 of epoch 1, the start of epoch 1.)
+def test_killed_around_each_rename_of_a_backup_every_epoch_is_exact(tmp_path):
     # Before the weights' rename, between the two renames, right after the metadata's.
-    fit_until_done(tmp_path, face, "10", ["before-replace:1", "after-replace:1", "after-replace:2"])
+    fit_until_done(tmp_path, "tf", "10", ["before-replace:1", "after-replace:1", "after-replace:2"])
 
 
-@pytest.mark.parametrize("face", ["tf", "seq"])
-def test_epoch_backups_redo_the_interrupted_epoch_whole(tmp_path, face):
-    fit_until_done(tmp_path, face, "epoch", ["step:20", "step:3"])
+def test_epoch_backups_redo_the_interrupted_epoch_whole(tmp_path):
+    fit_until_done(tmp_path, "tf", "epoch", ["step:20", "step:3"])
 
 
 def test_a_predicate_stream_resumes_exactly(tmp_path):

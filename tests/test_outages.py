@@ -28,6 +28,9 @@ pytestmark = [pytest.mark.servers, pytest.mark.slow, pytest.mark.timeout(240)]
 # Long enough for the backoff to reach its 5 s cap, and for a lease renewal (every 20 / 3 s in
 # the build's test) to fall inside.
 OUTAGE_S = 8.0
+# A freeze is waited out inside one try (requests hang, then get their answers; a try waits up
+# to the read timeout, 60 s here): no retry comes into it, so its length proves nothing more.
+FREEZE_S = 3.0
 SHORT_BUDGET_S = 3.0  # retry_timeout of the tests where the outage outlasts it
 # The documented bounds (docs/storage/remote.md, "When the store is down"): one try lasts at
 # most the connect and read timeouts (each capped at retry_timeout, not below 5 s), a call
@@ -195,11 +198,14 @@ def test_s3_pull_rides_out_a_freeze_and_fails_in_bounded_time_when_it_lasts(
         records(N), "d", "v", s3_storage(weed, bucket, tmp_path / "builder"),
         chunk_bytes=CHUNK_BYTES, progress=False,
     )  # fmt: skip
-    # Frozen for OUTAGE_S (requests hang, then get their answers): the pull completes.
+    # Frozen for FREEZE_S (requests hang, then get their answers): the pull completes.
     puller = s3_storage(weed, bucket, tmp_path / "puller", max_transfers=2)
-    outage = Outage(weed, "pause", OUTAGE_S)
-    same_records(puller.fetch("d", "v", on_transfer=outage.on_transfer))
+    outage = Outage(weed, "pause", FREEZE_S)
+    pulled = puller.fetch("d", "v", on_transfer=outage.on_transfer)
+    done = time.monotonic()
     outage.join()
+    assert done > outage.up_at  # it waited out the freeze
+    same_records(pulled)
     # Frozen for good: a StorageError naming the URL and how long it tried, in bounded time.
     late = s3_storage(
         weed, bucket, tmp_path / "late", max_transfers=2, retry_timeout=SHORT_BUDGET_S
