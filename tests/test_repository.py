@@ -12,18 +12,18 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# What a clone cannot follow. (This file names the patterns, so it is not searched itself.)
-# A "#" and digits is an issue where it stands alone, not a colour ("fill: #222").
+# What a clone cannot follow. A "#" and digits is an issue where it stands alone, not a colour
+# in a style sheet.
 OUTSIDE = {
-    "a folder beside the repository": re.compile(r"\.\./shared\b"),
-    "a path of the machine it was written on": re.compile(r"/work/"),
+    "a folder beside the repository": re.compile(r"\.\.[/]shared\b"),
+    "a path of the machine it was written on": re.compile(r"/wor[k]/"),
     "a design or contract document outside the repository": re.compile(r"\b(?:DESIGN|API)\.md\b"),
     "a tracker issue number": re.compile(
         r"\b[Ii]ssues?[ -]#?\d+|(?:^|(?<![:=])[\s(\[])#\d{1,5}(?=[\s).,:\]]|$)", re.M
     ),
 }
 # The changelog may say which issue a change closed.
-EXEMPT = {"CHANGELOG.md", "tests/test_repository.py"}
+EXEMPT = {"CHANGELOG.md"}
 
 
 def tracked_text_files() -> dict[str, str]:
@@ -59,6 +59,13 @@ def outside_references(text: str) -> list[str]:
     return found
 
 
+def sample(template: str) -> str:
+    """A check's example text, its references to what is outside spelt out only here, so that
+    this file itself passes the check it tests."""
+    spelt = {"issue": "issue", "Issue": "Issue", "hash": "#", "work": "work", "API": "API"}
+    return template.format(shared="/".join(("..", "shared")), DESIGN="DESIGN", **spelt)
+
+
 def test_tracked_text_cites_nothing_outside_the_repository():
     texts = tracked_text_files()
     assert "README.md" in texts and "yogadl_plus/__init__.py" in texts
@@ -77,31 +84,31 @@ def test_tracked_text_cites_nothing_outside_the_repository():
 @pytest.mark.parametrize(
     "text",
     [
-        '"""Mixtures (issue 17): weights."""',
-        "# --- rough edges (Issue #27) ---",
-        "fixed in #12.",
-        "see [it](storage.md#fast-rows-issue-26)",
-        "bash ../shared/tools/venvs.sh",
-        "python compare.py --a /work/base",
-        '"""The order contract of API.md section 5; DESIGN.md "The cache format"."""',
+        '"""Mixtures ({issue} 17): weights."""',
+        "# --- rough edges ({Issue} {hash}27) ---",
+        "fixed in {hash}12.",
+        "see [it](storage.md#fast-rows-{issue}-26)",
+        "bash {shared}/tools/venvs.sh",
+        "python compare.py --a /{work}/base",
+        '"""The order contract of {API}.md section 5; {DESIGN}.md "The cache format"."""',
     ],
 )
 def test_outside_reference_check_can_fail(text):
-    assert outside_references(text)
+    assert outside_references(sample(text))
 
 
 @pytest.mark.parametrize(
     "text",
     [
         "see docs/design.md#layers and docs/api.md#stream",
-        "fill: #222; stroke: #555",
-        "objects at exit (google/grain#1031)",
+        "fill: {hash}222; stroke: {hash}555",
+        "objects at exit (google/grain{hash}1031)",
         "the issues a bucket has: 503 and timeouts",
         "bash bench/baselines/venvs.sh .baselines",
     ],
 )
 def test_outside_reference_check_lets_the_repositorys_own_text_be(text):
-    assert outside_references(text) == []
+    assert outside_references(sample(text)) == []
 
 
 def test_the_repository_has_a_license_a_changelog_and_a_contributors_guide():
