@@ -1,0 +1,162 @@
+"""Image files' bytes: which format they hold, how big the picture is, whether it decodes, and
+decoding it fast.
+
+JPEG is decoded by libjpeg-turbo through simplejpeg where it is installed (it is a dependency):
+it skips the copy Pillow makes to hand out an array, and scales by 1/2, 1/4 or 1/8 inside the
+decoder (DCT scaling), which costs far less than decoding the whole picture and shrinking it.
+Everything else, and JPEGs simplejpeg refuses (unusual subsampling), goes through Pillow, which
+decodes them with the same libjpeg: the pixels are the same within the decoder's rounding.
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "DCT_SCALES",
+    "ImageHeader",
+    "NotAnImage",
+    "check_image",
+    "decode_image",
+    "read_header",
+    "sniff",
+]
+
+#: The factors a JPEG decoder divides both sides by at no extra cost.
+DCT_SCALES = (1, 2, 4, 8)
+#: Channels -> the Pillow mode that has them.
+_MODES = {1: "L", 3: "RGB", 4: "RGBA"}
+_SIMPLEJPEG_SPACES = {1: "GRAY", 3: "RGB", 4: "RGBA"}
+
+
+class NotAnImage(ValueError):
+    """Bytes that are no image a decoder reads whole; the message says why. Callers turn it
+    into a YogaError naming the file, record or field."""
+
+
+@dataclass(frozen=True)
+class ImageHeader:
+    """What an image file's header tells: its format ("jpeg", "png", "webp", or Pillow's name
+    for others, lower-case) and the picture's size."""
+
+    format: str
+    width: int
+    height: int
+
+
+def sniff(data: bytes | memoryview) -> str | None:
+    """The format ``data`` starts like ("jpeg", "png", "webp"), or None; reads no further."""
+    head = bytes(data[:12])
+    if head[:3] == b"\xff\xd8\xff":
+        return "jpeg"
+    if head[:8] == b"\x89PNG\r\n\x1a\n":
+        return "png"
+    if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
+        return "webp"
+    return None
+
+
+def _simplejpeg() -> Any:
+    try:
+        import simplejpeg
+    except ImportError:  # a platform without its wheel: Pillow decodes JPEG too
+        return None
+    return simplejpeg
+
+
+def read_header(data: bytes | memoryview) -> ImageHeader:
+    """The format and size of the image in ``data``, from its header alone."""
+    if not len(data):
+        raise NotAnImage("no bytes at all (an empty file)")
+    simplejpeg = _simplejpeg()
+    if simplejpeg is not None and sniff(data) == "jpeg":
+        try:
+            height, width, _, _ = simplejpeg.decode_jpeg_header(data)
+            return ImageHeader("jpeg", int(width), int(height))
+        except ValueError:
+            pass  # Pillow reads headers libjpeg-turbo's TurboJPEG API does not
+    with _opened(data) as image:
+        return ImageHeader(str(image.format or "unknown").lower(), *image.size)
+
+
+def check_image(data: bytes | memoryview) -> ImageHeader:
+    """The header of the image in ``data`` once the whole picture decodes (a JPEG at 1/8 of
+    its size, which reads every byte but computes few pixels); NotAnImage when it does not:
+    truncated, empty, or not an image at all."""
+    header = read_header(data)
+    if header.width < 1 or header.height < 1:
+        raise NotAnImage(f"a {header.format.upper()} of {header.width}x{header.height} pixels")
+    decode_image(data, channels=None, scale=8 if header.format == "jpeg" else 1)
+    return header
+
+
+def decode_image(data: bytes | memoryview, channels: int | None = 3, scale: int = 1) -> np.ndarray:
+    """The picture in ``data`` as a uint8 array (height, width, channels). ``channels`` 1, 3 or
+    4 converts to grey, RGB or RGBA as Pillow's ``convert`` does; None keeps the file's own
+    (grey or palette-less colour: 1, 3 or 4). ``scale`` (1, 2, 4 or 8) divides a JPEG's sides
+    by it inside the decoder, rounding up; other formats are decoded whole whatever it says."""
+    if channels not in (None, 1, 3, 4):
+        raise ValueError(f"channels must be None, 1, 3 or 4, got {channels!r}")
+    if scale not in DCT_SCALES:
+        raise ValueError(f"scale must be one of {DCT_SCALES}, got {scale!r}")
+    if not len(data):
+        raise NotAnImage("no bytes at all (an empty file)")
+    simplejpeg = _simplejpeg()
+    if simplejpeg is not None and sniff(data) == "jpeg" and channels is not None:
+        try:
+            if scale == 1:
+                return simplejpeg.decode_jpeg(data, _SIMPLEJPEG_SPACES[channels])  # type: ignore[no-any-return]
+            height, width, _, _ = simplejpeg.decode_jpeg_header(data)
+            return simplejpeg.decode_jpeg(  # type: ignore[no-any-return]
+                data,
+                _SIMPLEJPEG_SPACES[channels],
+                min_height=-(-height // scale),
+                min_width=-(-width // scale),
+                min_factor=scale,
+            )
+        except ValueError:
+            # Pillow has the last word: it reads subsamplings TurboJPEG refuses, and like
+            # torchvision's loader passes the warnings libjpeg gives on many real photos
+            # ("extraneous bytes before marker") but not a truncated file.
+            pass
+    return _decode_with_pillow(data, channels, scale)
+
+
+def _decode_with_pillow(data: bytes | memoryview, channels: int | None, scale: int) -> np.ndarray:
+    with _opened(data) as image:
+        if scale > 1 and image.format == "JPEG":
+            width, height = image.size
+            image.draft(image.mode, (-(-width // scale), -(-height // scale)))
+        mode = _MODES[channels] if channels is not None else _kept_mode(image)
+        try:
+            image.load()
+            converted = image if image.mode == mode else image.convert(mode)
+            array = np.asarray(converted)
+        except (OSError, ValueError, SyntaxError, EOFError) as exc:
+            raise NotAnImage(f"the {image.format or 'image'} does not decode: {exc}") from None
+    return array if array.ndim == 3 else array[:, :, None]
+
+
+def _kept_mode(image: Any) -> str:
+    """The mode of 1, 3 or 4 eight-bit channels nearest ``image``'s own."""
+    if image.mode in ("L", "RGB", "RGBA"):
+        return str(image.mode)
+    if image.mode in ("1", "I;16", "I", "F"):
+        return "L"
+    has_alpha = "A" in image.mode or "transparency" in image.info
+    return "RGBA" if has_alpha else "RGB"
+
+
+def _opened(data: bytes | memoryview) -> Any:
+    """``data`` opened by Pillow (lazily: the header only), NotAnImage when it cannot be."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        return Image.open(io.BytesIO(bytes(data)))
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError, EOFError) as exc:
+        reason = str(exc).split(" <_io.BytesIO")[0]  # not the repr of our own buffer
+        raise NotAnImage(f"not an image Pillow reads ({reason})") from None
