@@ -109,9 +109,9 @@ def decode_image(data: bytes | memoryview, channels: int | None = 3, scale: int 
     if simplejpeg is not None and sniff(data) == "jpeg" and channels is not None:
         try:
             if scale == 1:
-                return simplejpeg.decode_jpeg(data, _SIMPLEJPEG_SPACES[channels])  # type: ignore[no-any-return]
+                return simplejpeg.decode_jpeg(data, _SIMPLEJPEG_SPACES[channels])
             height, width, _, _ = simplejpeg.decode_jpeg_header(data)
-            return simplejpeg.decode_jpeg(  # type: ignore[no-any-return]
+            return simplejpeg.decode_jpeg(
                 data,
                 _SIMPLEJPEG_SPACES[channels],
                 min_height=-(-height // scale),
