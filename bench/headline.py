@@ -37,7 +37,6 @@ import contextlib
 import functools
 import importlib.metadata
 import io
-import math
 import os
 import random
 import shutil
@@ -52,6 +51,7 @@ from typing import Any
 import numpy as np
 
 import yogadl_plus as ydl
+from bench.baselines.pillow_images import ImageFolderLike, random_resized_crop_flip
 from bench.bench_build_columns import peer as write_peer
 from bench.bench_foundation import bench_yogadl, make_data
 from bench.bench_peers_big import ours as big_records_rate
@@ -228,66 +228,12 @@ def jpeg_files(folder: Path, n: int) -> list[tuple[bytes, int]]:
     return pairs
 
 
-def random_resized_crop_flip(image: Any, size: int = 224) -> Any:
-    """torchvision's RandomResizedCrop(size) (scale 0.08-1, ratio 3/4-4/3, 10 tries, then a
-    centre crop; bilinear) and RandomHorizontalFlip, written with Pillow as torchvision's PIL
-    path does them; returns a uint8 CHW tensor (PILToTensor)."""
-    import torch
-    from PIL import Image
-
-    width, height = image.size
-    area = width * height
-    box = None
-    for _ in range(10):
-        target = area * random.uniform(0.08, 1.0)
-        ratio = math.exp(random.uniform(math.log(3 / 4), math.log(4 / 3)))
-        w = round(math.sqrt(target * ratio))
-        h = round(math.sqrt(target / ratio))
-        if 0 < w <= width and 0 < h <= height:
-            top, left = random.randint(0, height - h), random.randint(0, width - w)
-            box = (left, top, left + w, top + h)
-            break
-    if box is None:
-        side = min(width, height)
-        left, top = (width - side) // 2, (height - side) // 2
-        box = (left, top, left + side, top + side)
-    image = image.crop(box).resize((size, size), Image.BILINEAR)
-    if random.random() < 0.5:
-        image = image.transpose(Image.FLIP_LEFT_RIGHT)
-    return torch.from_numpy(np.asarray(image).copy()).permute(2, 0, 1)
-
-
 def decode_augment(record: dict[str, Any]) -> dict[str, Any]:
     """yogadl_plus's transform: the JPEG's bytes -> the augmented image."""
     from PIL import Image
 
     with Image.open(io.BytesIO(record["jpeg"])) as image:
         return {"image": random_resized_crop_flip(image.convert("RGB")), "label": record["label"]}
-
-
-class ImageFolderLike:
-    """A torch Dataset as torchvision's ImageFolder is: (path, class) pairs found by walking
-    class folders, each item opened with Pillow (``pil_loader``) and transformed."""
-
-    def __init__(self, root: Path) -> None:
-        classes = sorted(p.name for p in root.iterdir() if p.is_dir())
-        self.samples = [
-            (str(path), index)
-            for index, name in enumerate(classes)
-            for path in sorted((root / name).iterdir())
-            if path.suffix == ".jpg"
-        ]
-
-    def __len__(self) -> int:
-        return len(self.samples)
-
-    def __getitem__(self, i: int) -> tuple[Any, int]:
-        from PIL import Image
-
-        path, label = self.samples[i]
-        with open(path, "rb") as f:
-            image = Image.open(f).convert("RGB")
-        return random_resized_crop_flip(image), label
 
 
 # --------------------------------------------------------------------------- the run

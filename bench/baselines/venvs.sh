@@ -16,6 +16,14 @@
 #   peers      grain + array-record, pylance (Lance) and litdata, with the CPU build of
 #              torch 2.13.0 installed first so that litdata does not pull a CUDA build.
 #              (mosaicml-streaming installs but does not import against this torch.)
+#   images     bench_images' peers that share a torch: WebDataset's own loader and litdata
+#              (optimize + StreamingDataset, also from S3 through boto3/obstore), CPU torch.
+#   spdl       Meta's SPDL (spdl.io decodes with FFmpeg's libraries, loaded at run time).
+#   dali       NVIDIA DALI's CUDA 12 wheel from PyPI; bench_images runs its CPU pipeline only.
+#   ffcv       FFCV 1.0.2 builds a C extension against OpenCV and libjpeg-turbo found through
+#              pkg-config: needs `apt-get install libopencv-dev libturbojpeg0-dev pkg-config`.
+# The image peers are tried one by one: one that does not install leaves its error's last
+# lines in $DIR/<venv>.failed (bench_images reports them) and the others are still built.
 set -eu
 DIR=${1:-.baselines}
 PYTHON=${PYTHON:-python3}
@@ -30,6 +38,8 @@ new_venv() {  # new_venv NAME: true when NAME still has to be built (a fresh ven
   "$PYTHON" -m venv "$DIR/$1"
 }
 
+# IMAGE_PEERS_ONLY=1 builds only the venvs bench_images uses (images, spdl, dali, ffcv).
+if [ -z "${IMAGE_PEERS_ONLY:-}" ]; then
 if new_venv yogadl; then
   "$DIR/yogadl/bin/pip" install -q tensorflow-cpu==2.21.0 yogadl==0.1.4
   touch "$DIR/yogadl/.complete"
@@ -47,7 +57,38 @@ if new_venv peers; then
   "$DIR/peers/bin/pip" install -q "$TORCH" grain array-record pylance litdata pyarrow numpy pillow
   touch "$DIR/peers/.complete"
 fi
+fi
+
+# try_venv NAME PIP_ARGS...: builds venv NAME with one pip call per argument group (groups are
+# separated by ";"), or records why it failed in $DIR/NAME.failed and goes on.
+try_venv() {
+  local name=$1; shift
+  new_venv "$name" || return 0
+  rm -f "$DIR/$name.failed"
+  local group=() log="$DIR/$name.log"
+  : > "$log"
+  for arg in "$@" ";"; do
+    if [ "$arg" != ";" ]; then group+=("$arg"); continue; fi
+    if ! "$DIR/$name/bin/pip" install -q "${group[@]}" >> "$log" 2>&1; then
+      { echo "pip install ${group[*]}:"; grep -E "ERROR|Error|error:" "$log" | tail -5; } \
+          > "$DIR/$name.failed"
+      echo "$name: not installed, see $DIR/$name.failed" >&2
+      return 0
+    fi
+    group=()
+  done
+  touch "$DIR/$name/.complete"
+}
+
+try_venv images "$TORCH" ";" "$TORCH" pillow numpy webdataset litdata boto3 obstore
+try_venv spdl spdl numpy pillow
+try_venv dali nvidia-dali-cuda120 numpy pillow
+try_venv ffcv "$TORCH" ";" "$TORCH" "numpy<2" ffcv opencv-python-headless numba pillow
 
 echo "yogadl:    $DIR/yogadl/bin/python"
 echo "petastorm: $DIR/petastorm/bin/python"
 echo "peers:     $DIR/peers/bin/python   (grain, array_record, lance, litdata, torch)"
+for name in images spdl dali ffcv; do
+  if [ -e "$DIR/$name.failed" ]; then echo "$name: FAILED ($DIR/$name.failed)"
+  else echo "$name: $DIR/$name/bin/python"; fi
+done
