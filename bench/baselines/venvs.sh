@@ -18,10 +18,14 @@
 #              (mosaicml-streaming installs but does not import against this torch.)
 #   images     bench_images' peers that share a torch: WebDataset's own loader and litdata
 #              (optimize + StreamingDataset, also from S3 through boto3/obstore), CPU torch.
-#   spdl       Meta's SPDL (spdl.io decodes with FFmpeg's libraries, loaded at run time).
-#   dali       NVIDIA DALI's CUDA 12 wheel from PyPI; bench_images runs its CPU pipeline only.
-#   ffcv       FFCV 1.0.2 builds a C extension against OpenCV and libjpeg-turbo found through
-#              pkg-config: needs `apt-get install libopencv-dev libturbojpeg0-dev pkg-config`.
+#   spdl       Meta's SPDL 0.8.0. spdl.io loads FFmpeg's shared libraries (4 to 9) at run time:
+#              on Debian 12, `apt-get install libavdevice59 libavfilter8` (FFmpeg 5.1).
+#   dali       NVIDIA DALI's CUDA 12 wheel from PyPI (2.4.0); it imports and runs CPU pipelines
+#              (device_id=None) on a machine without a GPU, which is all bench_images uses.
+#   ffcv       FFCV 1.0.2 (sdist only) builds a C extension against OpenCV and libjpeg-turbo
+#              found through pkg-config: without `apt-get install libopencv-dev
+#              libturbojpeg0-dev pkg-config` pip stops at "Could not find required package:
+#              opencv". numpy<2 for its numba and compiled code.
 # The image peers are tried one by one: one that does not install leaves its error's last
 # lines in $DIR/<venv>.failed (bench_images reports them) and the others are still built.
 set -eu
