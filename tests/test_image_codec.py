@@ -9,6 +9,7 @@ import pickle
 import sys
 
 import numpy as np
+import pandas as pd
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -207,6 +208,7 @@ def test_columns_pandas_and_parallel_builds_take_image_files(local_storage):
         "records": ydl.cache_dataset(records, "r", "v1", local_storage, schema=SCHEMA),
         "columns": ydl.cache_dataset(columns, "c", "v1", local_storage, schema=SCHEMA),
         "workers": ydl.cache_dataset(records, "w", "v1", local_storage, schema=SCHEMA, workers=2),
+        "pandas": ydl.cache_dataset(pd.DataFrame(columns), "p", "v1", local_storage, schema=SCHEMA),
     }
     for how, ref in built.items():
         assert [stored_bytes(ref, i) for i in range(len(images))] == images, how
