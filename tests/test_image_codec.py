@@ -190,7 +190,8 @@ def test_checked_images_are_not_decoded_again_but_their_size_is_checked():
     # A source vouches for these (and names the file in its own errors): stored as they are.
     truncated = FILES["jpeg"][: len(FILES["jpeg"]) // 2]
     checked = ydl.codecs.CheckedImage(truncated)
-    assert pickle.loads(pickle.dumps(checked)) == checked  # (sent to and from build workers)
+    sent = pickle.loads(pickle.dumps(checked))  # (as to and from build workers)
+    assert type(sent) is ydl.codecs.CheckedImage and sent == truncated
     layout = RecordLayout(ydl.Schema([RGB]))
     assert bytes(layout.field_bytes(layout.encode({"image": checked}, 0), RGB)) == truncated
     with pytest.raises(ydl.SchemaError, match="does not decode"):
@@ -216,6 +217,14 @@ def test_columns_pandas_and_parallel_builds_take_image_files(local_storage):
     with pytest.raises(ydl.SchemaError, match="record 3: field 'image'"):
         ydl.cache_dataset(bad, "c-bad", "v1", local_storage, schema=SCHEMA)
     assert no_build_left(local_storage, "c-bad")
+
+
+def test_a_parallel_build_names_the_file_that_does_not_decode(local_storage):
+    records = [{"image": FILES["png"], "label": i} for i in range(6)]
+    records[4]["image"] = b"GIF89a, cut short"
+    with pytest.raises(ydl.SchemaError, match="record 4: field 'image'"):
+        ydl.cache_dataset(records, "w-bad", "v1", local_storage, schema=SCHEMA, workers=2)
+    assert no_build_left(local_storage, "w-bad")
 
 
 def test_without_a_schema_file_bytes_stay_a_bytes_field(local_storage):
