@@ -194,6 +194,7 @@ def _samples(filesystem: Any, path: str) -> Iterator[tuple[str, dict[str, bytes]
     """The samples of the shard ``path``, streamed: (key, extension -> the member's bytes)."""
     url = url_of(filesystem, path)
     member = ""
+    sample: dict[str, bytes]
     try:
         with (
             filesystem.open_input_stream(path) as raw,
