@@ -185,6 +185,9 @@ def clips(path: str) -> list[dict[str, Any]]:
     return [{"file": Path(path).name, "n": np.int64(n)} for n in numbers]
 
 
+CLIPS = ydl.Schema([ydl.Field("file", str), ydl.Field("n", np.int64)])
+
+
 def number_files(folder: Path, count: int = 6) -> list[str]:
     folder.mkdir(parents=True, exist_ok=True)
     for i in range(count):
@@ -283,11 +286,13 @@ def test_two_worker_builds_equal_serial_ones(
         write(root / f"c{i % 2}" / f"{i}.png", image_bytes(seed=i))
     serial, parallel = build_twice(ydl.sources.ImageFolder(root), local_storage, workers=2)
     assert_same(serial, parallel)
-    paths = number_files(tmp_path / "in", 8)
-    files = ydl.sources.Files(paths, clips)
-    a = ydl.cache_dataset(files, "f", "serial", local_storage)
-    b = ydl.cache_dataset(files, "f", "parallel", local_storage, workers=2)
+    assert len(parallel.manifest.chunks) > 1  # written by parts
+    files = ydl.sources.Files(number_files(tmp_path / "in", 8), clips)
+    # (schema= given: a build that times its first records would build these few serially)
+    a = ydl.cache_dataset(files, "f", "serial", local_storage, schema=CLIPS)
+    b = ydl.cache_dataset(files, "f", "parallel", local_storage, workers=2, schema=CLIPS)
     assert_same(a, b)
+    assert len(b.manifest.chunks) > 1
 
 
 @pytest.mark.ray
@@ -305,14 +310,7 @@ def test_a_parallel_build_names_fn_that_does_not_pickle(
 ) -> None:
     files = ydl.sources.Files(number_files(tmp_path / "in", 4), lambda p: clips(p))
     with pytest.raises(ydl.YogaError, match="lambda"):
-        ydl.cache_dataset(
-            files,
-            "f",
-            "v1",
-            local_storage,
-            workers=2,
-            schema=ydl.Schema([ydl.Field("file", str), ydl.Field("n", np.int64)]),
-        )
+        ydl.cache_dataset(files, "f", "v1", local_storage, workers=2, schema=CLIPS)
 
 
 # --------------------------------------------------------------------------- buckets
