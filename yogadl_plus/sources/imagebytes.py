@@ -37,4 +37,4 @@ def checked_image(data: bytes, where: str) -> bytes:
             f"{where}: not an image that decodes ({exc}); replace or remove the file, nothing "
             "was cached"
         ) from None
-    return getattr(codecs, "CheckedImage", bytes)(data)  # TEMPORARY until the codec lands
+    return codecs.CheckedImage(data)
