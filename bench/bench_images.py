@@ -477,6 +477,9 @@ def loader_table(results: Results) -> list[str]:
         f"({c['crop_decode_one_core']:.0f}/s a core at full size, "
         f"{c['crop_decode_scaled_one_core']:.0f}/s DCT-scaled to cover 224) "
         f"| {c['ceiling']:.0f} | | 100% | |",
+        "",
+        "The ceiling is every core decoding; a loader with 0 workers decodes on one (its "
+        "stream's threads aside), so half the ceiling is its own.",
     ]
     return lines
 
@@ -524,7 +527,7 @@ def bucket_table(results: Results) -> list[str]:
     ]
     for name, got in results.bucket.items():
         images = f"{got['images_per_s']:.0f}" if "images_per_s" in got else ""
-        met = got["mb_per_s"] / raw >= 0.8 if raw and name.startswith("yogadl_plus") else None
+        met = got["mb_per_s"] / raw >= 0.8 if raw and name.endswith("on demand") else None
         target = "" if met is None else target_cell(">= 0.8x", met)
         lines.append(
             f"| {name} | {got['mb_per_s']:.0f} | {images} | {ratio(got['mb_per_s'], raw)} "
