@@ -119,11 +119,13 @@ def photo(rng: np.random.Generator) -> np.ndarray:
 
     def smooth(rows: int, columns: int) -> np.ndarray:
         cells = rng.uniform(0, 255, (rows, columns, 3)).astype(np.uint8)
-        return np.asarray(Image.fromarray(cells).resize((WIDTH, HEIGHT), Image.BICUBIC))
+        return np.asarray(Image.fromarray(cells).resize((WIDTH, HEIGHT), Image.Resampling.BICUBIC))
 
     base = 0.6 * smooth(4, 5) + 0.4 * smooth(12, 16)
     texture = rng.normal(128, 40, (HEIGHT // 2, WIDTH // 2)).clip(0, 255).astype(np.uint8)
-    texture = np.asarray(Image.fromarray(texture).resize((WIDTH, HEIGHT), Image.BILINEAR))
+    texture = np.asarray(
+        Image.fromarray(texture).resize((WIDTH, HEIGHT), Image.Resampling.BILINEAR)
+    )
     grain = rng.normal(0, 15, (HEIGHT, WIDTH, 1)) + rng.normal(0, 3, (HEIGHT, WIDTH, 3))
     picture = base + 0.3 * (texture[..., None] - 128.0) + grain
     return np.clip(picture, 0, 255).astype(np.uint8)
