@@ -772,8 +772,11 @@ def test_lineage_says_where_there_are_no_more_items(lineage_store, capsys):
         (b"\xff\xfe\x00garbage", "--state"),
         (b"[1, 2]", "a stream state is a dict"),
         (b'{"format": 2}', "not a stream state: it lacks"),
-        (b'{"format": 2, "dataset": "d:v1", "fingerprint": "x", "positions": 200, "order": '
-         b'{"shuffle": [[[]]]}, "ngram": null, "offset": 0}', "'order' must hold"),
+        (
+            b'{"format": 2, "dataset": "d:v1", "fingerprint": "x", "positions": 200, "order": '
+            b'{"shuffle": [[[]]]}, "ngram": null, "offset": 0}',
+            "'order' must hold",
+        ),
     ],
     ids=["deep", "huge", "not-json", "not-utf8", "a-list", "lacking", "bad-order"],
 )
@@ -786,9 +789,7 @@ def test_a_bad_state_file_is_one_line_and_exit_2(lineage_store, capsys, content,
     assert line.startswith(f"yogadl-plus lineage: error: --state {state}") and said in line
 
 
-def test_a_state_whose_values_are_of_the_wrong_kind_is_one_line_and_exit_2(
-    lineage_store, capsys
-):
+def test_a_state_whose_values_are_of_the_wrong_kind_is_one_line_and_exit_2(lineage_store, capsys):
     ref, store, folder = lineage_store
     state = folder / "state.json"
     for name, value in [("shuffle_seed", [[1]]), ("num_shards", "3"), ("shard_by", {"a": 1})]:

@@ -205,7 +205,7 @@ def returned(seconds: float, call: Callable[[], Any]) -> Any:
     thread.join(seconds)
     if not outcome:
         raise AssertionError(f"it has not returned after {seconds} s: a loop without end?")
-    (returned_, value), = outcome
+    ((returned_, value),) = outcome
     if not returned_:
         raise value
     return value

@@ -7,9 +7,9 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
+from helpers.remote_helpers import filesystem_of, gcs_filesystem, s3_filesystem
 
 import yogadl_plus as ydl
 
@@ -33,22 +33,6 @@ def write_parts(filesystem: Any, base: str) -> None:
             pq.write_table(table(part * 100, 100), f)
     with filesystem.open_output_stream(f"{base}/_SUCCESS") as f:
         f.write(b"")
-
-
-def s3_filesystem(server: Any) -> pafs.S3FileSystem:
-    host = server.endpoint_url.split("://", 1)[1]
-    return pafs.S3FileSystem(
-        access_key=server.access_key,
-        secret_key=server.secret_key,
-        endpoint_override=host,
-        scheme="http",
-        region=server.region,
-    )
-
-
-def gcs_filesystem(server: Any) -> pafs.GcsFileSystem:
-    host = server.endpoint.split("://", 1)[1]
-    return pafs.GcsFileSystem(anonymous=True, endpoint_override=host, scheme="http")
 
 
 @pytest.mark.parametrize("kind", ["s3", "gs"])
@@ -97,13 +81,6 @@ def test_mixed_filesystems_are_refused(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- hive partitions
 
 DATA = Path(__file__).parent / "data"
-
-
-def filesystem_of(kind: str, request: pytest.FixtureRequest) -> tuple[Any, str]:
-    """(a pyarrow filesystem on a fresh bucket of the real test server, the bucket's name)."""
-    server = request.getfixturevalue("s3_server" if kind == "s3" else "gcs_server")
-    bucket = server.make_bucket()
-    return (s3_filesystem(server) if kind == "s3" else gcs_filesystem(server)), bucket
 
 
 def rows_of(ref: ydl.DataRef) -> list[dict[str, Any]]:

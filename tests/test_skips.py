@@ -134,8 +134,11 @@ def test_a_mixture_skips_by_source(tmp_path) -> None:
         ([3, 2**64], ValueError, f"skip holds record {2**64}, out of range"),
         (np.array([3, 2**63 + 5], np.uint64), ValueError, f"skip holds record {2**63 + 5}, "),
         ([True, 2, [3]], ValueError, r"it holds True \(a bool among indices\)"),
-        (np.zeros(N + 1, bool), ValueError, f"skip is a bool mask of {N + 1} values, but the "
-         f"source has {N} records"),
+        (
+            np.zeros(N + 1, bool),
+            ValueError,
+            f"skip is a bool mask of {N + 1} values, but the source has {N} records",
+        ),
     ],
 )
 def test_bad_skip_lists_are_refused_naming_the_index(ref, skip, error, match) -> None:

@@ -259,8 +259,12 @@ def test_a_state_saved_before_the_boundary_was_recorded_loads(ref):
         {"batch_size": 0, "drop_last": False, "skip": None, "predicate": None},
         {"batch_size": None, "drop_last": "no", "skip": None, "predicate": None},
         {"batch_size": None, "drop_last": False, "skip": {"records": 3}, "predicate": None},
-        {"batch_size": None, "drop_last": False, "skip": {"records": -1, "sha256": ""},
-         "predicate": None},
+        {
+            "batch_size": None,
+            "drop_last": False,
+            "skip": {"records": -1, "sha256": ""},
+            "predicate": None,
+        },
         {"batch_size": None, "drop_last": False, "skip": None, "predicate": 3},
     ],
 )

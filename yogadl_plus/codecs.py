@@ -15,10 +15,12 @@ from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
-from yogadl_plus.errors import SchemaError
+from yogadl_plus.errors import CacheCorrupted, SchemaError
+from yogadl_plus.imagefiles import NotAnImage, check_image, decode_image, read_header
 
 __all__ = [
     "Bytes",
+    "CheckedImage",
     "Codec",
     "CodecField",
     "Compressed",
@@ -205,8 +207,20 @@ class Compressed(Codec):
         return np.frombuffer(bytearray(raw), dtype=field.dtype).reshape(shape)
 
 
+class CheckedImage(bytes):
+    """An image file's bytes that their source has checked already (``imagefiles.check_image``,
+    naming the file in its own error): ``codecs.Image`` stores them without decoding them again.
+
+    ``codecs.CheckedImage(data)`` is for sources; a user's plain ``bytes`` are checked at build.
+    """
+
+    __slots__ = ()
+
+
 class Image(Codec):
-    """An image array (H, W) or (H, W, C) stored as PNG (lossless) or JPEG (lossy)."""
+    """An image, (H, W) or (H, W, C): an array stored as PNG (lossless) or JPEG (lossy), or an
+    image file's bytes (JPEG, PNG, WebP, ...) stored as they are, checked at build; both are
+    decoded to an array at read, with the field's channels."""
 
     name = "image"
     _CHANNELS: ClassVar[dict[str, tuple[int, ...]]] = {"png": (1, 3, 4), "jpeg": (1, 3)}
@@ -223,6 +237,11 @@ class Image(Codec):
 
     def params(self) -> dict[str, Any]:
         return {"format": self.format, "quality": self.quality}
+
+    def takes_files(self, field: CodecField) -> bool:
+        """Whether ``field`` may be given image files' bytes: uint8 fields (16-bit ones hold
+        arrays only)."""
+        return bool(field.dtype.name == "uint8")
 
     def check(self, field: CodecField) -> None:
         allowed = ("uint8", "uint16") if self.format == "png" else ("uint8",)
@@ -245,7 +264,37 @@ class Image(Codec):
         if field.dtype.name == "uint16" and len(field.shape) == 3:
             raise SchemaError(f"field {field.name!r}: 16-bit PNG is supported for (H, W) only")
 
-    def encode(self, field: CodecField, value: np.ndarray) -> bytes:
+    def encode(self, field: CodecField, value: np.ndarray | bytes) -> bytes:
+        if isinstance(value, bytes):
+            return self._kept_file(field, value)
+        return self._encoded_array(field, value)
+
+    def _kept_file(self, field: CodecField, data: bytes) -> bytes:
+        """An image file's bytes as they are, once they decode (unless their source checked
+        them) and their size fits the field's fixed height and width."""
+        height, width = field.shape[:2]
+        if isinstance(data, CheckedImage) and height is None and width is None:
+            return data
+        try:
+            header = read_header(data) if isinstance(data, CheckedImage) else check_image(data)
+        except NotAnImage as exc:
+            raise SchemaError(
+                f"field {field.name!r}: got {len(data)} bytes, no image file that decodes: "
+                f"{exc}; repair or leave out the file, or declare the field as bytes to keep "
+                "any bytes as they are"
+            ) from None
+        if (height is not None and height != header.height) or (
+            width is not None and width != header.width
+        ):
+            raise SchemaError(
+                f"field {field.name!r}: got a {header.format.upper()} of height {header.height} "
+                f"and width {header.width}, where the field's shape {field.shape} holds "
+                f"height {height} and width {width}; resize the image, or declare None for "
+                "the dims that vary"
+            )
+        return data
+
+    def _encoded_array(self, field: CodecField, value: np.ndarray) -> bytes:
         from PIL import Image as PILImage
 
         array = value[:, :, 0] if value.ndim == 3 and value.shape[2] == 1 else value
@@ -281,13 +330,33 @@ class Image(Codec):
         return out.getvalue()
 
     def decode(self, field: CodecField, data: memoryview | bytes) -> np.ndarray:
+        """The picture as (H, W, C) uint8 with the field's channels (converted as Pillow does,
+        as stored where the field says None), or (H, W) for a 2-D field; 16-bit grey as is."""
+        if field.dtype.name == "uint16":  # (H, W) only: Pillow reads 16-bit grey as it is
+            return self._decoded_16_bit(field, data)
+        wide = len(field.shape) == 3
+        try:
+            array = decode_image(data, field.shape[2] if wide else 1)
+        except NotAnImage as exc:
+            raise _undecodable(field, exc) from None
+        return array if wide else array[:, :, 0]
+
+    def _decoded_16_bit(self, field: CodecField, data: memoryview | bytes) -> np.ndarray:
         from PIL import Image as PILImage
 
-        with PILImage.open(io.BytesIO(bytes(data))) as image:
-            array = np.asarray(image, dtype=field.dtype)
-        if len(field.shape) == 3 and array.ndim == 2:
-            array = array[:, :, None]
-        return array
+        try:
+            with PILImage.open(io.BytesIO(bytes(data))) as image:
+                return np.asarray(image, dtype=field.dtype)
+        except (OSError, ValueError, SyntaxError, EOFError) as exc:
+            raise _undecodable(field, exc) from None
+
+
+def _undecodable(field: CodecField, exc: Exception) -> CacheCorrupted:
+    """The error of a stored image that no longer decodes (it did when it was stored)."""
+    return CacheCorrupted(
+        f"field {field.name!r}: a stored image does not decode ({exc}), though it did when "
+        "it was cached: the cache is damaged; rebuild this version"
+    )
 
 
 class Bytes(Codec):

@@ -96,9 +96,12 @@ def check_image(data: bytes | memoryview) -> ImageHeader:
 
 def decode_image(data: bytes | memoryview, channels: int | None = 3, scale: int = 1) -> np.ndarray:
     """The picture in ``data`` as a uint8 array (height, width, channels). ``channels`` 1, 3 or
-    4 converts to grey, RGB or RGBA as Pillow's ``convert`` does; None keeps the file's own
-    (grey or palette-less colour: 1, 3 or 4). ``scale`` (1, 2, 4 or 8) divides a JPEG's sides
-    by it inside the decoder, rounding up; other formats are decoded whole whatever it says."""
+    4 converts to grey, RGB or RGBA as Pillow's ``convert`` does, except that grey from a colour
+    JPEG is the luma it holds (libjpeg's grey output, as torchvision's ``read_image`` gives it),
+    which differs from ``convert("L")`` of its RGB by a few levels where colours clip; None
+    keeps the file's own (grey or palette-less colour: 1, 3 or 4). ``scale`` (1, 2, 4 or 8)
+    divides a JPEG's sides by it inside the decoder, rounding up; other formats are decoded
+    whole whatever it says."""
     if channels not in (None, 1, 3, 4):
         raise ValueError(f"channels must be None, 1, 3 or 4, got {channels!r}")
     if scale not in DCT_SCALES:
@@ -128,10 +131,12 @@ def decode_image(data: bytes | memoryview, channels: int | None = 3, scale: int 
 
 def _decode_with_pillow(data: bytes | memoryview, channels: int | None, scale: int) -> np.ndarray:
     with _opened(data) as image:
-        if scale > 1 and image.format == "JPEG":
-            width, height = image.size
-            image.draft(image.mode, (-(-width // scale), -(-height // scale)))
         mode = _MODES[channels] if channels is not None else _kept_mode(image)
+        if image.format == "JPEG" and (scale > 1 or mode == "L"):
+            # libjpeg scales, and gives grey (the luma) of a colour JPEG, as simplejpeg does.
+            width, height = image.size
+            draft = "L" if mode == "L" else image.mode
+            image.draft(draft, (-(-width // scale), -(-height // scale)))
         try:
             image.load()
             converted = image if image.mode == mode else image.convert(mode)

@@ -7,6 +7,8 @@ import os
 from typing import Any
 
 import numpy as np
+import pyarrow.fs as pafs
+import pytest
 
 import yogadl_plus as ydl
 
@@ -82,3 +84,29 @@ def count_downloads(storage: Any) -> list[str]:
 
     storage.objects.download = download
     return seen
+
+
+# --- pyarrow filesystems on the test servers (what Parquet, ImageFolder and WebDataset read)
+
+
+def s3_filesystem(server: Any) -> pafs.S3FileSystem:
+    host = server.endpoint_url.split("://", 1)[1]
+    return pafs.S3FileSystem(
+        access_key=server.access_key,
+        secret_key=server.secret_key,
+        endpoint_override=host,
+        scheme="http",
+        region=server.region,
+    )
+
+
+def gcs_filesystem(server: Any) -> pafs.GcsFileSystem:
+    host = server.endpoint.split("://", 1)[1]
+    return pafs.GcsFileSystem(anonymous=True, endpoint_override=host, scheme="http")
+
+
+def filesystem_of(kind: str, request: pytest.FixtureRequest) -> tuple[Any, str]:
+    """(a pyarrow filesystem on a fresh bucket of the real test server, the bucket's name)."""
+    server = request.getfixturevalue("s3_server" if kind == "s3" else "gcs_server")
+    bucket = server.make_bucket()
+    return (s3_filesystem(server) if kind == "s3" else gcs_filesystem(server)), bucket

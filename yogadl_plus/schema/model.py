@@ -18,7 +18,7 @@ import numpy as np
 
 from yogadl_plus import codecs
 from yogadl_plus.errors import SchemaError
-from yogadl_plus.schema.values import numeric_converter, text_converter
+from yogadl_plus.schema.values import image_converter, numeric_converter, text_converter
 
 __all__ = ["MAX_NAME_BYTES", "Field", "Schema"]
 
@@ -194,6 +194,8 @@ class Field:
             return text_converter(str)
         if self.kind == "bytes":
             return text_converter(bytes)
+        if isinstance(self.codec, codecs.Image) and self.codec.takes_files(self):
+            return image_converter(self.dtype, self.shape)
         return numeric_converter(self.dtype, self.shape)
 
 

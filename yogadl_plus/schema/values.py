@@ -24,6 +24,7 @@ __all__ = [
     "describe_value",
     "first_non_number",
     "holds_none",
+    "image_converter",
     "null_inside",
     "numeric_converter",
     "text_converter",
@@ -51,6 +52,27 @@ def text_converter(kind: type) -> Callable[[Any], Any]:
                 "got str; encode it to bytes first (value.encode()), or declare the field as str"
             )
         raise ValueError(f"got {describe_value(value)}")
+
+    return convert
+
+
+def image_converter(dtype: np.dtype, shape: tuple[int | None, ...]) -> Callable[[Any], Any]:
+    """``numeric_converter``'s function for an image field that also takes an image file's
+    bytes: ``bytes`` (a subclass kept, as the codec reads it) or bytes-like values as ``bytes``,
+    for the codec to check at encode."""
+    numeric = numeric_converter(dtype, shape)
+
+    def convert(value: Any) -> Any:
+        if isinstance(value, bytes) and not isinstance(value, np.bytes_):
+            return value
+        if isinstance(value, _BYTES_LIKE):
+            return bytes(value)
+        if isinstance(value, (str, np.str_)):
+            raise ValueError(
+                f"got {describe_value(value)}, neither an image array nor an image file's bytes: "
+                "give the file's bytes (pathlib.Path(path).read_bytes()), not its path or name"
+            )
+        return numeric(value)
 
     return convert
 

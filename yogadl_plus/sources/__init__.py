@@ -1,4 +1,5 @@
-"""Turning the things users have (iterables, Parquet, and more) into records plus a schema."""
+"""Turning the things users have (iterables, Parquet, image folders, WebDataset shards, files
+through a function, and more) into records plus a schema."""
 
 from __future__ import annotations
 
@@ -8,19 +9,25 @@ from typing import Any
 from yogadl_plus.schema import Schema
 from yogadl_plus.sources.base import Source
 from yogadl_plus.sources.columnar import columns_source, is_columns
+from yogadl_plus.sources.files import Files
 from yogadl_plus.sources.huggingface import HuggingFaceSource
+from yogadl_plus.sources.imagefolder import ImageFolder
 from yogadl_plus.sources.iterable import IterableSource
 from yogadl_plus.sources.parquet import ParquetSource
 from yogadl_plus.sources.petastorm import PetastormSource
 from yogadl_plus.sources.spark import SparkDataFrameSource
+from yogadl_plus.sources.webdataset import WebDataset
 
 __all__ = [
+    "Files",
     "HuggingFaceSource",
+    "ImageFolder",
     "IterableSource",
     "ParquetSource",
     "PetastormSource",
     "Source",
     "SparkDataFrameSource",
+    "WebDataset",
     "as_source",
 ]
 

@@ -5,9 +5,7 @@ pyarrow's dataset API and filesystems. Hive partition folders (``id=3/``, as Spa
 from __future__ import annotations
 
 import dataclasses
-import fnmatch
 import functools
-import glob as globlib
 import hashlib
 import os
 import re
@@ -29,13 +27,21 @@ from yogadl_plus.sources.arrow import (
     refused_cast,
 )
 from yogadl_plus.sources.base import ColumnBatch, Description, Piece, Source, even_cuts
+from yogadl_plus.sources.locations import (
+    glob_root,
+    has_wildcard,
+    list_folder,
+    local_matches,
+    remote_matches,
+    resolve_paths,
+    url_of,
+)
 
 __all__ = [
     "NULL_PARTITION",
     "ParquetSource",
     "Partitions",
     "infer_partition_type",
-    "resolve_paths",
 ]
 
 #: The folder name Hive, Spark and pyarrow write for a null partition value.
@@ -496,38 +502,10 @@ def _expand(paths: Any, filesystem: Any) -> tuple[Any, list[tuple[str, str | Non
     return filesystem, [f for p in named for f in _remote_files(filesystem, p)]
 
 
-def resolve_paths(paths: Any, filesystem: Any = None) -> tuple[Any, list[str]]:
-    """(the filesystem, each path or URL the user named as a path on it), listing nothing."""
-    import pyarrow.fs as pafs
-
-    items = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
-    texts = [os.fspath(item) for item in items]
-    schemes = {t.split("://", 1)[0] if "://" in t else "file" for t in texts}
-    if len(schemes) > 1:
-        raise YogaError(f"Parquet paths must all be on one filesystem, got {sorted(schemes)}")
-    scheme = schemes.pop() if schemes else "file"
-    if scheme not in ("file", "s3", "gs"):
-        raise YogaError(f"{texts[0]}: Parquet URLs may be file://, s3:// or gs://")
-    if scheme == "file" and filesystem is None:
-        return pafs.LocalFileSystem(), [os.path.abspath(t.removeprefix("file://")) for t in texts]
-    if filesystem is None:
-        try:
-            filesystem, _ = pafs.FileSystem.from_uri(texts[0])
-        except Exception as exc:
-            raise YogaError(
-                f"{texts[0]}: cannot open its filesystem ({exc}); pass filesystem= (a pyarrow.fs "
-                "filesystem with your endpoint and credentials)"
-            ) from exc
-    return filesystem, [t.split("://", 1)[1] if "://" in t else t for t in texts]
-
-
 def _local_files(text: str) -> list[tuple[str, str | None]]:
-    if any(ch in text for ch in "*?["):
-        matched = sorted(os.path.abspath(f) for f in globlib.glob(text, recursive=True))
-        if not matched:
-            raise YogaError(f"Parquet glob {text!r} matches no file")
-        root = os.path.abspath(_glob_root(text))
-        return [(f, root) for f in matched]
+    if has_wildcard(text):
+        root = os.path.abspath(glob_root(text))
+        return [(f, root) for f in local_matches(text, "Parquet")]
     if os.path.isdir(text):
         root = os.path.abspath(text)
         found = []
@@ -542,55 +520,33 @@ def _local_files(text: str) -> list[tuple[str, str | None]]:
     raise YogaError(f"Parquet path {text!r} does not exist")
 
 
-def _glob_root(pattern: str) -> str:
-    """The folders of a glob before its first wildcard (where its partition folders start)."""
-    parts = pattern.split("/")[:-1]
-    fixed = []
-    for part in parts:
-        if any(ch in part for ch in "*?["):
-            break
-        fixed.append(part)
-    return "/".join(fixed) or ("/" if pattern.startswith("/") else "")
-
-
 def _remote_files(filesystem: Any, path: str) -> list[tuple[str, str | None]]:
     """Files of a bucket path: a file, a "directory" (recursively) or a glob in its last part."""
     import pyarrow.fs as pafs
 
-    where = f"{filesystem.type_name}://{path}"
+    where = url_of(filesystem, path)
+    if has_wildcard(path):
+        parent = path.rsplit("/", 1)[0]
+        return [(i.path, parent) for i in remote_matches(filesystem, path, "Parquet")]
     try:
-        if any(ch in path for ch in "*?["):
-            if "/" not in path or any(ch in path.rsplit("/", 1)[0] for ch in "*?["):
-                raise YogaError(
-                    f"{where}: in a bucket URL only the last part may be a glob "
-                    "(s3://bucket/folder/part-*.parquet)"
-                )
-            parent, pattern = path.rsplit("/", 1)
-            infos = filesystem.get_file_info(pafs.FileSelector(parent))
-            found = sorted(
-                i.path for i in infos if i.is_file and fnmatch.fnmatch(i.base_name, pattern)
-            )
-            if not found:
-                raise YogaError(f"Parquet glob {where!r} matches no file")
-            return [(f, parent) for f in found]
         info = filesystem.get_file_info(path)
-        if info.type == pafs.FileType.File:
-            return [(path, None)]
-        if info.type == pafs.FileType.Directory:
-            root = path.rstrip("/")
-            infos = filesystem.get_file_info(pafs.FileSelector(root, recursive=True))
-            found = sorted(
-                i.path
-                for i in infos
-                if i.is_file and _is_parquet(i.base_name) and not _hidden_below(root, i.path)
-            )
-            if not found:
-                raise YogaError(f"Parquet directory {where!r} holds no *.parquet file")
-            return [(f, root) for f in found]
     except OSError as exc:
         raise YogaError(
             f"{where}: cannot list it ({exc}): check the bucket, credentials and endpoint"
         ) from exc
+    if info.type == pafs.FileType.File:
+        return [(path, None)]
+    if info.type == pafs.FileType.Directory:
+        root = path.rstrip("/")
+        infos = list_folder(filesystem, pafs.FileSelector(root, recursive=True))
+        found = sorted(
+            i.path
+            for i in infos
+            if i.is_file and _is_parquet(i.base_name) and not _hidden_below(root, i.path)
+        )
+        if not found:
+            raise YogaError(f"Parquet directory {where!r} holds no *.parquet file")
+        return [(f, root) for f in found]
     raise YogaError(f"Parquet path {where!r} does not exist")
 
 

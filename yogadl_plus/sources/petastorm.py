@@ -29,7 +29,8 @@ from yogadl_plus import codecs
 from yogadl_plus.errors import RefusedCall, SchemaError
 from yogadl_plus.schema import Field, Schema
 from yogadl_plus.sources.arrow import arrow_to_schema, column_values
-from yogadl_plus.sources.parquet import NULL_PARTITION, ParquetSource, resolve_paths
+from yogadl_plus.sources.locations import resolve_paths
+from yogadl_plus.sources.parquet import NULL_PARTITION, ParquetSource
 
 __all__ = ["UNISCHEMA_KEY", "PetastormSource", "load_unischema", "parquet_source"]
 
