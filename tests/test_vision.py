@@ -135,6 +135,24 @@ def test_a_null_image_s_stored_bytes_are_none(tmp_path: Path) -> None:
         list(ref.stream(transform=ydl.vision.Decode()))
 
 
+def test_an_image_folder_s_files_come_back_byte_for_byte_and_crop(tmp_path: Path) -> None:
+    files = {}
+    for i, (name, fmt) in enumerate(
+        [("cat/a.jpg", "JPEG"), ("cat/b.png", "PNG"), ("dog/c.jpg", "JPEG")]
+    ):
+        path = tmp_path / "photos" / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(encoded(photo(40 + 10 * i, 60, i), fmt))
+        files[name] = path.read_bytes()
+    source = ydl.sources.ImageFolder(tmp_path / "photos")
+    ref = ydl.cache_dataset(source, "folder", "v", ydl.LocalStorage(tmp_path / "s"), progress=False)
+    stored = ref.get_batch(np.arange(3), decode=False)
+    assert dict(zip(stored["path"], stored["image"])) == files
+    crop = ydl.vision.RandomResizedCrop(24, layout="CHW")
+    batch = next(iter(ref.stream(transform=crop, batch_size=3)))
+    assert batch["image"].shape == (3, 3, 24, 24) and batch["label"].tolist() == [0, 0, 1]
+
+
 class Kinds:
     """A transform that takes the image field encoded and says what it got."""
 
