@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from yogadl_plus import codecs, deprecation, predicates, sources
+from yogadl_plus import codecs, deprecation, predicates, sources, vision
 from yogadl_plus._version import __version__
 from yogadl_plus.augment import random_map
 from yogadl_plus.building import cache_dataset
@@ -108,4 +108,5 @@ __all__ = [
     "predicates",
     "random_map",
     "sources",
+    "vision",
 ]

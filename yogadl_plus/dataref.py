@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -102,11 +102,17 @@ class DataRef(RecordSource):
         return self.read_record(picked, self.schema.fields)
 
     def get_batch(
-        self, indices: Sequence[int] | np.ndarray, fields: Sequence[str] | str | None = None
+        self,
+        indices: Sequence[int] | np.ndarray,
+        fields: Sequence[str] | str | None = None,
+        decode: bool = True,
     ) -> dict[str, Any]:
         """The records at ``indices`` as field -> stacked array (a list for variable shapes,
-        strings, bytes and nullable fields). Only the fields asked for are decoded."""
-        return self.read_columns(self.check_indices(indices), self.select(fields))
+        strings, bytes and nullable fields). Only the fields asked for are decoded. With
+        ``decode=False`` image fields (``codecs.Image``) come undecoded: a list of each
+        record's stored bytes, the image file (None where null); other fields as ever."""
+        stored = () if decode else self._layout.image_fields
+        return self.read_columns(self.check_indices(indices), self.select(fields), stored=stored)
 
     def verify(self, on_chunk: Callable[[ChunkInfo], object] | None = None) -> None:
         """Re-hash every chunk against the manifest; raises CacheCorrupted on a mismatch.
@@ -148,13 +154,15 @@ class DataRef(RecordSource):
         indices: np.ndarray,
         fields: Sequence[Field],
         allocate: Allocate | None = None,
+        stored: Collection[str] = (),
     ) -> dict[str, Any]:
         """get_batch for checked indices and resolved fields (the Stream's hot path). Fields
-        kept as whole-chunk columns come from there, without reading the records. ``allocate``:
-        where big arrays are made (``RecordLayout.decode_columns``)."""
+        kept as whole-chunk columns come from there, without reading the records. ``allocate``
+        and ``stored`` (fields handed out as their stored bytes): as
+        ``RecordLayout.decode_columns``."""
         if self.has_columns(fields):
             return {f.name: self._chunks.gather(f.name, f.dtype, indices) for f in fields}
-        return self._layout.decode_columns(self.read_values(indices), fields, allocate)
+        return self._layout.decode_columns(self.read_values(indices), fields, allocate, stored)
 
     def has_columns(self, fields: Sequence[Field]) -> bool:
         """True when every one of ``fields`` is kept as a whole-chunk column."""
@@ -266,9 +274,9 @@ class DataRefOnDemand(DataRef):
         with self._reading():
             return super().read_record(*args)
 
-    def read_columns(self, *args: Any) -> dict[str, Any]:
+    def read_columns(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
         with self._reading():
-            return super().read_columns(*args)
+            return super().read_columns(*args, **kwargs)
 
     def read_values(self, *args: Any) -> Values:
         with self._reading():

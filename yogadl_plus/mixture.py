@@ -126,10 +126,14 @@ class Mixture(RecordSource):
         return self.leaves[leaf].ref[int(records[0])]
 
     def get_batch(
-        self, indices: Sequence[int] | np.ndarray, fields: Sequence[str] | str | None = None
+        self,
+        indices: Sequence[int] | np.ndarray,
+        fields: Sequence[str] | str | None = None,
+        decode: bool = True,
     ) -> dict[str, Any]:
         """The items at positions ``indices`` of the unshuffled epoch 0, as field -> stacked
-        array (a list for variable shapes, strings and bytes), as ``DataRef.get_batch``."""
+        array (a list for variable shapes, strings and bytes), as ``DataRef.get_batch``
+        (``decode=False``: image fields as their stored bytes)."""
         idx = check_indices(indices, self.epoch_size, "position")
         # Checked whichever sources these positions read: the same call must not work for
         # some indices and not for others.
@@ -139,9 +143,9 @@ class Mixture(RecordSource):
         for part in placement.parts:
             leaf = self.leaves[part[0]]
             where = placement.offsets(part)
-            parts.append((leaf.name, where, leaf.ref.get_batch(part[2], names)))
+            parts.append((leaf.name, where, leaf.ref.get_batch(part[2], names, decode)))
         if not parts:
-            return self.leaves[0].ref.get_batch(idx, names)
+            return self.leaves[0].ref.get_batch(idx, names, decode)
         return merge_columns(parts, len(idx))
 
     def close(self) -> None:

@@ -67,7 +67,10 @@ class LeafSource(Protocol):
     def __getitem__(self, index: int) -> dict[str, Any]: ...
 
     def get_batch(
-        self, indices: Sequence[int] | np.ndarray, fields: Sequence[str] | str | None = None
+        self,
+        indices: Sequence[int] | np.ndarray,
+        fields: Sequence[str] | str | None = None,
+        decode: bool = True,
     ) -> dict[str, Any]: ...
 
     def read_record(self, index: int, fields: Sequence[Field]) -> dict[str, Any]: ...
@@ -131,10 +134,14 @@ class StreamSource(ABC):
 
     @abstractmethod
     def get_batch(
-        self, indices: Sequence[int] | np.ndarray, fields: Sequence[str] | str | None = None
+        self,
+        indices: Sequence[int] | np.ndarray,
+        fields: Sequence[str] | str | None = None,
+        decode: bool = True,
     ) -> dict[str, Any]:
         """The items at positions ``indices`` of the unshuffled epoch 0, as field -> stacked
-        array (a list for variable shapes, strings and bytes)."""
+        array (a list for variable shapes, strings and bytes); ``decode=False``: image fields
+        as their stored bytes."""
 
     @property
     @abstractmethod

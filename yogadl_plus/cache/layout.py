@@ -18,7 +18,7 @@ large values that span overflow pages, never touched.
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -83,6 +83,9 @@ class RecordLayout:
         self._encoder_of = {n: e for n, _, e in self._encoders}
         self._bitmap_zero = bytes(self.bitmap_bytes)
         self._decoders = {f.name: self._field_decoder(f) for f in schema}
+        #: The fields whose stored bytes are an image file (``codecs.Image``): what
+        #: ``decode_columns(..., stored=...)`` hands out undecoded where asked.
+        self.image_fields = frozenset(f.name for f in schema if isinstance(f.codec, codecs.Image))
         plain = not self.variable and not self.bitmap_bytes
         self._fixed_columns = FixedColumns(self.offset, self.fixed_end, plain)
         #: The size of every record value where batches are read as gathered rows, else 0.
@@ -294,16 +297,27 @@ class RecordLayout:
         values: Values,
         fields: Sequence[Field],
         allocate: Allocate | None = None,
+        stored: Collection[str] = (),
     ) -> dict[str, Any]:
         """Fields of many records: fixed fields stacked in one vectorized step, others in lists.
         Big arrays are made by ``allocate`` (np.empty's contract; a worker process's shared
-        ring), by default in memory this layout recycles (cache/recycle.py)."""
+        ring), by default in memory this layout recycles (cache/recycle.py). The fields named
+        in ``stored`` come undecoded: a list of each record's stored bytes (the codec's
+        payload; for an image, its file), None where null."""
         out: dict[str, Any] = {}
-        fixed = tuple(f for f in fields if f.fixed)
+        fixed = tuple(f for f in fields if f.fixed and (not stored or f.name not in stored))
         if fixed:
             out.update(self._fixed_columns.decode(values, fixed, allocate or self.recycler.empty))
         for f in fields:
-            if not f.fixed:
+            if f.name in out:
+                continue
+            if stored and f.name in stored:
+                out[f.name] = [self._stored_bytes(v, f) for v in values]
+            else:
                 decode = self._decoders[f.name]
                 out[f.name] = [decode(v) for v in values]
         return {f.name: out[f.name] for f in fields}
+
+    def _stored_bytes(self, data: memoryview | bytes, field: Field) -> bytes | None:
+        """One record's stored bytes of ``field`` (a copy: they outlive the read), or None."""
+        return None if self.is_null(data, field) else bytes(self.field_bytes(data, field))

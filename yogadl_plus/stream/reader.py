@@ -69,6 +69,8 @@ class LeafReader:
     allocate: Allocate | None = None
     skip: np.ndarray | None = None  # records never handed out, sorted
     seed: int = 0  # the stream's shuffle seed: a random_map's, where it names none
+    # Image fields handed to the transform as their stored bytes (its encoded_fields).
+    encoded: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         if self.predicate is not None:
@@ -90,7 +92,9 @@ class LeafReader:
             epoch = epoch[keep] if isinstance(epoch, np.ndarray) else epoch
         read = perf_counter()
         work[READING] += read - began - work[PREDICATES]
-        columns = self.dataref.layout.decode_columns(values, self.fields, self.allocate)
+        columns = self.dataref.layout.decode_columns(
+            values, self.fields, self.allocate, self.encoded
+        )
         nbytes = columns_nbytes(columns)
         if self.as_columns:
             work[DECODING] += perf_counter() - read
@@ -286,7 +290,9 @@ class SourceReader:
         reader = self._decoder
         read = perf_counter()
         work[READING] += read - began - work[PREDICATES]
-        columns = reader.dataref.layout.decode_columns(values, reader.fields, reader.allocate)
+        columns = reader.dataref.layout.decode_columns(
+            values, reader.fields, reader.allocate, reader.encoded
+        )
         block = Block(ends, columns=columns, work=work, nbytes=columns_nbytes(columns))
         if not self._as_columns:
             block = as_items(block)
@@ -340,6 +346,7 @@ def _leaf_readers(
     ones; records read record by record keep each leaf's own fields."""
     shared = [f.name for f in source.stream_fields(boundary.fields, boundary.batching)]
     skips = boundary.skip.for_source(source) if boundary.skip is not None else None
+    encoded = boundary.encoded_fields
     readers = []
     for number, leaf in enumerate(source.leaves):
         if leaf.used:
@@ -358,6 +365,7 @@ def _leaf_readers(
                 as_columns=boundary.as_columns,
                 skip=skips[number] if skips is not None else None,
                 seed=seed,
+                encoded=encoded & leaf.ref.layout.image_fields,
             )
         )
     return readers

@@ -57,6 +57,13 @@ class BoundarySettings:
                 )
             if self.predicate is not None:
                 raise ValueError("predicate= and ngram= cannot be combined in one stream")
+        encoded = self.encoded_fields  # (a ValueError for a transform's bad encoded_fields)
+        if encoded and self.ngram is not None:
+            raise ValueError(
+                f"the transform {self.transform!r} takes fields {sorted(encoded)} encoded "
+                "(its encoded_fields), and n-gram windows come decoded, as {offset: record}: "
+                "use a transform of windows without encoded_fields"
+            )
         if self.skip is not None:
             skips = self.skip if isinstance(self.skip, Skips) else Skips(self.skip)
             # (An empty list skips nothing: the stream is then as without one. A mask that
@@ -91,6 +98,23 @@ class BoundarySettings:
             "skip": self.skip.identity() if self.skipping else None,
             "predicate": predicate,
         }
+
+    @property
+    def encoded_fields(self) -> frozenset[str]:
+        """The fields the transform takes as their stored bytes, undecoded: those its
+        ``encoded_fields`` attribute names (a tuple of field names; ``ydl.vision``'s transforms
+        set it). Only image fields come so: others are decoded as for any transform."""
+        names = getattr(self.transform, "encoded_fields", None)
+        if names is None:
+            return frozenset()
+        if not isinstance(names, (tuple, list, set, frozenset)) or not all(
+            isinstance(name, str) for name in names
+        ):
+            raise ValueError(
+                f"the transform {self.transform!r} has encoded_fields={names!r}: expected a "
+                "tuple of field names"
+            )
+        return frozenset(names)
 
     @property
     def batching(self) -> bool:
