@@ -18,7 +18,8 @@ epochs after one untimed epoch (workers started, page cache warm).
    - yogadl_plus: a cache of ``ydl.sources.ImageFolder(root)``, its stream
      (``shuffle=True, batch_size=64, transform=ydl.vision.RandomResizedCrop(224,
      layout="CHW")``) through ``ydl.torch.make_dataloader(stream, num_workers=2 | 0)``; and,
-     labelled apart, 0 DataLoader workers over a stream with 2 thread workers of its own;
+     labelled apart, 0 DataLoader workers over a stream with 2 thread workers of its own, and
+     that stream iterated alone (numpy batches, no DataLoader);
    - the baseline: ``torch.utils.data.DataLoader`` over ``ImageFolderLike`` (files opened with
      Pillow, cropped, resized bilinear and flipped with Pillow, as torchvision's ImageFolder and
      transforms do), ``shuffle=True``, the same workers. Target: yogadl_plus >= 1.5x;
@@ -223,12 +224,15 @@ def measure_loaders(ref: Any, root: Path, n: int, repeats: int) -> dict[str, flo
 
     crop = ydl.vision.RandomResizedCrop(SIZE, layout="CHW")
 
-    def ours(workers: int, threads: int = 0) -> Callable[[], Any]:
-        stream = ref.stream(
+    def stream(threads: int) -> Callable[[], Any]:
+        made = ref.stream(
             shuffle=True, shuffle_seed=0, batch_size=BATCH, fields=["image", "label"],
             transform=crop, num_workers=threads,
         )  # fmt: skip
-        return functools.partial(ydl.torch.make_dataloader, stream, num_workers=workers)
+        return lambda: made
+
+    def ours(workers: int, threads: int = 0) -> Callable[[], Any]:
+        return functools.partial(ydl.torch.make_dataloader, stream(threads)(), num_workers=workers)
 
     def pillow(workers: int) -> Callable[[], Any]:
         return functools.partial(
@@ -245,6 +249,7 @@ def measure_loaders(ref: Any, root: Path, n: int, repeats: int) -> dict[str, flo
         ("yogadl_plus, 0 DataLoader workers", ours(0), "image"),
         ("Pillow folder, 0 DataLoader workers", pillow(0), 0),
         ("yogadl_plus, 0 DataLoader workers + 2 stream threads", ours(0, threads=2), "image"),
+        ("yogadl_plus stream alone (no DataLoader), 2 stream threads", stream(2), "image"),
     ):
         rates[name] = loader_rate(n, make, key, repeats)
         print(f"{name}: {rates[name]:.0f} images/s", file=sys.stderr, flush=True)
@@ -518,6 +523,10 @@ def build_table(results: Results) -> list[str]:
     for name, seconds in rows.items():
         size = d["shard_mb"] if ", shards," in name else d["mb"]
         lines.append(f"| {name} | {size / seconds:.0f} | {ratio(copy, seconds)} |")
+    if "beton_bytes" in results.peers.get("ffcv", {}):
+        beton = results.peers["ffcv"]["beton_bytes"] / 1e6
+        lines += ["", f"FFCV's file holds {beton:.0f} MB for {d['mb']:.0f} MB of JPEGs "
+                  "(it decodes each image and encodes it again at quality 90)."]  # fmt: skip
     return lines
 
 
