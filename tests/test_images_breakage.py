@@ -1,0 +1,93 @@
+"""Images, image sources and ``ydl.vision`` as users break them: decompression bombs, tar shards
+that WebDataset's own reader takes or that would cache wrong samples, centre crops larger than
+the picture, and EXIF orientation (ignored, as torchvision's loader ignores it)."""
+
+from __future__ import annotations
+
+import io
+import struct
+import tarfile
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+import yogadl_plus as ydl
+from yogadl_plus.imagefiles import NotAnImage, check_image, decode_image, read_header
+
+
+def picture(height: int, width: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 256, (height, width, 3), dtype=np.uint8)
+
+
+def encoded(pixels: np.ndarray, fmt: str = "JPEG", **options: object) -> bytes:
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, format=fmt, **options)
+    return out.getvalue()
+
+
+# --- decompression bombs: a few bytes declaring gigapixels ---
+
+
+def png_declaring(width: int, height: int) -> bytes:
+    """A small PNG whose header declares ``width`` x ``height`` grey pixels."""
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        crc = zlib.crc32(kind + data) & 0xFFFFFFFF
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", crc)
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", header)
+        + chunk(b"IDAT", zlib.compress(b"\0" * 16))
+        + chunk(b"IEND", b"")
+    )
+
+
+def jpeg_declaring(width: int, height: int) -> bytes:
+    """A small baseline JPEG whose frame header declares ``width`` x ``height``."""
+    data = bytearray(encoded(picture(8, 8)))
+    frame = data.index(b"\xff\xc0")
+    data[frame + 5 : frame + 9] = struct.pack(">HH", height, width)
+    return bytes(data)
+
+
+BOMBS = {"png": png_declaring(40_000, 40_000), "jpeg": jpeg_declaring(60_000, 60_000)}
+
+
+@pytest.mark.parametrize("kind", sorted(BOMBS))
+def test_a_decompression_bomb_is_not_an_image_not_a_bare_pillow_error(kind: str) -> None:
+    # Pillow raises its own DecompressionBombError (no OSError); libjpeg-turbo allocates
+    # the declared picture without asking. Both are refused from the header alone.
+    for read in (read_header, check_image):
+        with pytest.raises(NotAnImage, match=r"decompression bombs.*MAX_IMAGE_PIXELS"):
+            read(BOMBS[kind])
+
+
+def test_an_image_folder_with_a_bomb_fails_its_build_naming_the_file(tmp_path: Path) -> None:
+    (tmp_path / "photos" / "cat").mkdir(parents=True)
+    (tmp_path / "photos" / "cat" / "ok.jpg").write_bytes(encoded(picture(6, 8)))
+    (tmp_path / "photos" / "cat" / "huge.png").write_bytes(BOMBS["png"])
+    storage = ydl.LocalStorage(str(tmp_path / "caches"))
+    source = ydl.sources.ImageFolder(tmp_path / "photos")
+    with pytest.raises(ydl.YogaError, match=r"cat/huge\.png.*decompression bombs"):
+        ydl.cache_dataset(source, "photos", "v1", storage, progress=False)
+    assert storage.list() == []
+
+
+def test_a_bomb_given_as_bytes_is_a_schema_error(tmp_path: Path) -> None:
+    schema = ydl.Schema([ydl.Field("image", np.uint8, (None, None, 3), codec=ydl.codecs.Image())])
+    storage = ydl.LocalStorage(str(tmp_path))
+    with pytest.raises(ydl.SchemaError, match=r"field 'image'.*decompression bombs"):
+        ydl.cache_dataset([{"image": BOMBS["jpeg"]}], "b", "v1", storage, schema=schema)
+    assert storage.list() == []
+
+
+def test_a_vision_transform_meeting_a_bomb_names_the_record() -> None:
+    crop = ydl.vision.RandomResizedCrop(8)
+    with pytest.raises(ydl.TransformError, match=r"record 3, field 'image'.*decompression"):
+        crop.apply({"image": BOMBS["png"]}, 0, 0, 3, "")
+
