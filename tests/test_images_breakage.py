@@ -91,3 +91,52 @@ def test_a_vision_transform_meeting_a_bomb_names_the_record() -> None:
     with pytest.raises(ydl.TransformError, match=r"record 3, field 'image'.*decompression"):
         crop.apply({"image": BOMBS["png"]}, 0, 0, 3, "")
 
+
+# --- WebDataset shards ---
+
+
+def tar_of(path: Path, members: list[tuple[str, bytes]]) -> str:
+    with tarfile.open(path, "w") as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return str(path)
+
+
+def cached(source: ydl.sources.Source, tmp_path: Path) -> ydl.DataRef:
+    storage = ydl.LocalStorage(str(tmp_path / "caches"))
+    return ydl.cache_dataset(source, "shards", "v1", storage, progress=False)
+
+
+def test_a_sample_whose_members_are_not_consecutive_is_an_error(tmp_path: Path) -> None:
+    # With every field nullable, this shard cached four half samples under two keys.
+    shard = tar_of(
+        tmp_path / "s.tar",
+        [("a.cls", b"1"), ("b.cls", b"2"), ("a.txt", b"x"), ("b.txt", b"y")],
+    )
+    schema = ydl.Schema(
+        [
+            ydl.Field("__key__", str),
+            ydl.Field("cls", np.int64, nullable=True),
+            ydl.Field("txt", str, nullable=True),
+        ]
+    )
+    with pytest.raises(ydl.YogaError, match=r"s\.tar: member 'a\.txt': sample 'a' came earlier"):
+        cached(ydl.sources.WebDataset(shard, schema=schema), tmp_path)
+
+
+def test_shard_metadata_members_are_skipped_as_webdataset_skips_them(tmp_path: Path) -> None:
+    shard = tar_of(
+        tmp_path / "s.tar",
+        [("__index__", b"meta"), ("__meta__/info.json", b"{}"), ("a.cls", b"1"), ("b.cls", b"2")],
+    )
+    ref = cached(ydl.sources.WebDataset(shard), tmp_path)
+    assert ref.schema.names == ("__key__", "cls") and [r["__key__"] for r in ref] == ["a", "b"]
+
+
+def test_a_member_named_like_the_key_field_is_an_error_naming_it(tmp_path: Path) -> None:
+    shard = tar_of(tmp_path / "s.tar", [("a.cls", b"1"), ("a.__key__", b"other")])
+    with pytest.raises(ydl.YogaError, match=r"s\.tar: member 'a\.__key__'.*rename"):
+        cached(ydl.sources.WebDataset(shard), tmp_path)
+
