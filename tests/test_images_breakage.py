@@ -140,3 +140,37 @@ def test_a_member_named_like_the_key_field_is_an_error_naming_it(tmp_path: Path)
     with pytest.raises(ydl.YogaError, match=r"s\.tar: member 'a\.__key__'.*rename"):
         cached(ydl.sources.WebDataset(shard), tmp_path)
 
+
+# --- CenterCrop of a picture smaller than the crop: torchvision pads it with black ---
+
+
+def torchvision_center_crop(pixels: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+    """torchvision's ``F.center_crop``, line for line: pad with zeros where the crop is larger
+    (the odd pixel after), then crop the centre."""
+    height, width = pixels.shape[:2]
+    pad_h, pad_w = max(size[0] - height, 0), max(size[1] - width, 0)
+    padded = np.pad(
+        pixels, ((pad_h // 2, (pad_h + 1) // 2), (pad_w // 2, (pad_w + 1) // 2), (0, 0))
+    )
+    top = round((padded.shape[0] - size[0]) / 2.0)
+    left = round((padded.shape[1] - size[1]) / 2.0)
+    return padded[top : top + size[0], left : left + size[1]]
+
+
+@pytest.mark.parametrize(
+    ("shape", "size"), [((1, 1), (4, 4)), ((5, 7), (9, 4)), ((6, 3), (6, 8)), ((5, 8), (12, 11))]
+)
+@pytest.mark.parametrize("layout", ["HWC", "CHW"])
+def test_centre_crop_larger_than_the_picture_pads_as_torchvision(shape, size, layout) -> None:
+    pixels = picture(*shape, seed=sum(shape))
+    ours = ydl.vision.CenterCrop(size, layout=layout)({"image": encoded(pixels, "PNG")})["image"]
+    theirs = torchvision_center_crop(pixels, size)
+    assert np.array_equal(ours, theirs.transpose(2, 0, 1) if layout == "CHW" else theirs)
+
+
+def test_centre_crop_after_a_resize_to_less_than_the_crop_pads_too() -> None:
+    # Resize(8) of 16x24 is 8x12; CenterCrop(10) pads its height by one row each side.
+    out = ydl.vision.CenterCrop(10, resize=8)({"image": encoded(picture(16, 24), "PNG")})["image"]
+    assert out.shape == (10, 10, 3)
+    assert not out[0].any() and not out[-1].any() and out[1:-1].any()
+
