@@ -174,3 +174,19 @@ def test_centre_crop_after_a_resize_to_less_than_the_crop_pads_too() -> None:
     assert out.shape == (10, 10, 3)
     assert not out[0].any() and not out[-1].any() and out[1:-1].any()
 
+
+# --- EXIF orientation: ignored, as torchvision's pil_loader ignores it ---
+
+
+def test_an_exif_rotated_jpeg_comes_as_stored_as_torchvision_loads_it(tmp_path: Path) -> None:
+    pixels = picture(12, 20)
+    exif = Image.Exif()
+    exif[0x0112] = 6  # "rotate 90 degrees clockwise to display"
+    data = encoded(pixels, exif=exif.tobytes(), quality=95)
+    with Image.open(io.BytesIO(data)) as image:
+        theirs = np.asarray(image.convert("RGB"))  # torchvision's pil_loader
+    assert read_header(data).height == 12 and np.array_equal(decode_image(data), theirs)
+    (tmp_path / "photos" / "cat").mkdir(parents=True)
+    (tmp_path / "photos" / "cat" / "turned.jpg").write_bytes(data)
+    ref = cached(ydl.sources.ImageFolder(tmp_path / "photos"), tmp_path)
+    assert ref[0]["image"].shape == (12, 20, 3)
