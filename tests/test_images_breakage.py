@@ -190,3 +190,16 @@ def test_an_exif_rotated_jpeg_comes_as_stored_as_torchvision_loads_it(tmp_path: 
     (tmp_path / "photos" / "cat" / "turned.jpg").write_bytes(data)
     ref = cached(ydl.sources.ImageFolder(tmp_path / "photos"), tmp_path)
     assert ref[0]["image"].shape == (12, 20, 3)
+
+
+def test_a_symlink_loop_in_an_image_folder_is_refused_naming_both_names(tmp_path):
+    """A link from a class folder to the root makes a walk go round: each image would be
+    cached once per turn (pyarrow follows it until the system says the path is too deep)."""
+    root = tmp_path / "root"
+    (root / "cat").mkdir(parents=True)
+    buffer = io.BytesIO()
+    Image.fromarray(np.zeros((4, 4, 3), np.uint8)).save(buffer, "PNG")
+    (root / "cat" / "a.png").write_bytes(buffer.getvalue())
+    (root / "cat" / "again").symlink_to(root / "cat")
+    with pytest.raises(ydl.YogaError, match="'cat/again' and 'cat' are the same folder"):
+        ydl.sources.ImageFolder(root)
