@@ -69,18 +69,46 @@ def _simplejpeg() -> Any:
 
 
 def read_header(data: bytes | memoryview) -> ImageHeader:
-    """The format and size of the image in ``data``, from its header alone."""
+    """The format and size of the image in ``data``, from its header alone; NotAnImage for a
+    picture larger than Pillow's limit against decompression bombs (see ``_check_pixels``)."""
     if not len(data):
         raise NotAnImage("no bytes at all (an empty file)")
     simplejpeg = _simplejpeg()
     if simplejpeg is not None and sniff(data) == "jpeg":
         try:
             height, width, _, _ = simplejpeg.decode_jpeg_header(data)
-            return ImageHeader("jpeg", int(width), int(height))
         except ValueError:
             pass  # Pillow reads headers libjpeg-turbo's TurboJPEG API does not
+        else:
+            return _check_pixels(ImageHeader("jpeg", int(width), int(height)))
     with _opened(data) as image:
         return ImageHeader(str(image.format or "unknown").lower(), *image.size)
+
+
+def _check_pixels(header: ImageHeader) -> ImageHeader:
+    """``header``, or NotAnImage where its picture is over the pixel count at which Pillow
+    refuses to open a file (twice ``PIL.Image.MAX_IMAGE_PIXELS``): a few bytes can declare a
+    picture of gigabytes, and libjpeg-turbo, unlike Pillow, allocates it without asking."""
+    from PIL import Image
+
+    limit = Image.MAX_IMAGE_PIXELS
+    if limit is not None and header.width * header.height > 2 * limit:
+        pixels = header.width * header.height
+        raise NotAnImage(
+            _bomb(
+                f"its header declares {header.width}x{header.height} = {pixels:,} pixels, "
+                f"over the limit of {2 * limit:,}"
+            )
+        )
+    return header
+
+
+def _bomb(what: str) -> str:
+    return (
+        f"{what} (Pillow's guard against decompression bombs, twice "
+        "PIL.Image.MAX_IMAGE_PIXELS); if the picture is genuine, raise "
+        "PIL.Image.MAX_IMAGE_PIXELS (None: no limit) in every process that builds or reads"
+    )
 
 
 def check_image(data: bytes | memoryview) -> ImageHeader:
@@ -162,6 +190,8 @@ def _opened(data: bytes | memoryview) -> Any:
 
     try:
         return Image.open(io.BytesIO(bytes(data)))
+    except Image.DecompressionBombError as exc:  # not an OSError: Pillow's "too big"
+        raise NotAnImage(_bomb(str(exc).split(", could be")[0].rstrip("."))) from None
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError, EOFError) as exc:
         reason = str(exc).split(" <_io.BytesIO")[0]  # not the repr of our own buffer
         raise NotAnImage(f"not an image Pillow reads ({reason})") from None

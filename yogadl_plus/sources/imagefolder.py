@@ -91,6 +91,10 @@ class ImageFolder(Source):
         entries = [
             (rel, i) for rel, i in entries if not any(p.startswith(".") for p in rel.split("/"))
         ]
+        if self.filesystem.type_name == "local":
+            self._refuse_folders_seen_twice(
+                [i.path for _, i in entries if i.type == pafs.FileType.Directory]
+            )
         classes = sorted(
             {
                 rel.split("/")[0]
@@ -125,6 +129,21 @@ class ImageFolder(Source):
                 "remove the folders (their labels would stand for nothing)"
             )
         return classes, files
+
+    def _refuse_folders_seen_twice(self, folders: list[str]) -> None:
+        """A YogaError where two listed folders are one on disk (a link to a folder above it,
+        which a walk follows round and round, or two links to one folder): each image there
+        would be cached again under every name."""
+        seen: dict[str, str] = {}
+        for folder in folders:
+            real = os.path.realpath(folder)
+            if real in seen:
+                raise YogaError(
+                    f"ImageFolder {self.url!r}: {self._below(folder)!r} and "
+                    f"{self._below(seen[real])!r} are the same folder ({real}), through a "
+                    "symbolic link: its images would be cached once per name; remove the link"
+                )
+            seen[real] = folder
 
     def _below(self, path: str) -> str:
         return path[len(self.root) :].lstrip("/")

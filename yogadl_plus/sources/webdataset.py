@@ -7,6 +7,7 @@ import functools
 import hashlib
 import os
 import posixpath
+import re
 import tarfile
 import zlib
 from collections.abc import Iterator, Mapping, Sequence
@@ -36,6 +37,9 @@ INT_EXTENSIONS = frozenset({"cls", "cls2", "index", "label"})
 #: Extensions whose members are UTF-8 text, cached as str.
 TEXT_EXTENSIONS = frozenset({"txt", "json"})
 KEY = "__key__"
+#: Members WebDataset's reader skips as the shard's metadata: ``__name__`` at the top, or in a
+#: top folder so named.
+_METADATA = re.compile(r"__[^/]*__($|/)")
 
 
 @dataclass(frozen=True)
@@ -58,7 +62,9 @@ class WebDataset(Source):
     ``seg.png``). Its record is ``__key__`` plus a field per extension (lower-cased), typed by
     the extension's last part: ``cls``, ``cls2``, ``index``, ``label`` -> int64; ``txt``,
     ``json`` -> str; image extensions -> the image file's bytes (checked, read back as RGB
-    pixels); anything else -> bytes. Directories and hidden members (``.name``) are skipped.
+    pixels); anything else -> bytes. Directories, hidden members (``.name``) and the shard's
+    metadata (``__name__``, as WebDataset's reader skips it) are skipped; a sample's members
+    are consecutive.
 
     The fields are the first sample's, unless ``schema`` is given: then a field missing from a
     sample is null where the schema makes it nullable. Anything else is a clear error naming
@@ -201,6 +207,7 @@ def _samples(filesystem: Any, path: str) -> Iterator[tuple[str, dict[str, bytes]
             tarfile.open(fileobj=raw, mode="r|*") as tar,
         ):
             key, sample = "", {}
+            done: set[str] = set()  # the keys of the samples yielded: each comes once
             for info in tar:
                 member = info.name
                 found = _key_and_extension(info, url)
@@ -208,8 +215,16 @@ def _samples(filesystem: Any, path: str) -> Iterator[tuple[str, dict[str, bytes]
                     continue
                 if found[0] != key and sample:
                     yield key, sample
+                    done.add(key)
                     sample = {}
                 key, extension = found
+                if key in done:
+                    raise YogaError(
+                        f"{url}: member {member!r}: sample {key!r} came earlier in the shard, "
+                        "with other samples between: a sample's members must be consecutive "
+                        "(write each sample's files together, as WebDataset's TarWriter does, "
+                        "or sort the members by name)"
+                    )
                 if extension in sample:
                     raise YogaError(
                         f"{url}: member {member!r}: sample {key!r} has a {extension!r} member "
@@ -237,7 +252,7 @@ def _key_and_extension(info: tarfile.TarInfo, url: str) -> tuple[str, str] | Non
             "a WebDataset member is a relative path"
         )
     base = posixpath.basename(name)
-    if not info.isfile() or not base or base.startswith("."):
+    if not info.isfile() or not base or base.startswith(".") or _METADATA.match(name):
         return None
     if "." not in base or base.endswith("."):
         raise YogaError(
@@ -245,7 +260,13 @@ def _key_and_extension(info: tarfile.TarInfo, url: str) -> tuple[str, str] | Non
             "a dot, then its extension (0001.jpg, 0001.cls)"
         )
     cut = len(name) - len(base) + base.index(".")
-    return name[:cut], name[cut + 1 :].lower()
+    extension = name[cut + 1 :].lower()
+    if extension == KEY:
+        raise YogaError(
+            f"{url}: member {name!r} has the extension {KEY!r}, the name of the field that "
+            "holds each sample's key: rename the member"
+        )
+    return name[:cut], extension
 
 
 def _field(extension: str, where: str) -> Field:

@@ -11,7 +11,7 @@ import numpy as np
 
 from yogadl_plus.imagefiles import DCT_SCALES
 
-__all__ = ["Box", "center_box", "dct_scale", "random_resized_box"]
+__all__ = ["Box", "center_box", "center_filled", "dct_scale", "random_resized_box"]
 
 # Boxes RandomResizedCrop draws before it falls back to the centre crop (torchvision's 10).
 _TRIES = 10
@@ -74,21 +74,36 @@ def center_box(height: int, width: int, size: tuple[int, int], resize: int | Non
     """The region of a ``height`` x ``width`` picture that torchvision's ``Resize(resize)``
     (the shorter side to ``resize``, the other in proportion) then ``CenterCrop(size)`` hand
     out, in the picture's own pixels: one crop and one resize do the work of both. A side
-    the crop is longer than (torchvision pads it with black) is taken whole."""
-    if resize is None:
-        new_height, new_width = height, width
-    elif width <= height:
-        new_height, new_width = int(resize * height / width), resize
-    else:
-        new_height, new_width = resize, int(resize * width / height)
+    the crop is longer than (torchvision pads it with black: ``center_filled``) is taken
+    whole."""
+    new_height, new_width = _resized(height, width, resize)
     fy, fx = height / new_height, width / new_width
-    crop_h, crop_w = min(size[0], new_height), min(size[1], new_width)
+    crop_h, crop_w = center_filled(height, width, size, resize)
     top = round((new_height - crop_h) / 2.0)
     left = round((new_width - crop_w) / 2.0)
     box_top, box_left = round(top * fy), round(left * fx)
     box_h = max(1, min(round(crop_h * fy), height - box_top))
     box_w = max(1, min(round(crop_w * fx), width - box_left))
     return Box(box_top, box_left, box_h, box_w)
+
+
+def center_filled(
+    height: int, width: int, size: tuple[int, int], resize: int | None
+) -> tuple[int, int]:
+    """The (height, width) of the part of ``CenterCrop(size)``'s output that the picture
+    fills, after ``Resize(resize)``: ``size``, but for a side the resized picture is shorter
+    than, where torchvision pads the rest with black, the picture centred."""
+    new_height, new_width = _resized(height, width, resize)
+    return min(size[0], new_height), min(size[1], new_width)
+
+
+def _resized(height: int, width: int, resize: int | None) -> tuple[int, int]:
+    """The picture's (height, width) after torchvision's ``Resize(resize)`` (None: as is)."""
+    if resize is None:
+        return height, width
+    if width <= height:
+        return int(resize * height / width), resize
+    return resize, int(resize * width / height)
 
 
 def dct_scale(box: Box, size: tuple[int, int]) -> int:

@@ -19,7 +19,13 @@ from yogadl_plus.augment import RandomMap, generator
 from yogadl_plus.checks import check_int
 from yogadl_plus.errors import TransformError
 from yogadl_plus.imagefiles import NotAnImage, decode_image, read_header
-from yogadl_plus.vision.boxes import Box, center_box, dct_scale, random_resized_box
+from yogadl_plus.vision.boxes import (
+    Box,
+    center_box,
+    center_filled,
+    dct_scale,
+    random_resized_box,
+)
 from yogadl_plus.vision.resize import crop_resized, laid_out
 
 __all__ = ["CenterCrop", "Decode", "RandomResizedCrop"]
@@ -79,7 +85,10 @@ class _ImageTransform(RandomMap):
     def _transformed(self, record: Any, rng: np.random.Generator | None) -> Any:
         if not isinstance(record, dict) or self.field not in record:
             names = sorted(record) if isinstance(record, dict) else type(record).__name__
-            raise NotAnImage(f"the record has no such field (it has {names})")
+            raise NotAnImage(
+                f"the record has no such field (it has {names}): where the stream names "
+                "fields=, name this one there too"
+            )
         out = dict(record)
         out[self.field] = self._picture(record[self.field], rng)
         return out
@@ -164,7 +173,8 @@ class RandomResizedCrop(_ImageTransform):
 class CenterCrop(_ImageTransform):
     """torchvision's ``Resize(resize)`` (the shorter side to ``resize``; None: no resize) then
     ``CenterCrop(size)``, as one crop of the matching region of the picture and one resize,
-    the JPEG decoded only as large as that region needs."""
+    the JPEG decoded only as large as that region needs. Where the (resized) picture is
+    smaller than ``size``, it is centred on black, as torchvision pads it."""
 
     def __init__(
         self,
@@ -183,7 +193,25 @@ class CenterCrop(_ImageTransform):
     def crop(
         self, height: int, width: int, rng: np.random.Generator | None
     ) -> tuple[Box, tuple[int, int], bool]:
-        return center_box(height, width, self.size, self.resize), self.size, False
+        filled = center_filled(height, width, self.size, self.resize)
+        return center_box(height, width, self.size, self.resize), filled, False
+
+    def _picture(self, value: Any, rng: np.random.Generator | None) -> np.ndarray:
+        picture = super()._picture(value, rng)
+        chw = self.layout == "CHW"
+        filled = picture.shape[1:] if chw else picture.shape[:2]
+        if filled == self.size:
+            return picture
+        # torchvision's pad: the odd pixel of a side's padding goes after the picture.
+        top, left = (self.size[0] - filled[0]) // 2, (self.size[1] - filled[1]) // 2
+        rows, cols = slice(top, top + filled[0]), slice(left, left + filled[1])
+        if chw:
+            out = np.zeros((3, *self.size), np.uint8)
+            out[:, rows, cols] = picture
+        else:
+            out = np.zeros((*self.size, 3), np.uint8)
+            out[rows, cols] = picture
+        return out
 
 
 def _size(size: Any) -> tuple[int, int]:
