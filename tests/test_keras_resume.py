@@ -2,7 +2,7 @@
 SIGKILLed at chosen points, run again until it finishes, then every epoch counted.
 
 Each run is a process of its own, forked from one that imported TensorFlow and Keras once for
-the module (the job's --serve): the seconds of that import, not the run, are what is shared.
+the module (helpers/forks.py): the seconds of that import, not the run, are what is shared.
 
 The model keeps, in its own weights, how many records it trained on and the sum of their ids;
 so each restart says exactly which steps the restored backup holds, and the steps a killed run
@@ -12,21 +12,20 @@ trained after its last backup (lost with it) are told apart from the ones that c
 from __future__ import annotations
 
 import os
-import select
-import subprocess
-import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 pytest.importorskip("tensorflow")
 pytest.importorskip("keras")
 
+from helpers.forks import Forks, read_log
 from jobs import keras_resume_job as job
 
 import yogadl_plus as ydl
 
-JOB = job.__file__
+RUN_JOB = f"import runpy; runpy.run_path({job.__file__!r}, run_name='__main__')"
 
 pytestmark = [
     pytest.mark.crash,
@@ -36,32 +35,19 @@ pytestmark = [
 
 
 @pytest.fixture(scope="module")
-def jobs() -> Iterator[subprocess.Popen[str]]:
-    """The job's server (--serve): each line written to it runs one job in a fresh process."""
+def jobs() -> Iterator[Forks]:
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")
-    server = subprocess.Popen(
-        [sys.executable, JOB, "--serve"], env=env, stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    yield server
-    server.kill()
-    server.wait()
+    forks = Forks("tensorflow", "keras", "yogadl_plus", env=env)
+    yield forks
+    forks.close()
 
 
-def run_job(jobs, root: str, face: str, save_freq: str, predicate: bool, kill: str) -> int:
-    assert jobs.stdin is not None and jobs.stdout is not None
-    jobs.stdin.write(f"{root} {face} {save_freq} {int(predicate)} {kill}\n")
-    jobs.stdin.flush()
-    ready, _, _ = select.select([jobs.stdout], [], [], 300)
-    if not ready:
-        jobs.kill()
-        raise AssertionError(f"the job {kill} did not end in 300 s")
-    said = jobs.stdout.readline()
-    assert said, "the job server died (its error is in the captured stderr)"
-    returncode = int(said)
+def run_job(jobs: Forks, root: str, face: str, save_freq: str, predicate: bool, kill: str) -> int:
+    args = [root, face, save_freq, "1" if predicate else "0", kill]
+    log = Path(root, "job.log")
+    returncode = jobs.run(RUN_JOB, *args, cwd=Path(root), log=log)
     if kill == "none" and returncode:
-        with open(os.path.join(root, "job.log")) as out:
-            raise AssertionError(f"the job failed:\n{out.read()[-4000:]}")
+        raise AssertionError(f"the job failed:\n{read_log(log)}")
     return returncode
 
 

@@ -2,20 +2,11 @@
 on request, run again by the test until it finishes.
 
     python tests/jobs/keras_resume_job.py ROOT FACE SAVE_FREQ PREDICATE KILL
-    python tests/jobs/keras_resume_job.py --serve
-
 
 FACE is "tf" (make_tf_dataset) or "seq" (StreamSequence); SAVE_FREQ "epoch" or an int;
 PREDICATE "0" or "1"; KILL is "none", "step:N" (SIGKILL inside the N-th training step of this
 run), "backup:N" (right after this run's N-th backup), "before-replace:N" / "after-replace:N"
 (around the N-th rename of this run).
-
-With --serve, it imports TensorFlow and Keras once and then, for each line of stdin (the five
-arguments above, space-separated), forks a fresh process that runs that job, its output
-appended to ROOT/job.log, and prints the job's exit code (-9: SIGKILLed) on a line of its own.
-Each job is a process of its own, killed as a whole as before; only the seconds of importing
-TensorFlow and Keras, nothing of a model or of TensorFlow's runtime (the server runs no op),
-are shared.
 
 The model counts what it trained on in its own weights (records and the sum of their ids), so
 a restored backup says exactly which steps it holds. ROOT/trained.log gets, per run, "R count
@@ -26,7 +17,6 @@ from __future__ import annotations
 
 import os
 import sys
-import traceback
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
@@ -177,30 +167,5 @@ def _stamp(path: str) -> tuple[int, int] | None:
     return st.st_ino, st.st_mtime_ns  # each backup renames a new file in
 
 
-def serve() -> None:
-    """Runs each job asked for on stdin in a process forked from this one (see the top)."""
-    for line in sys.stdin:
-        args = line.split()
-        pid = os.fork()
-        if pid == 0:
-            code = 1
-            try:
-                out = os.open(
-                    os.path.join(args[0], "job.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND
-                )
-                os.dup2(out, 1)
-                os.dup2(out, 2)
-                main(*args)
-                code = 0
-            except BaseException:
-                traceback.print_exc()
-            finally:
-                sys.stdout.flush()
-                sys.stderr.flush()
-                os._exit(code)
-        _, status = os.waitpid(pid, 0)
-        print(os.waitstatus_to_exitcode(status), flush=True)
-
-
 if __name__ == "__main__":
-    serve() if sys.argv[1:] == ["--serve"] else main(*sys.argv[1:6])
+    main(*sys.argv[1:6])
