@@ -14,6 +14,7 @@ import os
 import select
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 # The server: imports its argv's modules, then for each line of stdin ({"code", "argv", "cwd",
@@ -61,6 +62,9 @@ class Forks:
             stdout=subprocess.PIPE,
             env=env,
             text=True,
+            # Not the caller's folder: `python -c` puts it first on sys.path, over PYTHONPATH's
+            # yogadl_plus (a job then finds its modules as the `python -c` it stands for would).
+            cwd=tempfile.gettempdir(),
         )
 
     def run(self, code: str, *argv: str, cwd: Path, log: Path, timeout: float = 300) -> int:
