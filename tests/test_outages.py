@@ -29,6 +29,9 @@ pytestmark = [pytest.mark.servers, pytest.mark.slow, pytest.mark.timeout(240)]
 # Long enough for the backoff to reach its 5 s cap, and for a lease renewal (every 20 / 3 s in
 # the build's test) to fall inside.
 OUTAGE_S = 8.0
+# Where the backoff's cap and the lease are proven above (the same Retries serve every store
+# and every read), an outage of a few tries: the GCS pull and the stream reading on demand.
+SHORT_OUTAGE_S = 4.0
 # A freeze is waited out inside one try (requests hang, then get their answers; a try waits up
 # to the read timeout, 60 s here): no retry comes into it, so its length proves nothing more.
 FREEZE_S = 3.0
@@ -270,9 +273,10 @@ def test_gcs_pull_rides_out_an_outage_and_fails_in_bounded_time_when_frozen(
         records(N), "d", "v", gcs_storage(fake_gcs, bucket, tmp_path / "builder"),
         chunk_bytes=CHUNK_BYTES, progress=False,
     )  # fmt: skip
-    # Stopped for OUTAGE_S, started again (same port, same objects on disk): the pull completes.
+    # Stopped for SHORT_OUTAGE_S, started again (same port, same objects on disk): the pull
+    # completes.
     puller = gcs_storage(fake_gcs, bucket, tmp_path / "puller", max_transfers=2)
-    outage = Outage(fake_gcs, "stop", OUTAGE_S)
+    outage = Outage(fake_gcs, "stop", SHORT_OUTAGE_S)
     pulled = puller.fetch("d", "v", on_transfer=outage.on_transfer)
     done = time.monotonic()
     outage.join()
@@ -293,8 +297,9 @@ def test_gcs_pull_rides_out_an_outage_and_fails_in_bounded_time_when_frozen(
 def test_a_stream_reading_on_demand_waits_through_an_outage_and_goes_on(
     weed: SeaweedFS, tmp_path: Path, caplog: Any
 ) -> None:
-    # Training on a version bigger than the local cache: the bucket goes away for OUTAGE_S in the
-    # middle of the epoch. The stream waits (saying so) and hands out every record, in order.
+    # Training on a version bigger than the local cache: the bucket goes away for SHORT_OUTAGE_S
+    # in the middle of the epoch. The stream waits (saying so) and hands out every record, in
+    # order.
     bucket = weed.server.make_bucket()
     built = ydl.cache_dataset(
         records(N), "d", "v", s3_storage(weed, bucket, tmp_path / "builder"),
@@ -303,7 +308,7 @@ def test_a_stream_reading_on_demand_waits_through_an_outage_and_goes_on(
     limit = sum(c.bytes for c in built.manifest.chunks) // 3
     reader = s3_storage(weed, bucket, tmp_path / "node", local_cache_limit=limit)
     ref = reader.fetch("d", "v")
-    outage = Outage(weed, "stop", OUTAGE_S, after=1)
+    outage = Outage(weed, "stop", SHORT_OUTAGE_S, after=1)
     labels: list[int] = []
     with caplog.at_level("WARNING", logger="yogadl_plus"):
         for k, batch in enumerate(ref.stream(batch_size=100)):
@@ -313,6 +318,6 @@ def test_a_stream_reading_on_demand_waits_through_an_outage_and_goes_on(
         done = time.monotonic()
     outage.join()
     assert labels == list(range(N))
-    assert done - outage.down_at >= OUTAGE_S  # the epoch waited for the server
+    assert done - outage.down_at >= SHORT_OUTAGE_S  # the epoch waited for the server
     said = [r.getMessage() for r in caplog.records]
     assert any("retrying" in m for m in said), said
