@@ -1,6 +1,9 @@
 """ydl.keras.BackupAndRestore, tried the way it fails: a real model.fit in a subprocess,
 SIGKILLed at chosen points, run again until it finishes, then every epoch counted.
 
+Each run is a process of its own, forked from one that imported TensorFlow and Keras once for
+the module (helpers/forks.py): the seconds of that import, not the run, are what is shared.
+
 The model keeps, in its own weights, how many records it trained on and the sum of their ids;
 so each restart says exactly which steps the restored backup holds, and the steps a killed run
 trained after its last backup (lost with it) are told apart from the ones that count.
@@ -9,19 +12,20 @@ trained after its last backup (lost with it) are told apart from the ones that c
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 pytest.importorskip("tensorflow")
 pytest.importorskip("keras")
 
+from helpers.forks import Forks, read_log
 from jobs import keras_resume_job as job
 
 import yogadl_plus as ydl
 
-JOB = job.__file__
+RUN_JOB = f"import runpy; runpy.run_path({job.__file__!r}, run_name='__main__')"
 
 pytestmark = [
     pytest.mark.crash,
@@ -30,13 +34,21 @@ pytestmark = [
 ]
 
 
-def run_job(root: str, face: str, save_freq: str, predicate: bool, kill: str) -> int:
+@pytest.fixture(scope="module")
+def jobs() -> Iterator[Forks]:
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")
-    args = [sys.executable, JOB, root, face, save_freq, "1" if predicate else "0", kill]
-    done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=300)
-    if kill == "none" and done.returncode:
-        raise AssertionError(f"the job failed:\n{done.stderr[-4000:]}")
-    return done.returncode
+    forks = Forks("tensorflow", "keras", "yogadl_plus", env=env)
+    yield forks
+    forks.close()
+
+
+def run_job(jobs: Forks, root: str, face: str, save_freq: str, predicate: bool, kill: str) -> int:
+    args = [root, face, save_freq, "1" if predicate else "0", kill]
+    log = Path(root, "job.log")
+    returncode = jobs.run(RUN_JOB, *args, cwd=Path(root), log=log)
+    if kill == "none" and returncode:
+        raise AssertionError(f"the job failed:\n{read_log(log)}")
+    return returncode
 
 
 def expected_ids(root: str, predicate: bool) -> list[int]:
@@ -70,11 +82,13 @@ def trained_ids(root: str) -> list[int]:
     return kept
 
 
-def fit_until_done(tmp_path, face: str, save_freq: str, kills: list[str], predicate=False):
+def fit_until_done(
+    jobs, tmp_path, face: str, save_freq: str, kills: list[str], predicate=False
+) -> None:
     root = str(tmp_path)
     for kill in kills:
-        assert run_job(root, face, save_freq, predicate, kill) == -9, f"{kill} did not kill"
-    run_job(root, face, save_freq, predicate, "none")
+        assert run_job(jobs, root, face, save_freq, predicate, kill) == -9, f"{kill} did not kill"
+    run_job(jobs, root, face, save_freq, predicate, "none")
     got, want = trained_ids(root), expected_ids(root, predicate)
     per_epoch = len(want) // job.EPOCHS
     for epoch in range(job.EPOCHS):
@@ -89,8 +103,8 @@ def fit_until_done(tmp_path, face: str, save_freq: str, kills: list[str], predic
 # steps 10 (epoch 0), 20, 30 (epoch 1), 40 (epoch 2)...: killed at step 18 (epoch 1's second)
 # the restore lands back in epoch 0.
 @pytest.mark.parametrize("face", ["tf", "seq"])
-def test_killed_early_in_an_epoch_and_after_a_backup_every_epoch_is_exact(tmp_path, face):
-    fit_until_done(tmp_path, face, "10", ["step:18", "backup:1", "step:5"])
+def test_killed_early_in_an_epoch_and_after_a_backup_every_epoch_is_exact(jobs, tmp_path, face):
+    fit_until_done(jobs, tmp_path, face, "10", ["step:18", "backup:1", "step:5"])
 
 
 # The face reads the stream at the positions a backup restores, so both faces are killed mid-epoch
@@ -99,26 +113,27 @@ def test_killed_early_in_an_epoch_and_after_a_backup_every_epoch_is_exact(tmp_pa
 # save_freq="epoch", is the callback's alone, the same with either face: one face is enough. (The
 # restores here land where the test above and the last one restore both faces: at step 10 of
 # epoch 0, step 4 of epoch 1, the start of epoch 1.)
-def test_killed_around_each_rename_of_a_backup_every_epoch_is_exact(tmp_path):
+def test_killed_around_each_rename_of_a_backup_every_epoch_is_exact(jobs, tmp_path):
     # Before the weights' rename, between the two renames, right after the metadata's.
-    fit_until_done(tmp_path, "tf", "10", ["before-replace:1", "after-replace:1", "after-replace:2"])
+    kills = ["before-replace:1", "after-replace:1", "after-replace:2"]
+    fit_until_done(jobs, tmp_path, "tf", "10", kills)
 
 
-def test_epoch_backups_redo_the_interrupted_epoch_whole(tmp_path):
-    fit_until_done(tmp_path, "tf", "epoch", ["step:20", "step:3"])
+def test_epoch_backups_redo_the_interrupted_epoch_whole(jobs, tmp_path):
+    fit_until_done(jobs, tmp_path, "tf", "epoch", ["step:20", "step:3"])
 
 
-def test_a_predicate_stream_resumes_exactly(tmp_path):
-    fit_until_done(tmp_path, "tf", "7", ["step:13", "backup:2"], predicate=True)
+def test_a_predicate_stream_resumes_exactly(jobs, tmp_path):
+    fit_until_done(jobs, tmp_path, "tf", "7", ["step:13", "backup:2"], predicate=True)
 
 
-def test_uninterrupted_fit_trains_whole_epochs(tmp_path):
-    fit_until_done(tmp_path, "seq", "epoch", [])
+def test_uninterrupted_fit_trains_whole_epochs(jobs, tmp_path):
+    fit_until_done(jobs, tmp_path, "seq", "epoch", [])
 
 
 # save_freq=8: the second backup is at step 16, the last of epoch 0. Restored from it, Keras
 # must start epoch 1 (the backup is saved as that epoch's start), not redo epoch 0 on a stream
 # that already stands at epoch 1.
 @pytest.mark.parametrize("face, kill", [("tf", "backup:2"), ("seq", "step:20")])
-def test_a_backup_on_an_epochs_last_step_resumes_at_the_next_epoch(tmp_path, face, kill):
-    fit_until_done(tmp_path, face, "8", [kill])
+def test_a_backup_on_an_epochs_last_step_resumes_at_the_next_epoch(jobs, tmp_path, face, kill):
+    fit_until_done(jobs, tmp_path, face, "8", [kill])

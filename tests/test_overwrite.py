@@ -14,10 +14,12 @@ import signal
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers.forks import Forks, read_log
 
 import yogadl_plus as ydl
 
@@ -234,19 +236,23 @@ STEPPER = textwrap.dedent(
 )
 
 
-def run_stepper(tmp_path: Path, root: str, n: int, seed: int, overwrite: bool, kill_at: int):
+@pytest.fixture(scope="module")
+def forks() -> Iterator[Forks]:
+    forks = Forks("numpy", "yogadl_plus")
+    yield forks
+    forks.close()
+
+
+def run_stepper(
+    forks: Forks, tmp_path: Path, root: str, n: int, seed: int, overwrite: bool, kill_at: int
+) -> list[str] | None:
     report = tmp_path / f"steps-{kill_at}.json"
-    proc = subprocess.run(
-        [sys.executable, "-c", STEPPER, root, str(n), str(seed), str(int(overwrite)),
-         str(kill_at), str(report)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=tmp_path,
-    )  # fmt: skip
-    if proc.returncode == -signal.SIGKILL:
+    log = tmp_path / f"steps-{kill_at}.log"
+    args = [root, str(n), str(seed), str(int(overwrite)), str(kill_at), str(report)]
+    returncode = forks.run(STEPPER, *args, cwd=tmp_path, log=log, timeout=120)
+    if returncode == -signal.SIGKILL:
         return None
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert returncode == 0, read_log(log)
     return json.loads(report.read_text())
 
 
@@ -284,13 +290,13 @@ def unnamed_files(storage: ydl.LocalStorage) -> list[str]:
 
 @pytest.mark.crash
 @pytest.mark.parametrize("overwrite", [False, True], ids=["first_build", "overwrite"])
-def test_sigkill_after_every_filesystem_step_leaves_old_or_new_whole(tmp_path, overwrite):
+def test_sigkill_after_every_filesystem_step_leaves_old_or_new_whole(forks, tmp_path, overwrite):
     old_n, new_n = 300, 240
     # How many steps a whole build takes (same sizes, so the same steps each time).
     probe = ydl.LocalStorage(tmp_path / "probe")
     if overwrite:
         build(probe, old_n, seed=1)
-    steps = run_stepper(tmp_path, probe.root, new_n, 2, overwrite, 0)
+    steps = run_stepper(forks, tmp_path, probe.root, new_n, 2, overwrite, 0)
     assert steps and any(s.startswith("rename") for s in steps), steps
     assert any(s.startswith("replace") and "manifest.json" in s for s in steps), steps
     outcomes = []
@@ -298,7 +304,7 @@ def test_sigkill_after_every_filesystem_step_leaves_old_or_new_whole(tmp_path, o
         storage = ydl.LocalStorage(tmp_path / f"kill-{kill_at}")
         if overwrite:
             build(storage, old_n, seed=1).close()
-        finished = run_stepper(tmp_path, storage.root, new_n, 2, overwrite, kill_at)
+        finished = run_stepper(forks, tmp_path, storage.root, new_n, 2, overwrite, kill_at)
         assert finished is None, f"step {kill_at} of {len(steps)} did not kill it"
         # What the kill left: the old version or the new one, whole (or, for a first build,
         # no version at all).

@@ -232,8 +232,14 @@ class _ServerProcess:
         self.paused = False
 
     def close(self) -> None:
-        """Stop the server for good (a paused one too)."""
-        self.stop()
+        """Stop the server for good (a paused one too), at once: what it holds goes with it, so
+        nothing is gained by a graceful shutdown (SeaweedFS's sometimes took all of its 10 s)."""
+        if self.proc is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+            self.proc = None
+            self.paused = False
 
 
 # --------------------------------------------------------------------------- S3 (SeaweedFS)
