@@ -560,6 +560,9 @@ def run(args: argparse.Namespace, work: Path, results: Results) -> None:
         shard_mb=folder_bytes(shards) / 1e6, repeats=args.repeats,
     )  # fmt: skip
     print(f"{len(paths)} images, mean {total / len(paths) / 1e3:.1f} KB", file=sys.stderr)
+    if args.only == "bucket":
+        measure_bucket(work, root, args.repeats, results)
+        return
     results.ceiling = measure_ceiling(paths, smoke(400, 32), args.repeats)
     results.builds, ref = measure_builds(work / "builds", root, shards, smoke(2, 1))
     results.loaders = measure_loaders(ref, root, len(paths), args.repeats)
@@ -579,6 +582,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tmp", default=None, help="parent of the scratch folder")
     parser.add_argument("--json", help="also write every figure here")
     parser.add_argument("--section", help="also write the markdown section here")
+    parser.add_argument(
+        "--only", choices=["all", "bucket"], default="all",
+        help="bucket: only the read from a bucket (4.), its table alone",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     random.seed(0)
     about = describe_machine()
@@ -590,7 +597,10 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     results.data["load_at_end"] = os.getloadavg()
-    text = section(results, about, time.perf_counter() - began)
+    if args.only == "bucket":
+        text = "\n".join([f"{results.data}", "", *bucket_table(results)]) + "\n"
+    else:
+        text = section(results, about, time.perf_counter() - began)
     print(text)
     if args.section:
         Path(args.section).write_text(text)
