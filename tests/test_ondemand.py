@@ -281,6 +281,39 @@ def test_chunks_are_hashed_on_their_way_in_not_read_back(
     assert read_back == []
 
 
+def test_a_fetch_ahead_that_found_no_room_is_made_once_a_reader_lets_go(
+    s3_spec: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from yogadl_plus.errors import NoRoom
+    from yogadl_plus.storage.chunkdownload import RangedDownload
+
+    built, limit = build(s3_spec, tmp_path, 1000, chunk_bytes=12_000)
+    machine = make_storage(s3_spec, tmp_path / "machine", local_cache_limit=limit)
+    ref = machine.fetch("d", "v")
+    fetches = count_fetches(machine)
+    full = threading.Event()
+    fetch = RangedDownload.fetch
+
+    def no_room_at_first(self: Any, info: Any, path: str, strict: bool, part: int) -> None:
+        if strict and not full.is_set():
+            full.set()
+            raise NoRoom("the local cache is full of what is in use (injected)")
+        fetch(self, info, path, strict, part)
+
+    monkeypatch.setattr(RangedDownload, "fetch", no_room_at_first)
+    wanted = f"d/v/{built.manifest.chunks[5].file}"
+    ref.provider.read_ahead([5])
+    assert full.wait(10)
+    ref.provider.let_go(0)  # a reader let go of a chunk: room again
+    for _ in range(500):
+        if fetches:
+            break
+        time.sleep(0.01)
+    # Fetched ahead again, not left to the reader that needs it.
+    assert [key for key, _ in fetches] == [wanted]
+    assert fetches[0][1].startswith("yogadl-plus-ahead")
+
+
 def test_fetch_on_demand_is_asked_for_or_refused(s3_spec: dict, tmp_path: Path) -> None:
     _, limit = build(s3_spec, tmp_path, 1000, chunk_bytes=12_000)
     # A version that fits is pulled as before; on_demand=True reads it on demand anyway.
