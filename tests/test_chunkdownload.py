@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from yogadl_plus.cache.manifest import ChunkInfo
-from yogadl_plus.errors import CacheCorrupted
+from yogadl_plus.errors import CacheCorrupted, StorageError
 from yogadl_plus.storage.chunkdownload import checked_download, download_chunk
 from yogadl_plus.storage.objects import RangeSink
 
@@ -110,3 +110,16 @@ def test_a_range_cut_short_is_a_damaged_object_naming_the_chunk(tmp_path: Path) 
     store = PiecesStore(data[:700], 0, 0.0)  # the object is shorter than its manifest says
     with pytest.raises(CacheCorrupted, match=r"mem://bucket/k ends before byte 1,000"):
         fetched(store, chunk_of(data), tmp_path / "chunk.part", 400)
+
+
+def test_a_store_that_sends_more_than_the_range_never_writes_past_it(tmp_path: Path) -> None:
+    data = bytes(range(200)) * 5
+
+    class IgnoresRanges(PiecesStore):  # a server that answers a ranged GET with everything
+        def read_range_into(self, key: str, start: int, stop: int, out: RangeSink) -> None:
+            self._send(out, self.data)
+
+    path = tmp_path / "chunk.part"
+    with pytest.raises(StorageError, match=r"sent more than the bytes (0 to 500|500 to 1,000)"):
+        fetched(IgnoresRanges(data, 0, 0.0), chunk_of(data), path, 400)
+    assert path.stat().st_size == len(data)  # nothing written past the chunk's end

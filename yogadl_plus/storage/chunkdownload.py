@@ -23,7 +23,7 @@ from concurrent.futures import Executor, ThreadPoolExecutor
 
 from yogadl_plus.cache.integrity import check_chunk, check_hashed, stamp
 from yogadl_plus.cache.manifest import ChunkInfo
-from yogadl_plus.errors import CacheCorrupted, YogaError, unwritable
+from yogadl_plus.errors import CacheCorrupted, StorageError, YogaError, unwritable
 from yogadl_plus.storage.mirror import Mirror
 from yogadl_plus.storage.mirrorfiles import FETCHING
 from yogadl_plus.storage.objects import ObjectStore
@@ -64,31 +64,25 @@ def download_chunks(
     """Download each (chunk, local path) job of the version under key prefix ``base``, in at
     most ``threads`` threads (large chunks in ranged parts, ``_PARTS_PER_CHUNK`` of them at
     once per thread), and check it; ``on_transfer(bytes)`` after each."""
-    with contextlib.ExitStack() as stack:
-        pool: list[ThreadPoolExecutor] = []
+    parts = _PartPool(max(1, min(threads, len(jobs))) * _PARTS_PER_CHUNK)
 
-        def parts() -> ThreadPoolExecutor:
-            with lock:
-                if not pool:
-                    workers = max(1, min(threads, len(jobs))) * _PARTS_PER_CHUNK
-                    pool.append(stack.enter_context(ThreadPoolExecutor(workers, "yogadl-part")))
-                return pool[0]
+    def one(job: tuple[ChunkInfo, str]) -> None:
+        info, path = job
+        key = base + info.file
+        checked_download(
+            lambda: _download_new(objects, key, info, path, part_bytes, parts),
+            path,
+            info,
+            f"{objects.url}/{key}",
+        )
+        if on_transfer is not None:
+            on_transfer(info.bytes)
 
-        def one(job: tuple[ChunkInfo, str]) -> None:
-            info, path = job
-            key = base + info.file
-            checked_download(
-                lambda: _download_new(objects, key, info, path, part_bytes, parts),
-                path,
-                info,
-                f"{objects.url}/{key}",
-            )
-            if on_transfer is not None:
-                on_transfer(info.bytes)
-
-        lock = threading.Lock()
-        began = time.monotonic()
+    began = time.monotonic()
+    try:
         in_threads(one, jobs, threads)
+    finally:
+        parts.shutdown()
     if jobs:
         log.info(
             "pulled %d chunk(s) of %s: %s records, %s bytes, %.1f s",
@@ -184,9 +178,9 @@ def download_chunk(
         raise unwritable(path, exc) from None
 
     def one(span: tuple[int, int]) -> _SpanWriter:
-        out = _SpanWriter(fd, path, span[0], hashing=len(spans) == 1)
+        out = _SpanWriter(fd, path, where, span, hashing=len(spans) == 1)
         objects.read_range_into(key, *span, out)
-        if out.written != span[1] - span[0]:
+        if out.written < span[1] - span[0]:
             raise CacheCorrupted(
                 f"chunk {where} ends before byte {span[1]:,}, the manifest says it has "
                 f"{size:,} bytes; {DAMAGED_OBJECT}"
@@ -203,14 +197,17 @@ def download_chunk(
 
 
 class _SpanWriter:
-    """A RangeSink writing a span of a chunk at its place in the chunk's file (descriptor
-    ``fd``, opened for writing, named ``path``), from byte ``start``; ``hashing``: the span is
+    """A RangeSink writing bytes ``span`` of a chunk (``where``, for messages) at their place in
+    its file (descriptor ``fd``, opened for writing, named ``path``); ``hashing``: the span is
     the whole chunk, hashed as it arrives (so that the file need not be read back)."""
 
-    def __init__(self, fd: int, path: str, start: int, hashing: bool) -> None:
+    def __init__(
+        self, fd: int, path: str, where: str, span: tuple[int, int], hashing: bool
+    ) -> None:
         self.fd = fd
         self.path = path
-        self.start = start
+        self.where = where
+        self.start, self.stop = span
         self.hashing = hashing
         self.seek(0)
 
@@ -225,6 +222,12 @@ class _SpanWriter:
         return self.written
 
     def write(self, data: bytes, /) -> int:
+        if self.start + self.written + len(data) > self.stop:  # never into another's span
+            raise StorageError(
+                f"{self.where}: the store sent more than the bytes {self.start:,} to "
+                f"{self.stop:,} it was asked for: it does not honour ranged reads (HTTP Range "
+                "headers); check endpoint_url and any proxy in between"
+            )
         view = memoryview(data)
         try:
             while view:
@@ -275,8 +278,7 @@ class RangedDownload:
         self.chunks_at_once = chunks_at_once
         self.reserve = reserve
         self.on_fetch = on_fetch
-        self._lock = threading.Lock()
-        self._pool: ThreadPoolExecutor | None = None
+        self._parts = _PartPool(max(1, chunks_at_once) * _PARTS_PER_CHUNK)
 
     def fetch(self, info: ChunkInfo, path: str, strict: bool, part_bytes: int) -> None:
         """Fetch chunk ``info`` into ``path`` (the caller holds the chunk's lock) in ranged
@@ -315,9 +317,24 @@ class RangedDownload:
         if self.on_fetch is not None:
             self.on_fetch(info.bytes)
 
-    def _parts(self) -> ThreadPoolExecutor:
+
+class _PartPool:
+    """The threads reading the ranged parts of large chunks (``workers`` of them), started
+    when the first is needed."""
+
+    def __init__(self, workers: int) -> None:
+        self.workers = workers
+        self._lock = threading.Lock()
+        self._pool: ThreadPoolExecutor | None = None
+
+    def __call__(self) -> ThreadPoolExecutor:
         with self._lock:
             if self._pool is None:
-                workers = max(1, self.chunks_at_once) * _PARTS_PER_CHUNK
-                self._pool = ThreadPoolExecutor(workers, "yogadl-plus-part")
+                self._pool = ThreadPoolExecutor(self.workers, "yogadl-plus-part")
             return self._pool
+
+    def shutdown(self) -> None:
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown()
