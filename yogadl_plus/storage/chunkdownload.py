@@ -1,6 +1,9 @@
-"""Downloading the chunk files of a bucket's version, each checked against its manifest entry:
-whole, into a local copy being pulled, or in ranged parts into the bounded local cache, for a
-version read on demand.
+"""Downloading the chunk files of a bucket's version, each checked against its manifest entry,
+into a local copy being pulled or into the bounded local cache for a version read on demand.
+
+A chunk's bytes are written at their place in its file as they arrive. One under two ranged
+parts is read whole and hashed on the way (never read back); a larger one is read in ranged
+parts in parallel, then hashed from its file.
 
 A download that does not match its manifest entry is made again before the object is blamed
 (``checked_download``): bytes damaged on the way (a flaky network card, a proxy) come right the
@@ -69,12 +72,12 @@ def download_chunks(
     def one(job: tuple[ChunkInfo, str]) -> None:
         info, path = job
         key = base + info.file
-        checked_download(
-            lambda: _download_new(objects, key, info, path, part_bytes, parts),
-            path,
-            info,
-            f"{objects.url}/{key}",
-        )
+
+        def download() -> str | None:
+            _file_of_size(path, info.bytes)
+            return download_chunk(objects, key, info, path, part_bytes, parts)
+
+        checked_download(download, path, info, f"{objects.url}/{key}")
         if on_transfer is not None:
             on_transfer(info.bytes)
 
@@ -94,21 +97,13 @@ def download_chunks(
         )
 
 
-def _download_new(
-    objects: ObjectStore,
-    key: str,
-    info: ChunkInfo,
-    path: str,
-    part_bytes: int,
-    parts: Callable[[], Executor],
-) -> str | None:
-    """``download_chunk`` into a new file ``path``, made at the chunk's size first."""
+def _file_of_size(path: str, size: int) -> None:
+    """A new file ``path`` of ``size`` bytes (zeros), for a download to write into."""
     try:
         with open(path, "wb") as f:
-            f.truncate(info.bytes)
+            f.truncate(size)
     except OSError as exc:
         raise unwritable(path, exc) from None
-    return download_chunk(objects, key, info, path, part_bytes, parts)
 
 
 def checked_download(

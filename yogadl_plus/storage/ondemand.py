@@ -54,8 +54,9 @@ class DemandSettings:
     the moment, at first; ``max_open_bytes``: as many as that, for reads that keep opening
     the same few chunks again (cache/demand.py); ``read_ahead_bytes``: chunks fetched ahead
     and not opened yet, fetches in flight included; ``max_in_flight``: chunk fetches ahead at
-    once; ``part_bytes``: the size of one ranged read; ``wait_s``: how long a reader waits
-    for another process fetching the chunk it needs (beyond that it is taken for stuck).
+    once; ``part_bytes``: the size of a ranged part of a large chunk (storage/chunkdownload.py);
+    ``wait_s``: how long a reader waits for another process fetching the chunk it needs (beyond
+    that it is taken for stuck).
     """
 
     keep_open_bytes: int
