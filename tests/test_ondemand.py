@@ -129,14 +129,14 @@ class Sampler:
 def count_fetches(storage: Any) -> list[tuple[str, str]]:
     """(key, thread name) of every chunk fetch of ``storage`` (its first ranged read)."""
     seen: list[tuple[str, str]] = []
-    original = storage.objects.read_range
+    original = storage.objects.read_range_into
 
-    def read_range(key: str, start: int, stop: int) -> bytes:
+    def read_range_into(key: str, start: int, stop: int, out: Any) -> None:
         if start == 0:
             seen.append((key, threading.current_thread().name))
-        return original(key, start, stop)
+        original(key, start, stop, out)
 
-    storage.objects.read_range = read_range
+    storage.objects.read_range_into = read_range_into
     return seen
 
 
@@ -243,19 +243,77 @@ def test_large_chunks_are_fetched_in_ranged_parts(s3_spec: dict, tmp_path: Path)
     assert isinstance(ref, DataRefOnDemand)
     ref.provider.settings = dataclasses.replace(ref.provider.settings, part_bytes=5000)
     ranges: list[tuple[int, int]] = []
-    original = machine.objects.read_range
+    original = machine.objects.read_range_into
 
-    def read_range(key: str, start: int, stop: int) -> bytes:
+    def read_range_into(key: str, start: int, stop: int, out: Any) -> None:
         ranges.append((start, stop))
-        return original(key, start, stop)
+        original(key, start, stop, out)
 
-    machine.objects.read_range = read_range
+    machine.objects.read_range_into = read_range_into
     expected = records(1000)
     for i in range(1000):
         expect(ref, i, ref[i], expected)
+    # Each chunk in parts of 5,000 to 10,000 bytes: as many as fit whole, the rest spread.
     sizes = [c.bytes for c in built.manifest.chunks]
-    assert len(ranges) == sum(-(-size // 5000) for size in sizes)
-    assert {stop - start for start, stop in ranges} - {5000} <= {size % 5000 for size in sizes}
+    assert len(ranges) == sum(size // 5000 for size in sizes)
+    assert all(5000 <= stop - start < 10_000 for start, stop in ranges)
+
+
+def test_chunks_are_hashed_on_their_way_in_not_read_back(
+    s3_spec: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from yogadl_plus.cache import integrity
+
+    _, limit = build(s3_spec, tmp_path, 1000, chunk_bytes=12_000)
+    read_back: list[str] = []
+    hash_file = integrity.file_sha256
+    monkeypatch.setattr(
+        integrity, "file_sha256", lambda path: read_back.append(path) or hash_file(path)
+    )
+    expected = records(1000)
+    for cache, on_demand in (("machine", True), ("pulled", False)):
+        ref = make_storage(s3_spec, tmp_path / cache, local_cache_limit=limit * 4).fetch(
+            "d", "v", on_demand=on_demand
+        )
+        assert isinstance(ref, DataRefOnDemand) == on_demand
+        for i in range(0, 1000, 7):
+            expect(ref, i, ref[i], expected)
+        ref.close()
+    # Each chunk was checked against its sha256 as its bytes came (and stamped), once.
+    assert read_back == []
+
+
+def test_a_fetch_ahead_that_found_no_room_is_made_once_a_reader_lets_go(
+    s3_spec: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from yogadl_plus.errors import NoRoom
+    from yogadl_plus.storage.chunkdownload import RangedDownload
+
+    built, limit = build(s3_spec, tmp_path, 1000, chunk_bytes=12_000)
+    machine = make_storage(s3_spec, tmp_path / "machine", local_cache_limit=limit)
+    ref = machine.fetch("d", "v")
+    fetches = count_fetches(machine)
+    full = threading.Event()
+    fetch = RangedDownload.fetch
+
+    def no_room_at_first(self: Any, info: Any, path: str, strict: bool, part: int) -> None:
+        if strict and not full.is_set():
+            full.set()
+            raise NoRoom("the local cache is full of what is in use (injected)")
+        fetch(self, info, path, strict, part)
+
+    monkeypatch.setattr(RangedDownload, "fetch", no_room_at_first)
+    wanted = f"d/v/{built.manifest.chunks[5].file}"
+    ref.provider.read_ahead([5])
+    assert full.wait(10)
+    ref.provider.let_go(0)  # a reader let go of a chunk: room again
+    for _ in range(500):
+        if fetches:
+            break
+        time.sleep(0.01)
+    # Fetched ahead again, not left to the reader that needs it.
+    assert [key for key, _ in fetches] == [wanted]
+    assert fetches[0][1].startswith("yogadl-plus-ahead")
 
 
 def test_fetch_on_demand_is_asked_for_or_refused(s3_spec: dict, tmp_path: Path) -> None:
@@ -385,15 +443,14 @@ CHILD_READ = textwrap.dedent(
     ref = pickle.loads(open(sys.argv[1], "rb").read())
     log = []
     objects = ref.provider.objects
-    original = objects.read_range
+    original = objects.read_range_into
 
-    def read_range(key, start, stop):
+    def read_range_into(key, start, stop, out):
         began = time.time()
-        data = original(key, start, stop)
+        original(key, start, stop, out)
         log.append((key, start, began, time.time()))
-        return data
 
-    objects.read_range = read_range
+    objects.read_range_into = read_range_into
     expected = records({n})
     labels = []
     with warnings.catch_warnings(record=True) as warned:

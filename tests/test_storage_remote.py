@@ -189,16 +189,18 @@ def test_transient_failures_are_retried(spec: dict, tmp_path: Path) -> None:
 
     ydl.cache_dataset(records(1000), "d", "v", make_storage(spec, tmp_path / "a"))
     b = make_storage(spec, tmp_path / "b")
-    one_try = type(b.objects).download.__wrapped__  # a store's calls retry themselves
+    one_try = type(b.objects).read_range_into.__wrapped__  # a store's calls retry themselves
     failures = []
 
-    def flaky(store: Any, key: str, path: str) -> None:
+    def flaky(store: Any, key: str, start: int, stop: int, out: Any) -> None:
         if len(failures) < 2:
             failures.append(key)
+            out.seek(0)
+            out.write(b"cut off midway")  # written over by the next try
             raise TransientStorageError(f"{key}: connection reset (injected)")
-        one_try(store, key, path)
+        one_try(store, key, start, stop, out)
 
-    b.objects.download = functools.partial(retried(flaky), b.objects)
+    b.objects.read_range_into = functools.partial(retried(flaky), b.objects)
     assert labels(b.fetch("d", "v")) == list(range(1000))
     assert len(failures) == 2
 

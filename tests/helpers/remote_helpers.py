@@ -74,15 +74,17 @@ def records(n: int, width: int = 64, seed: int = 0) -> list[dict[str, Any]]:
 
 
 def count_downloads(storage: Any) -> list[str]:
-    """Record every object download of ``storage`` (wraps its ObjectStore)."""
+    """Record every chunk download of ``storage`` (its first ranged read; wraps its
+    ObjectStore)."""
     seen: list[str] = []
-    original = storage.objects.download
+    original = storage.objects.read_range_into
 
-    def download(key: str, path: str) -> None:
-        seen.append(key)
-        original(key, path)
+    def read_range_into(key: str, start: int, stop: int, out: Any) -> None:
+        if start == 0:
+            seen.append(key)
+        original(key, start, stop, out)
 
-    storage.objects.download = download
+    storage.objects.read_range_into = read_range_into
     return seen
 
 

@@ -29,6 +29,7 @@ __all__ = [
     "STAMP_SUFFIX",
     "FileState",
     "check_chunk",
+    "check_hashed",
     "file_state",
     "same_bytes",
     "stamp",
@@ -77,9 +78,7 @@ def check_chunk(
     try:
         found = os.path.getsize(path)
         if found != info.bytes:
-            raise CacheCorrupted(
-                f"chunk {where} has {found} bytes, the manifest says {info.bytes}; {damaged}"
-            )
+            check_hashed(found, "", info, where, damaged, changed)
         digest = file_sha256(path)
     except FileNotFoundError:
         raise CacheCorrupted(f"chunk {where} is missing; {damaged}") from None
@@ -87,9 +86,26 @@ def check_chunk(
         raise CacheCorrupted(f"chunk {where} is a directory, not a chunk file; {damaged}") from None
     except OSError as exc:
         raise unreadable(where, exc) from None
-    if digest != info.sha256:
+    check_hashed(found, digest, info, where, damaged, changed)
+
+
+def check_hashed(
+    size: int,
+    sha256: str,
+    info: ChunkInfo,
+    where: str,
+    damaged: str = DAMAGED,
+    changed: str = "its bytes changed after it was written",
+) -> None:
+    """Raise CacheCorrupted, as ``check_chunk`` does, unless bytes of ``size`` and ``sha256``
+    (hashed on their way into the file, not read back) are chunk ``info``'s."""
+    if size != info.bytes:
         raise CacheCorrupted(
-            f"chunk {where} has sha256 {digest}, the manifest says {info.sha256}: {changed}; "
+            f"chunk {where} has {size} bytes, the manifest says {info.bytes}; {damaged}"
+        )
+    if sha256 != info.sha256:
+        raise CacheCorrupted(
+            f"chunk {where} has sha256 {sha256}, the manifest says {info.sha256}: {changed}; "
             f"{damaged}"
         )
 

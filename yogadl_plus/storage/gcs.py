@@ -4,14 +4,19 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import io
 import os
 import warnings
 from collections.abc import Callable
 from typing import Any
 
 from yogadl_plus.errors import StorageError, TransientStorageError, YogaError, missing_extra
-from yogadl_plus.storage.objects import ObjectStore, Retries, again_if_damaged, retried
+from yogadl_plus.storage.objects import (
+    ObjectStore,
+    RangeSink,
+    Retries,
+    again_if_damaged,
+    retried,
+)
 from yogadl_plus.storage.remote import (
     DEFAULT_LEASE_TTL,
     DEFAULT_RETRY_TIMEOUT,
@@ -166,36 +171,21 @@ class _GCSObjects(ObjectStore):
             )
 
     @retried
-    def download(self, key: str, path: str) -> None:
-        from google.api_core.exceptions import NotFound
-
-        with self._errors("download", key, missing_is_bucket=False):
-            try:
-                with open(path, "wb") as f:
-                    blob = self.bucket.blob(self.prefix + key)
-                    blob.download_to_file(_Moving(f, progress()), **self.once)
-            except NotFound:
-                with contextlib.suppress(FileNotFoundError):
-                    os.remove(path)
-                raise self.gone(key) from None
-
-    @retried
-    def read_range(self, key: str, start: int, stop: int) -> bytes:
+    def read_range_into(self, key: str, start: int, stop: int, out: RangeSink) -> None:
         from google.api_core.exceptions import NotFound, RequestRangeNotSatisfiable
 
         if stop <= start:
-            return b""
+            return
         with self._errors("ranged read", key, missing_is_bucket=False):
-            data = io.BytesIO()
+            out.seek(0)
             try:
                 self.bucket.blob(self.prefix + key).download_to_file(
-                    _Moving(data, progress()), start=start, end=stop - 1, **self.once
+                    _Moving(out, progress()), start=start, end=stop - 1, **self.once
                 )
             except RequestRangeNotSatisfiable:
-                return b""
+                return
             except NotFound:
                 raise self.gone(key) from None
-        return data.getvalue()
 
     @retried
     def keys(self, prefix: str) -> list[tuple[str, float]]:

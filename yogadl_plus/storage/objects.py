@@ -24,7 +24,7 @@ import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from yogadl_plus.errors import CacheCorrupted, StorageError, TransientStorageError, YogaError
 from yogadl_plus.storage.waiting import waiting_on
@@ -32,6 +32,7 @@ from yogadl_plus.storage.waiting import waiting_on
 __all__ = [
     "DEFAULT_RETRY_TIMEOUT",
     "ObjectStore",
+    "RangeSink",
     "Retries",
     "TransientStorageError",
     "again_if_damaged",
@@ -172,7 +173,12 @@ class _ArrivedDamaged(CacheCorrupted):
 
 
 # What each call of an ObjectStore does, as the lines said while it waits name it.
-_DOING = {"token": "head", "read_range": "ranged read", "keys": "listing", "folders": "listing"}
+_DOING = {
+    "token": "head",
+    "read_range_into": "ranged read",
+    "keys": "listing",
+    "folders": "listing",
+}
 
 
 def retried(method: Callable[..., T]) -> Callable[..., T]:
@@ -207,6 +213,18 @@ def again_if_damaged(method: Callable[..., T]) -> Callable[..., T]:
         return method(self, *args, **kwargs)
 
     return call
+
+
+class RangeSink(Protocol):
+    """Where a ranged read writes the bytes it receives (``ObjectStore.read_range_into``)."""
+
+    def seek(self, offset: int, whence: int = 0, /) -> int:
+        """Back to the range's start (``seek(0)``): a try of the read begins."""
+        ...
+
+    def write(self, data: bytes, /) -> int:
+        """The next bytes of the range."""
+        ...
 
 
 class ObjectStore(ABC):
@@ -323,14 +341,11 @@ class ObjectStore(ABC):
         """Write the local file ``path`` as ``key`` (multipart when large)."""
 
     @abstractmethod
-    def download(self, key: str, path: str) -> None:
-        """Write object ``key`` into the local file ``path`` (ranged in parallel when the client
-        can); StorageError if the object is gone."""
-
-    @abstractmethod
-    def read_range(self, key: str, start: int, stop: int) -> bytes:
-        """Bytes ``start`` to ``stop`` (exclusive) of object ``key``: fewer where the object is
-        shorter (none past its end); StorageError if the object is gone."""
+    def read_range_into(self, key: str, start: int, stop: int, out: RangeSink) -> None:
+        """Bytes ``start`` to ``stop`` (exclusive) of object ``key`` written into ``out`` as
+        they arrive, in pieces, fewer where the object is shorter (none past its end); each try
+        begins with ``out.seek(0)``, so that one cut off midway is written over by the next.
+        StorageError if the object is gone."""
 
     @abstractmethod
     def keys(self, prefix: str) -> list[tuple[str, float]]:

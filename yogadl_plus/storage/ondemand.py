@@ -54,8 +54,9 @@ class DemandSettings:
     the moment, at first; ``max_open_bytes``: as many as that, for reads that keep opening
     the same few chunks again (cache/demand.py); ``read_ahead_bytes``: chunks fetched ahead
     and not opened yet, fetches in flight included; ``max_in_flight``: chunk fetches ahead at
-    once; ``part_bytes``: the size of one ranged read; ``wait_s``: how long a reader waits
-    for another process fetching the chunk it needs (beyond that it is taken for stuck).
+    once; ``part_bytes``: the size of a ranged part of a large chunk (storage/chunkdownload.py);
+    ``wait_s``: how long a reader waits for another process fetching the chunk it needs (beyond
+    that it is taken for stuck).
     """
 
     keep_open_bytes: int
@@ -305,12 +306,16 @@ class ChunkFetcher:
             pin = self._fetch(number, ahead=True)
         except BaseException as exc:
             # A failure is recorded for the reader that needs the chunk (_fetch); no room
-            # means none until a reader opens a chunk (and so makes room in the reservation).
+            # means none until a reader opens a chunk or lets go of one (and so makes room),
+            # and then this one first: it is still needed.
             with self._lock:
+                order = self._in_flight.pop(number, None)
+                self._reserved -= size
                 if isinstance(exc, NoRoom):
                     self._no_room = True
-                self._in_flight.pop(number, None)
-                self._reserved -= size
+                    if order is not None and not self._closed:
+                        self._queue[number] = order
+                        self._queue.move_to_end(number, last=False)
             return
         with self._lock:
             order = self._in_flight.pop(number, None)
@@ -350,9 +355,11 @@ class ChunkFetcher:
         return self._path(self.chunks[number])
 
     def let_go(self, size: int) -> None:
-        """A reader released a chunk of ``size`` bytes it had acquired."""
+        """A reader released a chunk of ``size`` bytes it had acquired: room for fetches
+        ahead again."""
         with self._lock:
             self._opened = max(self._opened - size, 0)
+            self._no_room = False
         self._pump()
 
     def forget_after_fork(self) -> None:

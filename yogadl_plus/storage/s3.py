@@ -8,7 +8,13 @@ from collections.abc import Iterator
 from typing import Any
 
 from yogadl_plus.errors import StorageError, TransientStorageError, YogaError, missing_extra
-from yogadl_plus.storage.objects import ObjectStore, Retries, again_if_damaged, retried
+from yogadl_plus.storage.objects import (
+    ObjectStore,
+    RangeSink,
+    Retries,
+    again_if_damaged,
+    retried,
+)
 from yogadl_plus.storage.remote import (
     DEFAULT_LEASE_TTL,
     DEFAULT_RETRY_TIMEOUT,
@@ -175,25 +181,11 @@ class _S3Objects(ObjectStore):
             )
 
     @retried
-    def download(self, key: str, path: str) -> None:
-        from botocore.exceptions import ClientError
-
-        with self._errors("download", key):
-            try:
-                self.client.download_file(
-                    self.bucket, self.prefix + key, path, Config=self.transfer, Callback=progress()
-                )
-            except ClientError as exc:
-                if _code(exc) not in _MISSING:
-                    raise
-                raise self.gone(key) from exc
-
-    @retried
-    def read_range(self, key: str, start: int, stop: int) -> bytes:
+    def read_range_into(self, key: str, start: int, stop: int, out: RangeSink) -> None:
         from botocore.exceptions import ClientError
 
         if stop <= start:
-            return b""
+            return
         with self._errors("ranged read", key):
             try:
                 got = self.client.get_object(
@@ -201,16 +193,16 @@ class _S3Objects(ObjectStore):
                 )
             except ClientError as exc:
                 if _code(exc) in _PAST_THE_END:
-                    return b""
+                    return
                 if _code(exc) not in _MISSING:
                     raise
                 raise self.gone(key) from exc
             # A body cut off midway raises here, inside _errors: tried again.
-            moved, pieces = progress(), []
+            moved = progress()
+            out.seek(0)
             for piece in got["Body"].iter_chunks(_PIECE_BYTES):
-                pieces.append(piece)
+                out.write(piece)
                 moved(len(piece))
-            return b"".join(pieces)
 
     def _pages(self, prefix: str, **options: Any) -> Iterator[dict[str, Any]]:
         return self.client.get_paginator("list_objects_v2").paginate(
