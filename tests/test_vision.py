@@ -338,9 +338,9 @@ def record_scales(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     scales: list[int] = []
     decode = vision_transforms.decode_image
 
-    def recorded(data: Any, channels: int | None = 3, scale: int = 1) -> np.ndarray:
+    def recorded(data: Any, channels: int | None = 3, scale: int = 1, **rest: Any) -> np.ndarray:
         scales.append(scale)
-        return decode(data, channels=channels, scale=scale)
+        return decode(data, channels=channels, scale=scale, **rest)
 
     monkeypatch.setattr(vision_transforms, "decode_image", recorded)
     return scales
@@ -533,3 +533,14 @@ def test_a_mixture_crops_each_source_s_records_apart(jpegs: ydl.DataRef, pngs: y
     inline = crops(mix.stream(**ARGS))
     assert crops(mix.stream(**ARGS, num_workers=2, worker_type="process")) == inline
     assert len(set(pixels for _, pixels in inline)) == len(inline) == 2 * len(SIZES)
+
+
+def test_crops_do_not_share_the_memory_a_thread_decodes_into() -> None:
+    """Each JPEG is decoded into memory the thread reuses: a crop handed out must own its
+    pixels, also where it is the whole picture at the output's size (no resize at all)."""
+    crop = ydl.vision.CenterCrop(32, layout="HWC")
+    first, second = encoded(photo(32, 32), "JPEG"), encoded(photo(32, 32)[::-1], "JPEG")
+    kept = crop.apply({"image": first}, 0, 0, 0, "")["image"]
+    before = kept.copy()
+    crop.apply({"image": second}, 0, 0, 1, "")
+    np.testing.assert_array_equal(kept, before)

@@ -11,6 +11,7 @@ decodes them with the same libjpeg: the pixels are the same within the decoder's
 from __future__ import annotations
 
 import io
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -122,14 +123,25 @@ def check_image(data: bytes | memoryview) -> ImageHeader:
     return header
 
 
-def decode_image(data: bytes | memoryview, channels: int | None = 3, scale: int = 1) -> np.ndarray:
+def decode_image(
+    data: bytes | memoryview,
+    channels: int | None = 3,
+    scale: int = 1,
+    scratch: Callable[[int], np.ndarray] | None = None,
+) -> np.ndarray:
     """The picture in ``data`` as a uint8 array (height, width, channels). ``channels`` 1, 3 or
     4 converts to grey, RGB or RGBA as Pillow's ``convert`` does, except that grey from a colour
     JPEG is the luma it holds (libjpeg's grey output, as torchvision's ``read_image`` gives it),
     which differs from ``convert("L")`` of its RGB by a few levels where colours clip; None
     keeps the file's own (grey or palette-less colour: 1, 3 or 4). ``scale`` (1, 2, 4 or 8)
     divides a JPEG's sides by it inside the decoder, rounding up; other formats are decoded
-    whole whatever it says."""
+    whole whatever it says.
+
+    ``scratch(nbytes)``, where given, lends a writable uint8 array of at least ``nbytes`` that
+    a JPEG is decoded into: the picture is then a view of it, good until the next loan. A
+    transform that decodes picture after picture only to crop and resize it reuses memory
+    already mapped, instead of a fresh half-megabyte array whose pages fault in one by one
+    (a tenth of a JPEG's decoding time, measured)."""
     if channels not in (None, 1, 3, 4):
         raise ValueError(f"channels must be None, 1, 3 or 4, got {channels!r}")
     if scale not in DCT_SCALES:
@@ -139,15 +151,18 @@ def decode_image(data: bytes | memoryview, channels: int | None = 3, scale: int 
     simplejpeg = _simplejpeg()
     if simplejpeg is not None and sniff(data) == "jpeg" and channels is not None:
         try:
-            if scale == 1:
+            if scale == 1 and scratch is None:
                 return simplejpeg.decode_jpeg(data, _SIMPLEJPEG_SPACES[channels])
             height, width, _, _ = simplejpeg.decode_jpeg_header(data)
+            height, width = -(-height // scale), -(-width // scale)
+            buffer = None if scratch is None else scratch(height * width * channels)
             return simplejpeg.decode_jpeg(
                 data,
                 _SIMPLEJPEG_SPACES[channels],
-                min_height=-(-height // scale),
-                min_width=-(-width // scale),
+                min_height=height,
+                min_width=width,
                 min_factor=scale,
+                buffer=buffer,
             )
         except ValueError:
             # Pillow has the last word: it reads subsamplings TurboJPEG refuses, and like

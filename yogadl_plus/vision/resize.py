@@ -47,8 +47,9 @@ def crop_resized(
 
 
 def laid_out(picture: np.ndarray, chw: bool) -> np.ndarray:
-    """A new contiguous copy of the HWC ``picture``, in HWC or CHW."""
-    return np.ascontiguousarray(picture.transpose(2, 0, 1) if chw else picture)
+    """A new contiguous copy of the HWC ``picture``, in HWC or CHW (a copy even where it is
+    laid out so already: the picture may be a decoder's scratch memory, or the user's)."""
+    return np.array(picture.transpose(2, 0, 1) if chw else picture, order="C", copy=True)
 
 
 def _torch_module() -> Any:

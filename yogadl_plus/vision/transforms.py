@@ -10,6 +10,7 @@ array (a source whose images are arrays) is cropped the same way.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -102,7 +103,7 @@ class _ImageTransform(RandomMap):
             height, width = header.height, header.width
             box, size, flip = self.crop(height, width, rng)
             scale = dct_scale(box, size) if header.format == "jpeg" else 1
-            picture = decode_image(value, channels=3, scale=scale)
+            picture = decode_image(value, channels=3, scale=scale, scratch=_scratch)
             if scale > 1:
                 box = box.scaled(height, width, *picture.shape[:2])
         else:
@@ -212,6 +213,18 @@ class CenterCrop(_ImageTransform):
             out = np.zeros((*self.size, 3), np.uint8)
             out[rows, cols] = picture
         return out
+
+
+_lent = threading.local()
+
+
+def _scratch(nbytes: int) -> np.ndarray:
+    """This thread's memory to decode a picture into, at least ``nbytes``: a crop of it is
+    resized into a new array before the thread decodes the next one."""
+    buffer: np.ndarray | None = getattr(_lent, "buffer", None)
+    if buffer is None or buffer.size < nbytes:
+        buffer = _lent.buffer = np.empty(nbytes, np.uint8)
+    return buffer
 
 
 def _size(size: Any) -> tuple[int, int]:
