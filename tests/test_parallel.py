@@ -456,3 +456,28 @@ def test_a_ray_dataset_is_a_source(tmp_path, local_storage, ray_cluster):
     assert [(p.offset, p.length) for p in pieces] == [(i * 200, 200) for i in range(5)]
     with pytest.raises(ValueError, match="engine='ray'"):
         ydl.cache_dataset(dataset, "items", "pool", local_storage, workers=2)
+
+
+# ----------------------------------------------------------------- scripts without a guard
+
+
+def test_a_script_building_at_its_top_level_fails_saying_so_instead_of_waiting(tmp_path):
+    """Workers started by a forkserver run the script's top level again: its cache_dataset
+    waited for the lock of the very build its worker belonged to, for ever. It now fails
+    there, and the build names the cure."""
+    script = tmp_path / "unguarded.py"
+    script.write_text(
+        "import numpy as np\n"
+        "import yogadl_plus as ydl\n"
+        "schema = ydl.Schema([ydl.Field('x', np.int64)])\n"
+        "records = [{'x': np.int64(i)} for i in range(100)]\n"
+        f"ydl.cache_dataset(records, 'd', 'v1', ydl.LocalStorage({str(tmp_path / 'c')!r}),\n"
+        "                  schema=schema, workers=2, progress=False)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=tmp_path
+    )
+    assert done.returncode != 0
+    assert "WorkerDied" in done.stderr
+    assert 'if __name__ == "__main__":' in done.stderr.splitlines()[-1]
+    assert "imports the script that started it" in done.stderr

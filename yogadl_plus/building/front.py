@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from yogadl_plus.building.changes import check_schema, warn_if_changed
 from yogadl_plus.building.plan import BuildPlan
+from yogadl_plus.building.starts import refuse_while_a_worker_starts
 from yogadl_plus.cache.manifest import Manifest
 from yogadl_plus.cache.writer import DEFAULT_CHUNK_BYTES
 from yogadl_plus.checks import check_int
@@ -54,6 +55,7 @@ def cache_dataset(
     per partition, in partition order. ``on_transfer(bytes)`` is called after each chunk a
     bucket storage uploads or downloads (for a progress bar), from its transfer threads.
     """
+    refuse_while_a_worker_starts()
     check_name("dataset_id", dataset_id)
     check_name("version", version)
     workers = _checked_runner(engine, workers)

@@ -170,7 +170,9 @@ class _PoolRunner:
                     if barren_pools >= ATTEMPTS:
                         raise WorkerDied(
                             f"the build's worker processes died {ATTEMPTS} times before any "
-                            "part started: could they not start? (see the messages above)"
+                            "part started: could they not start? (see the messages above; a "
+                            "script that builds at its top level needs "
+                            '`if __name__ == "__main__":`)'
                         )
         return results
 

@@ -18,11 +18,14 @@ again: on 200 small images, workers=2 took a hundred times as long as a serial b
 from __future__ import annotations
 
 import multiprocessing
+import os
 import sys
 import threading
+import traceback
 from dataclasses import dataclass
 from multiprocessing.context import BaseContext
 
+from yogadl_plus.errors import YogaError
 from yogadl_plus.sources.base import Source
 
 __all__ = ["SERIAL_UNDER_SECONDS", "WorkerStart", "serial_time", "worker_start"]
@@ -95,3 +98,24 @@ def serial_time(read_seconds: float, records_read: int, length: int | None) -> f
     if length is None or records_read == 0:
         return None
     return read_seconds * max(length, records_read) / records_read
+
+
+def refuse_while_a_worker_starts() -> None:
+    """A YogaError where this process is a worker process still importing the script that
+    started it: under the "spawn" and "forkserver" start methods (a parallel build's workers
+    start so) each worker runs the script's top level again, and a build there would wait for
+    the very build its process is part of, for ever."""
+    if multiprocessing.current_process().name == "MainProcess":
+        return
+    starting = any(
+        frame.name in ("prepare", "_fixup_main_from_path")
+        and frame.filename.endswith(os.path.join("multiprocessing", "spawn.py"))
+        for frame in traceback.extract_stack()
+    )
+    if starting:
+        raise YogaError(
+            "cache_dataset was called while a worker process imports the script that started "
+            "it: each worker of a process pool started by 'spawn' or 'forkserver' (a parallel "
+            "build's are) runs the script's top level again. Put the script's work under "
+            '`if __name__ == "__main__":`'
+        )
