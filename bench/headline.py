@@ -20,8 +20,10 @@ Rows (what each column times is in ROWS below):
 - small records: ``{"x": float32[64], "label": int64}`` (264 bytes), a shuffled epoch in
   batches of 256;
 - big records: ``{"x": uint8[256 KiB], "y": int64}``, a true global shuffle record by record;
-- images: 256 KB-ish JPEG bytes -> Pillow decode + RandomResizedCrop(224) + horizontal flip,
-  batches of 64 through a torch DataLoader with 2 worker processes;
+- images: a folder of 500x375 JPEGs -> RandomResizedCrop(224) + horizontal flip, uint8 CHW
+  batches of 64 through a torch DataLoader with 2 worker processes: an ImageFolder cache and
+  ``ydl.vision.RandomResizedCrop`` against the folder read by Pillow as torchvision does
+  (bench/bench_images.py measures it whole, with the peers);
 - tokens: variable-length int32 token arrays (8-512 tokens), shuffled batches of 256 rows;
 - building: a cache of the small records from their columns in memory;
 - from a bucket: a cold shuffled epoch of the small records from a local SeaweedFS S3 server;
@@ -51,7 +53,7 @@ from typing import Any
 import numpy as np
 
 import yogadl_plus as ydl
-from bench.baselines.pillow_images import ImageFolderLike, random_resized_crop_flip
+from bench.baselines.pillow_images import ImageFolderLike
 from bench.bench_build_columns import peer as write_peer
 from bench.bench_foundation import bench_yogadl, make_data
 from bench.bench_peers_big import ours as big_records_rate
@@ -228,14 +230,6 @@ def jpeg_files(folder: Path, n: int) -> list[tuple[bytes, int]]:
     return pairs
 
 
-def decode_augment(record: dict[str, Any]) -> dict[str, Any]:
-    """yogadl_plus's transform: the JPEG's bytes -> the augmented image."""
-    from PIL import Image
-
-    with Image.open(io.BytesIO(record["jpeg"])) as image:
-        return {"image": random_resized_crop_flip(image.convert("RGB")), "label": record["label"]}
-
-
 # --------------------------------------------------------------------------- the run
 
 
@@ -371,15 +365,13 @@ class Headline:
             "images/s",
         )
         n = self.sizes.images
-        pairs = jpeg_files(self.work / "images", n)
+        jpeg_files(self.work / "images", n)
         ref = ydl.cache_dataset(
-            ({"jpeg": data, "label": np.int64(label)} for data, label in pairs),
-            "images",
-            "v1",
-            self.storage,
+            ydl.sources.ImageFolder(self.work / "images"), "images", "v1", self.storage,
             progress=False,
-        )
-        stream = ref.stream(shuffle=True, shuffle_seed=0, batch_size=64, transform=decode_augment)
+        )  # fmt: skip
+        crop = ydl.vision.RandomResizedCrop(224, layout="CHW")
+        stream = ref.stream(shuffle=True, shuffle_seed=0, batch_size=64, transform=crop)
         ours = functools.partial(ydl.torch.make_dataloader, stream, num_workers=2)
         row.figures["yogadl_plus"] = loader_rate(n, ours, "label", self.repeats)
         folder = functools.partial(
