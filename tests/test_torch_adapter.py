@@ -285,7 +285,9 @@ def test_pin_memory_pins_every_tensor(ragged, workers, pinning):
     # Before, the arrays the workers handed over became tensors after DataLoader's pinning
     # step: pin_memory=True pinned none of them.
     filtered = ragged.stream(batch_size=8, predicate=predicates.in_lambda("i", lambda i: i > 3))
-    for stream in (ragged.stream(batch_size=8), ragged.stream(), filtered):
+    # (A stream with workers of its own reads for a loader without any.)
+    reading = ragged.stream(batch_size=8, num_workers=2)
+    for stream in (ragged.stream(batch_size=8), ragged.stream(), filtered, reading):
         items = list(ydl.torch.make_dataloader(stream, num_workers=workers, pin_memory=True))
         assert items
         for item in items:

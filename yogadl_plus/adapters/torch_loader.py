@@ -3,17 +3,19 @@ which makes a ``ResumableDataLoader``. Its ``state_dict()`` resumes at the next 
 with any number of workers: items are computed from (epoch, position) alone, so a resume
 recomputes what workers had prefetched instead of snapshotting anything.
 
-It reads through the stream's plan (``stream.plan()``) and hands what its workers read over
-through the stream's own hand-off (stream/workers/handoff.py): a group of items at a time
-(each DataLoader message costs a fixed ~0.2 ms, more than a batch of small records takes to
-read), the arrays of large groups in a shared-memory ring of each worker's instead of pickled
-through the DataLoader's one result pipe.
+Without DataLoader workers, a stream with workers of its own reads the epochs for it, with
+them. Otherwise it reads through the stream's plan (``stream.plan()``) and hands what its
+workers read over through the stream's own hand-off (stream/workers/handoff.py): a group of
+items at a time (each DataLoader message costs a fixed ~0.2 ms, more than a batch of small
+records takes to read), the arrays of large groups in a shared-memory ring of each worker's
+instead of pickled through the DataLoader's one result pipe.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import multiprocessing
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from time import perf_counter
@@ -126,6 +128,23 @@ class _Cursor:
     epoch: int
     position: int
     iteration: int = 0  # the loader's iterations begun so far
+    #: The stream reading this epoch for the loader (see ResumableDataLoader._ahead), if one
+    #: is: the cursor is then the place after the last item it handed out, asked for only
+    #: when wanted (``settle``), which costs nothing per item.
+    follows: Stream | None = None
+
+    def move_to(self, epoch: int, position: int) -> None:
+        self.epoch, self.position, self.follows = epoch, position, None
+
+    def settle(self) -> None:
+        """Take the place of the stream followed, if any (it keeps being followed)."""
+        stream = self.follows
+        if stream is None:
+            return
+        epoch, position = self.plan.position_of(stream.offset)
+        if epoch != self.epoch:  # (by offset, an epoch's end is the next one's start)
+            position = self.plan.epoch_length(self.epoch)
+        self.position = position
 
     @property
     def whole_units(self) -> bool:
@@ -203,6 +222,9 @@ class ResumableDataLoader(DataLoader):
         self._items = _StreamItems(plan, unit, None if boundary.filtered else user_collate)
         self._rings: list[SharedRing | None] | None = None
         group = _group_size(plan, unit) if kwargs.get("num_workers") else 1
+        # Without DataLoader workers, a stream with workers of its own reads ahead with them.
+        no_workers = not kwargs.get("num_workers") and stream.workers.num_workers
+        self._ahead = _reading_copy(stream) if no_workers else None
         super().__init__(
             self._items,
             batch_size=None,
@@ -217,9 +239,11 @@ class ResumableDataLoader(DataLoader):
 
     def stats(self) -> StreamStats:
         """Where the loader's time went (``Stream.stats``): the boundary's work summed over
-        the DataLoader workers, the time this process waited for them, and the rest, spent
-        by the code consuming the items. ``reset_stats()`` counts from now."""
-        return self.stream.stats()
+        the DataLoader workers (or the stream's), the time this process waited for them, and
+        the rest, spent by the code consuming the items. ``reset_stats()`` counts from now."""
+        # (The copy reading ahead counts into the stream's stats, and knows the records it
+        # handed out of a block.)
+        return (self.stream if self._ahead is None else self._ahead).stats()
 
     def reset_stats(self) -> None:
         self.stream.reset_stats()
@@ -228,6 +252,7 @@ class ResumableDataLoader(DataLoader):
         # Each iter() is the next epoch, also after an unfinished one, as for streams; the first
         # iter() (or the first after load_state_dict) starts where the state says.
         cursor = self._cursor
+        cursor.settle()
         start = (cursor.epoch, cursor.position) if self._resume else (self._after, 0)
         if a_thread_builds_the_model():
             # Keras reads a batch or two of this iteration only to build the model (or to
@@ -235,8 +260,52 @@ class ResumableDataLoader(DataLoader):
             # read here without the workers, and the loader's state stays.
             yield from map(self._as_item, unmoved(self.stream, self.plan.offset_of(*start)))
             return
-        cursor.epoch, cursor.position = start
+        cursor.move_to(*start)
         self._resume, self._after = False, cursor.epoch + 1
+        if self._ahead is not None:
+            yield from self._read_ahead(self._ahead)
+        else:
+            yield from self._read_here_or_by_workers()
+        cursor.move_to(cursor.epoch + 1, 0)
+
+    def _read_ahead(self, ahead: Stream) -> Iterator[Any]:
+        """The rest of the cursor's epoch as ``ahead`` (a copy of the stream, with its
+        workers) hands it out from the cursor on, the cursor following it.
+
+        The stream's workers read several items at a time and fail them together: after an
+        error, the rest of the epoch is read here as without them, which hands out the items
+        before the one that fails, then raises its error (a RuntimeWarning says so if reading
+        here meets none: a worker process died, or could not send a result back)."""
+        cursor = self._cursor
+        ahead.seek(self.plan.offset_of(cursor.epoch, cursor.position))
+        cursor.follows = ahead
+        # (Left unfinished, this iteration drops ``items`` with it, and their units in flight.)
+        items = iter(ahead)
+        pin = self.pin_memory and _pinning_is_on()
+        while True:
+            try:
+                item = next(items)
+            except StopIteration:
+                return
+            except Exception as error:
+                failed = error
+                break
+            item = self._as_item(item)
+            yield _pinned(item) if pin else item
+        cursor.settle()
+        cursor.follows = None
+        yield from self._read_here_or_by_workers()
+        warnings.warn(
+            f"the stream's workers failed in epoch {cursor.epoch} ({type(failed).__name__}: "
+            f"{failed}), and its rest was read without them, which met no error",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+
+    def _read_here_or_by_workers(self) -> Iterator[Any]:
+        """The rest of the cursor's epoch, read by the DataLoader's workers or, without any,
+        here."""
+        cursor = self._cursor
         if self.num_workers:
             # Workers started by this iteration (if it starts any) end when this process does.
             self._worker_init.watch = ParentWatch.here(self._start_method())
@@ -255,7 +324,6 @@ class ResumableDataLoader(DataLoader):
             yield from self._refilled(arrivals)
         else:
             yield from self._consecutive(arrivals)
-        cursor.epoch, cursor.position = cursor.epoch + 1, 0
 
     def _start_method(self) -> str:
         context = self.multiprocessing_context
@@ -341,6 +409,7 @@ class ResumableDataLoader(DataLoader):
         resumes there. ``offset`` is the same place as a stream's ``start_offset``; ``stream``
         is the stream's StreamState there (what the stream was made with, checked on load)."""
         cursor = self._cursor
+        cursor.settle()
         offset = self.plan.offset_of(cursor.epoch, cursor.position)
         return {
             "epoch": cursor.epoch,
@@ -363,8 +432,8 @@ class ResumableDataLoader(DataLoader):
                 f"resume with dataref.stream(start_offset={state.get('offset')!r}, ...)"
             )
         self.plan.check_state(state["stream"])
-        self._cursor.epoch = check_int("epoch", state["epoch"], 0)
-        self._cursor.position = check_int("position", state["position"], 0)
+        epoch = check_int("epoch", state["epoch"], 0)
+        self._cursor.move_to(epoch, check_int("position", state["position"], 0))
         self._resume = True
 
 
@@ -382,13 +451,15 @@ def make_dataloader(
     nullable field's missing value); strings and bytes stay lists. An iteration Keras makes
     only to build the model (``model.fit(loader)``) reads what the next one will, without the
     workers, and moves nothing: Keras trains on the loader's next epoch first. Work runs in
-    ``num_workers`` DataLoader workers. ``state_dict()`` after k consumed items, loaded into a
-    loader made the same way, resumes at item k+1 with any ``num_workers``, persistent workers
-    or not; one taken in the loop after an epoch's last item resumes that epoch, with nothing
-    left in it, and one taken after the loop the next epoch (as torchdata's
-    StatefulDataLoader). With a predicate or ``skip=``, the batches are the stream's (filled,
-    none empty): the workers hand over the records that pass and this process fills the
-    batches, running a ``collate_fn`` here.
+    ``num_workers`` DataLoader workers; with none, in the stream's own workers if it has any
+    (``stream(num_workers=...)``: threads suit transforms that release the GIL), which read
+    ahead for a copy of the stream that the loader keeps. ``state_dict()`` after k consumed
+    items, loaded into a loader made the same way, resumes at item k+1 with any
+    ``num_workers``, persistent workers or not; one taken in the loop after an epoch's last
+    item resumes that epoch, with nothing left in it, and one taken after the loop the next
+    epoch (as torchdata's StatefulDataLoader). With a predicate or ``skip=``, the batches are
+    the stream's (filled, none empty): the workers hand over the records that pass and this
+    process fills the batches, running a ``collate_fn`` here.
 
     With workers, ``persistent_workers`` defaults to True (DataLoader's default is False):
     every iteration is the stream's next epoch, and starting the workers again for each one
@@ -446,6 +517,24 @@ class _WorkerInit:
 
 def _as_is(item: Any) -> Any:
     return item
+
+
+def _reading_copy(stream: Stream) -> Stream:
+    """A copy of ``stream`` to read its epochs for a loader without workers, with the stream's
+    own workers (kept across epochs, stopped when the copy is dropped with the loader),
+    counting in the stream's stats; the stream itself does not move, as with workers."""
+    copy = stream.replace()
+    copy.plan().stats = stream.plan().stats
+    return copy
+
+
+def _pinning_is_on() -> bool:
+    """Whether DataLoader pins what it hands out when asked to (there is a device to pin
+    memory for)."""
+    accelerator = getattr(torch, "accelerator", None)  # (torch 2.6 on)
+    if accelerator is not None:
+        return bool(accelerator.is_available())
+    return bool(torch.cuda.is_available())
 
 
 def _group_size(plan: StreamPlan, unit: int) -> int:
