@@ -13,7 +13,6 @@ import multiprocessing.connection
 import os
 import pickle
 import queue
-import select
 import signal
 import struct
 import sys
@@ -210,17 +209,20 @@ class ProcessWorkers(Workers):
 
 
 def _send_if_room(conn: Any, message: Any) -> None:
-    """Send a small control message unless the worker's pipe is full (a worker stuck without
-    reading): sending would then block; such a worker is ended after the grace period."""
+    """Send a small control message unless sending would wait: a worker stuck without reading
+    has a full pipe, and such a worker is ended after the grace period. (Polling for room is
+    not enough: a pipe with some room can still make a whole message wait, and this is also
+    called from a pool's ``__del__``, which must never block the thread the collector runs
+    in.) The pipe is the owner's alone while it sends, so the flag is set only that long."""
     try:
-        if hasattr(select, "poll"):
-            poller = select.poll()
-            poller.register(conn.fileno(), select.POLLOUT)
-            if not poller.poll(0):
-                return
-        conn.send(message)
+        fd = conn.fileno()
+        os.set_blocking(fd, False)
+        try:
+            conn.send(message)
+        finally:
+            os.set_blocking(fd, True)
     except (OSError, ValueError):
-        pass  # it is gone, or its connection closed
+        pass  # no room (BlockingIOError), it is gone, or its connection closed
 
 
 def _end(process: multiprocessing.process.BaseProcess) -> None:
@@ -294,6 +296,8 @@ def _receive_units(
             kind, sequence, unit = conn.recv()
         except (EOFError, OSError):
             kind = _STOP  # the parent closed its end, or is gone
+        except Exception:
+            kind = _STOP  # a message that does not unpickle: the pipe can no longer be read
         if kind == _UNIT:
             inbox.put((sequence, unit))
         elif kind == _CANCEL:
