@@ -365,7 +365,7 @@ def _leaf_readers(
                 as_columns=boundary.as_columns,
                 skip=skips[number] if skips is not None else None,
                 seed=seed,
-                encoded=encoded & leaf.ref.layout.image_fields,
+                encoded=encoded & leaf.ref.layout.image_fields if encoded else frozenset(),
             )
         )
     return readers
