@@ -29,7 +29,7 @@ def install_for_tests(session: nox.Session) -> None:
 def tests(session: nox.Session) -> None:
     """Install the package with its test extras and run every test."""
     install_for_tests(session)
-    session.log("running every test (about 18 minutes on 2 cores)")
+    session.log("running every test (about 15 minutes on 2 cores)")
     session.run("pytest", "-q", "-p", "no:cacheprovider", *session.posargs)
 
 
