@@ -14,6 +14,7 @@ from yogadl_plus.cache.fixed import Allocate, Values
 from yogadl_plus.cache.layout import RecordLayout
 from yogadl_plus.cache.manifest import ChunkInfo, Manifest
 from yogadl_plus.cache.reader import ChunkSet
+from yogadl_plus.cache.tokencolumns import TokenChunk
 from yogadl_plus.checks import check_index, check_indices, check_selection
 from yogadl_plus.order.placement import Placement
 from yogadl_plus.order.settings import OrderSettings
@@ -131,6 +132,19 @@ class DataRef(RecordSource):
         asks the disk for their pages (cold disks). A hint: returns at once, and what is read
         does not change."""
         self._chunks.read_ahead(indices)
+
+    # --- token columns (for token blocks, tokenblocks.py) ---
+
+    def token_counts(self, field: str) -> np.ndarray | None:
+        """Tokens of ``field`` in each chunk (int64, from the manifest), or None where the
+        version keeps no token column of it (built before token columns existed, or the field
+        is no 1-D integer array)."""
+        return None
+
+    def token_chunk(self, field: str, chunk: int) -> TokenChunk:
+        """Chunk ``chunk``'s token column of ``field`` (see cache/tokencolumns.py): views valid
+        in this thread until its next read. Only where ``token_counts(field)`` is not None."""
+        raise NotImplementedError("token columns are not written yet")
 
     # --- for the Stream and adapters ---
 
