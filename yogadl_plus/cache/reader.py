@@ -31,11 +31,12 @@ from yogadl_plus import lifecycle
 from yogadl_plus.cache.demand import ChunkProvider, ChunksOnDemand
 from yogadl_plus.cache.fixed import Values
 from yogadl_plus.cache.integrity import DAMAGED
-from yogadl_plus.cache.keys import column_key, record_key, record_keys
+from yogadl_plus.cache.keys import column_key, record_key, record_keys, token_key
 from yogadl_plus.cache.manifest import ChunkInfo, Manifest
 from yogadl_plus.cache.opening import MAPPED_CHUNKS_KEPT, OpenChunks
 from yogadl_plus.cache.pagemap import gather_rows
 from yogadl_plus.cache.readahead import ReadAhead
+from yogadl_plus.cache.tokencolumns import TokenChunk, token_fields
 from yogadl_plus.errors import CacheCorrupted, YogaError
 
 __all__ = ["RECHECK_SECONDS", "ChunkSet"]
@@ -73,6 +74,11 @@ class ChunkSet:
         self.chunks: list[ChunkInfo] = list(manifest.chunks)
         self.starts = np.cumsum([0] + [c.records for c in self.chunks], dtype=np.int64)
         self.num_records = int(self.starts[-1])
+        # The token fields: each one's position in the schema (its chunks' keys) and dtype.
+        names = manifest.schema.names
+        self._token_fields = {
+            f.name: (names.index(f.name), f.dtype) for f in token_fields(manifest.schema)
+        }
         # Per chunk: its descriptor, one while it is read ahead; one per value map kept.
         lifecycle.allow_open_files(2 * len(self.chunks) + min(len(self.chunks), MAPPED_CHUNKS_KEPT))
         self._opened = OpenChunks(directory, manifest)
@@ -215,6 +221,51 @@ class ChunkSet:
                 )
             array = views[(number, name)] = np.frombuffer(data, dtype)
         return array
+
+    def token_chunk(self, number: int, field: str) -> TokenChunk:
+        """Chunk ``number``'s token column of ``field`` (a token field, which the chunk's
+        manifest entry counts the tokens of): read-only views into the map, valid while this
+        thread's transaction lives, checked against the manifest's counts; CacheCorrupted
+        naming the chunk and field otherwise."""
+        self.check_files()
+        views = getattr(self._local, "columns", None)
+        if views is None:
+            views = self._local.columns = {}
+        found = views.get((number, "tokens", field))
+        if found is None:
+            found = views[(number, "tokens", field)] = self._read_token_chunk(number, field)
+        return cast(TokenChunk, found)
+
+    def _read_token_chunk(self, number: int, field: str) -> TokenChunk:
+        position, dtype = self._token_fields[field]
+        txn = self.txn(number)
+        parts = {}
+        for part, kind in (("tokens", dtype), ("ends", "<i8"), ("eos_ends", "<i8")):
+            try:
+                data = txn.get(token_key(position, part))
+            except lmdb.Error as exc:
+                raise self._failed(number, exc, f"the token column of {field!r}") from None
+            size = np.dtype(kind).itemsize
+            if data is None or len(data) % size:
+                raise CacheCorrupted(
+                    f"chunk {self._opened.where(number)}: the {part} of the token column of "
+                    f"field {field!r} are missing or cut; {DAMAGED}"
+                )
+            parts[part] = np.frombuffer(data, kind)
+        tokens, ends, eos_ends = parts["tokens"], parts["ends"], parts["eos_ends"]
+        count, records = self.chunks[number].tokens[field], self.chunks[number].records
+        if (
+            len(tokens) != count
+            or len(ends) != records
+            or len(eos_ends) != records
+            or (records and (ends[-1] != count or eos_ends[-1] != count + records))
+        ):
+            raise CacheCorrupted(
+                f"chunk {self._opened.where(number)}: the token column of field {field!r} "
+                f"holds {len(tokens)} tokens and {len(ends)} document ends, the manifest says "
+                f"{count} tokens in {records} records; {DAMAGED}"
+            )
+        return TokenChunk(tokens, ends, eos_ends)
 
     def gather(self, name: str, dtype: np.dtype, indices: np.ndarray) -> np.ndarray:
         """Column ``name`` at global record ``indices``, without reading the records."""

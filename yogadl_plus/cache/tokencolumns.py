@@ -10,15 +10,118 @@ map: a copy of its bytes, as Megatron's ``.bin`` file gives.
 They live inside the chunk file, so they are written, hashed, checked, versioned, pushed and
 pulled with it; the manifest records each chunk's token count per field, so a block's chunk is
 found by arithmetic without opening any other chunk.
+
+This module says what a token field is (``token_fields``), what a chunk's manifest entry
+records of its token columns (``TokenCounts``), what a build hands the chunk writer for a
+batch of records (``TokenBatch``), and what a reader gets (``TokenChunk``).
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple, Protocol
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
-__all__ = ["TokenChunk", "TokenRange"]
+from yogadl_plus import codecs
+from yogadl_plus.schema import Field, Schema
+
+__all__ = [
+    "TokenBatch",
+    "TokenChunk",
+    "TokenCounts",
+    "TokenRange",
+    "is_token_field",
+    "token_fields",
+]
+
+
+def is_token_field(field: Field) -> bool:
+    """True for a field every chunk keeps a token column of: numbers of an integer dtype in
+    one dimension, fixed ``(n,)`` or variable ``(None,)``, nullable or not (a null is a
+    document of no tokens)."""
+    return field.kind == "numeric" and field.dtype.kind in "iu" and len(field.shape) == 1
+
+
+def token_fields(schema: Schema) -> tuple[Field, ...]:
+    """The fields of ``schema`` that get a token column, in schema order."""
+    return tuple(f for f in schema if is_token_field(f))
+
+
+class TokenCounts(Mapping[str, int]):
+    """Field name -> the tokens a chunk's column of it holds: frozen and hashable, as the
+    ``ChunkInfo`` that carries it."""
+
+    __slots__ = ("_counts",)
+
+    def __init__(self, counts: Mapping[str, int] | Iterable[tuple[str, int]] = ()) -> None:
+        self._counts = dict(sorted(dict(counts).items()))
+
+    def __getitem__(self, name: str) -> int:
+        return self._counts[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._counts)
+
+    def __len__(self) -> int:
+        return len(self._counts)
+
+    def __hash__(self) -> int:
+        return hash(tuple(self._counts.items()))
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, TokenCounts):
+            return self._counts == other._counts
+        return isinstance(other, Mapping) and self._counts == dict(other)
+
+    def __repr__(self) -> str:
+        return f"TokenCounts({self._counts!r})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (TokenCounts, (self._counts,))
+
+
+class TokenBatch(NamedTuple):
+    """One token field of a batch of records, as a build hands it to the chunk writer: each
+    record's token count (int64; 0 for a null) and all their tokens end to end."""
+
+    lengths: np.ndarray
+    tokens: np.ndarray
+
+    @classmethod
+    def of_values(cls, field: Field, values: Sequence[np.ndarray | None]) -> TokenBatch:
+        """The batch of decoded values (None for a null), each a 1-D array of ``field``."""
+        lengths = np.fromiter((0 if v is None else len(v) for v in values), np.int64, len(values))
+        present = [v for v in values if v is not None and len(v)]
+        tokens = np.concatenate(present) if present else np.empty(0, field.dtype)
+        return cls(lengths, tokens.astype(field.dtype, copy=False))
+
+    @classmethod
+    def of_stored(cls, field: Field, stored: Sequence[bytes | memoryview]) -> TokenBatch:
+        """The batch of values as ``field``'s codec encoded them (b"" for a null). The raw
+        codec's (a uint32 length, then the tokens' bytes) are cut in one vectorized step;
+        other codecs' decoded value by value."""
+        if not isinstance(field.codec, codecs.Raw):
+            decode = field.codec.decode  # type: ignore[union-attr]
+            return cls.of_values(field, [decode(field, v) if v else None for v in stored])
+        sizes = np.fromiter(map(len, stored), np.int64, len(stored))
+        head = 4 * field.num_variable_dims  # (0 for a fixed (n,) field)
+        present = sizes > 0
+        lengths = np.where(present, sizes - head, 0) // field.dtype.itemsize
+        data = np.frombuffer(b"".join(stored), np.uint8)
+        if head:
+            keep = np.ones(len(data), bool)
+            starts = (np.cumsum(sizes) - sizes)[present]
+            keep[(starts[:, None] + np.arange(head)).ravel()] = False
+            data = data[keep]
+        return cls(lengths, data.view(field.dtype))
+
+    def cut(self, offsets: np.ndarray, start: int, stop: int) -> TokenBatch:
+        """Records ``start .. stop - 1`` of the batch, ``offsets`` being the cumulative sum of
+        ``lengths`` with a 0 before it."""
+        return TokenBatch(
+            self.lengths[start:stop], self.tokens[int(offsets[start]) : int(offsets[stop])]
+        )
 
 
 class TokenRange(Protocol):
