@@ -16,6 +16,7 @@ import os
 import threading
 import weakref
 from collections.abc import Callable
+from typing import Any
 
 import lmdb
 
@@ -336,17 +337,17 @@ class OpenChunks:
         self._open_numbers = []
 
 
-def _differing(found: object, want: dict[str, object]) -> str:
+def _differing(found: object, want: dict[str, Any]) -> str:
     """What of a chunk's identity differs from its manifest entry's, as a message says it:
     " (its token count of field 'text', its records)"; "" for an identity that is no object."""
     if not isinstance(found, dict):
         return ""
-    named = []
+    named: list[str] = []
     for key in sorted(found.keys() | want.keys()):
-        if key == "tokens" and isinstance(found.get(key), dict) and isinstance(want.get(key), dict):
-            mine, theirs = found[key], want[key]
+        mine, theirs = found.get(key), want.get(key)
+        if key == "tokens" and isinstance(mine, dict) and isinstance(theirs, dict):
             fields = sorted(f for f in mine.keys() | theirs.keys() if mine.get(f) != theirs.get(f))
             named.extend(f"its token count of field {f!r}" for f in fields)
-        elif found.get(key) != want.get(key):
+        elif mine != theirs:
             named.append(f"its {key}")
     return f" ({', '.join(named)})" if named else ""

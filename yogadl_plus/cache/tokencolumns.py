@@ -18,20 +18,24 @@ batch of records (``TokenBatch``), and what a reader gets (``TokenChunk``).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
 from yogadl_plus import codecs
+from yogadl_plus.cache.keys import TOKEN_PARTS, token_key
+from yogadl_plus.errors import CacheCorrupted
 from yogadl_plus.schema import Field, Schema
 
 __all__ = [
     "TokenBatch",
     "TokenChunk",
     "TokenCounts",
+    "TokenField",
     "TokenRange",
     "is_token_field",
+    "read_token_chunk",
     "token_fields",
 ]
 
@@ -145,3 +149,47 @@ class TokenChunk(NamedTuple):
     tokens: TokenRange
     ends: np.ndarray
     eos_ends: np.ndarray
+
+
+class TokenField(NamedTuple):
+    """A token field as a chunk keeps it: its position in the schema (what its keys name,
+    cache/keys.py) and dtype."""
+
+    position: int
+    dtype: np.dtype
+
+    @classmethod
+    def of_schema(cls, schema: Schema) -> dict[str, TokenField]:
+        """Every token field of ``schema``, by name."""
+        names = schema.names
+        return {f.name: cls(names.index(f.name), f.dtype) for f in token_fields(schema)}
+
+
+def read_token_chunk(
+    get: Callable[[bytes], Any], field: TokenField, name: str, records: int, count: int
+) -> TokenChunk:
+    """The token column of ``field`` (named ``name``) in a chunk whose values ``get(key)``
+    gives (buffers into its map: the arrays are views of them, no copy), which its manifest
+    entry says holds ``records`` records and ``count`` tokens of the field. CacheCorrupted
+    saying what does not fit (the caller names the chunk)."""
+    parts = {}
+    for part, dtype in zip(TOKEN_PARTS, (field.dtype, np.dtype("<i8"), np.dtype("<i8"))):
+        data = get(token_key(field.position, part))
+        if data is None or len(data) % dtype.itemsize:
+            raise CacheCorrupted(
+                f"the {part} of the token column of field {name!r} are missing or cut"
+            )
+        parts[part] = np.frombuffer(data, dtype)
+    chunk = TokenChunk(parts["tokens"], parts["ends"], parts["eos_ends"])
+    if (
+        len(parts["tokens"]) != count
+        or len(chunk.ends) != records
+        or len(chunk.eos_ends) != records
+        or (records and (chunk.ends[-1] != count or chunk.eos_ends[-1] != count + records))
+    ):
+        raise CacheCorrupted(
+            f"the token column of field {name!r} holds {len(parts['tokens'])} tokens and "
+            f"{len(chunk.ends)} document ends, the manifest says {count} tokens in {records} "
+            "records"
+        )
+    return chunk
