@@ -103,22 +103,16 @@ class TokenBatch(NamedTuple):
     @classmethod
     def of_stored(cls, field: Field, stored: Sequence[bytes | memoryview]) -> TokenBatch:
         """The batch of values as ``field``'s codec encoded them (b"" for a null). The raw
-        codec's (a uint32 length, then the tokens' bytes) are cut in one vectorized step;
-        other codecs' decoded value by value."""
+        codec's (a uint32 length, then the tokens' bytes) are cut without decoding; other
+        codecs' decoded value by value."""
         if not isinstance(field.codec, codecs.Raw):
             decode = field.codec.decode  # type: ignore[union-attr]
             return cls.of_values(field, [decode(field, v) if v else None for v in stored])
-        sizes = np.fromiter(map(len, stored), np.int64, len(stored))
         head = 4 * field.num_variable_dims  # (0 for a fixed (n,) field)
-        present = sizes > 0
-        lengths = np.where(present, sizes - head, 0) // field.dtype.itemsize
-        data = np.frombuffer(b"".join(stored), np.uint8)
-        if head:
-            keep = np.ones(len(data), bool)
-            starts = (np.cumsum(sizes) - sizes)[present]
-            keep[(starts[:, None] + np.arange(head)).ravel()] = False
-            data = data[keep]
-        return cls(lengths, data.view(field.dtype))
+        sizes = np.fromiter(map(len, stored), np.int64, len(stored))
+        lengths = np.where(sizes > 0, sizes - head, 0) // field.dtype.itemsize
+        data = b"".join([memoryview(v)[head:] for v in stored if len(v)])
+        return cls(lengths, np.frombuffer(data, field.dtype))
 
     def cut(self, offsets: np.ndarray, start: int, stop: int) -> TokenBatch:
         """Records ``start .. stop - 1`` of the batch, ``offsets`` being the cumulative sum of

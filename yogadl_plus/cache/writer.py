@@ -156,6 +156,8 @@ class ChunkWriter:
         element per value) that each chunk also stores whole, under its column key; ``tokens``
         the records' tokens of each token field the writer was made with."""
         tokens = tokens or {}
+        if not len(values):  # (a batch of no rows: nothing to slice)
+            return
         if tokens.keys() != self.token_positions.keys():
             raise ValueError(
                 f"add_many: got tokens of {sorted(tokens)}, the writer keeps token columns of "
