@@ -28,6 +28,7 @@ record of fixed-shape fields.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import numbers
 import threading
 from collections.abc import Sequence
@@ -408,10 +409,14 @@ def _indexed(ref: DataRef, field: str, eos: bool) -> _Index:
             )
         flat = counts + records if eos else counts
         return _Index(np.concatenate([[0], np.cumsum(flat)]), documents)
-    ends = tuple(_scanned_ends(ref, field, int(a), int(b)) for a, b in zip(documents, documents[1:]))
+    ends = tuple(
+        _scanned_ends(ref, field, int(a), int(b)) for a, b in itertools.pairwise(documents.tolist())
+    )
     eos_ends = tuple(e + np.arange(1, len(e) + 1) for e in ends) if eos else None
     lasts = [int(e[-1]) if len(e) else 0 for e in (eos_ends or ends)]
-    return _Index(np.concatenate([[0], np.cumsum(lasts, dtype=np.int64)]), documents, ends, eos_ends)
+    return _Index(
+        np.concatenate([[0], np.cumsum(lasts, dtype=np.int64)]), documents, ends, eos_ends
+    )
 
 
 def _scanned_ends(ref: DataRef, field: str, first: int, stop: int) -> np.ndarray:

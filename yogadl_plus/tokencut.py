@@ -21,6 +21,7 @@ outlive it.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -167,7 +168,7 @@ def _by_chunk(chunks: np.ndarray) -> tuple[np.ndarray, list[tuple[int, int]]]:
         return np.arange(len(chunks)), [(0, len(chunks))]
     order = np.argsort(chunks, kind="stable")
     bounds = [0, *(np.flatnonzero(np.diff(chunks[order])) + 1).tolist(), len(chunks)]
-    return order, list(zip(bounds[:-1], bounds[1:]))
+    return order, list(itertools.pairwise(bounds))
 
 
 def _copy_pieces(
