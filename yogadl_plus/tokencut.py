@@ -247,8 +247,11 @@ class _Marks:
         block's first token and at each document start; positions count up along a run from
         its first token's, segments count the runs of a block after its first."""
         n, length = self.n, self.length
-        starts = np.unique(np.concatenate(self.starts))
-        sizes = np.diff(starts, append=n * length)
+        starts = np.sort(np.concatenate(self.starts))
+        fresh = np.ones(len(starts), bool)  # (empty documents, without eos, start alike)
+        np.not_equal(starts[1:], starts[:-1], out=fresh[1:])
+        starts = starts[fresh]
+        sizes = _gaps(starts, n * length)
         # A run's first token is at position 0 where a document starts there, else (only at a
         # block's first token) where that block's first piece says.
         base = np.zeros(len(starts), np.int64)
@@ -257,7 +260,15 @@ class _Marks:
         positions = np.arange(n * length, dtype=np.int64) - np.repeat(starts - base, sizes)
         first_run = np.searchsorted(starts, self.starts[0])
         counted = np.arange(len(starts), dtype=np.int32) - np.repeat(
-            first_run.astype(np.int32), np.diff(first_run, append=len(starts))
+            first_run.astype(np.int32), _gaps(first_run, len(starts))
         )
         segment = np.repeat(counted, sizes)
         return positions.reshape(n, length), segment.reshape(n, length)
+
+
+def _gaps(ascending: np.ndarray, end: int) -> np.ndarray:
+    """How far each value of ``ascending`` is from the next (the last: from ``end``)."""
+    gaps = np.empty_like(ascending)
+    np.subtract(ascending[1:], ascending[:-1], out=gaps[:-1])
+    gaps[-1] = end - ascending[-1]
+    return gaps
