@@ -715,9 +715,9 @@ def main(argv: list[str] | None = None) -> int:
     print(HEADER)
     for row in rows:
         print(row.line())
-    print(f"\nPage cache warm on both sides. Data in {args.data} (reused by later runs).")
+    print(f"\nPage cache warm on both sides. Data in {args.data} (reused by later runs).\n")
     for note in notes:
-        print(f"\n- {note}")
+        print(f"- {note}")
     write_json(args.json, {"rows": [vars(r) for r in rows], "notes": notes})
     return 0
 
