@@ -499,9 +499,7 @@ def first_rows(data: Data, sizes: Sizes, args: argparse.Namespace) -> tuple[list
             notes.append(f"Megatron at {n:,} documents: n/a, {peer}")
             peer = {}
         lengths = np.load(data.lengths(n))
-        index_s, _ = best_of(
-            lambda lengths=lengths: numpy_indices(lengths, LENGTH - 1), args.repeats
-        )
+        index_s, _ = best_of(functools.partial(numpy_indices, lengths, LENGTH - 1), args.repeats)
         met = ours["first_s"] < FIRST_BATCH_TARGET_S
         for what, mine, baseline, theirs in (
             ("DataRef open", ours["first_s"], "Megatron GPTDataset, index built",
