@@ -370,7 +370,7 @@ def test_a_batch_encodes_byte_for_byte_as_its_records_do(nullable):
         "z": rng.integers(-5, 5, (n, 2)).astype(np.int16),
         "when": np.arange(n).astype("M8[us]"),
     }
-    values, chunk_columns = BatchEncoder(layout).encode(columns, n, 0)
+    values, chunk_columns, _ = BatchEncoder(layout).encode(columns, n, 0)
     records = [{name: columns[name][i] for name in columns} for i in range(n)]
     assert list(values) == [layout.encode(r, i) for i, r in enumerate(records)]
     assert np.array_equal(chunk_columns["y"], columns["y"])
@@ -379,7 +379,7 @@ def test_a_batch_encodes_byte_for_byte_as_its_records_do(nullable):
 def test_fixed_only_batches_are_handed_to_lmdb_as_one_buffer():
     layout = RecordLayout(ydl.Schema([ydl.Field("x", np.float32, (2,)), ydl.Field("y", np.int8)]))
     columns = {"x": np.arange(8, dtype=np.float32).reshape(4, 2), "y": np.arange(4, dtype=np.int8)}
-    values, _ = BatchEncoder(layout).encode(columns, 4, 0)
+    values, _, _ = BatchEncoder(layout).encode(columns, 4, 0)
     assert isinstance(values, EqualValues) and len(values) == 4
     records = [{"x": columns["x"][i], "y": columns["y"][i]} for i in range(4)]
     assert [v for _, v in values.items(0, 0, 4)] == [layout.encode(r, 0) for r in records]

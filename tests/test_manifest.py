@@ -107,6 +107,8 @@ def mutations(body: dict) -> Iterator[tuple[str, dict]]:
             parent = parent[key]
         value = parent[path[-1]]
         for how, new in changed(value):
+            if json.dumps(new) == json.dumps(value):
+                continue  # (no change: an empty object "emptied")
             damaged = copy.deepcopy(body)
             target = damaged
             for key in path[:-1]:

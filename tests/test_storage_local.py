@@ -268,7 +268,7 @@ def test_version_folder_layout_and_manifest(local_storage):
     text = (folder / "manifest.json").read_text()
     assert "pickle" not in text.lower()
     body = json.loads(text)
-    assert body["format_version"] == 3
+    assert body["format_version"] == 4
     assert re.fullmatch(r"[0-9a-f]{32}", body["build"])
     assert body["dataset_id"] == "ds" and body["version"] == "v1"
     assert body["num_records"] == n

@@ -41,6 +41,7 @@ from yogadl_plus.storage import (
     open_storage,
 )
 from yogadl_plus.stream import Stream, StreamStats
+from yogadl_plus.tokenblocks import TokenBlocks, token_blocks
 
 deprecation.install()  # the import paths of the last release, with a DeprecationWarning
 
@@ -95,6 +96,7 @@ __all__ = [
     "Storage",
     "Stream",
     "StreamStats",
+    "TokenBlocks",
     "TransformError",
     "WorkerDied",
     "YogaError",
@@ -108,5 +110,6 @@ __all__ = [
     "predicates",
     "random_map",
     "sources",
+    "token_blocks",
     "vision",
 ]

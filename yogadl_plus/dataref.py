@@ -139,12 +139,28 @@ class DataRef(RecordSource):
         """Tokens of ``field`` in each chunk (int64, from the manifest), or None where the
         version keeps no token column of it (built before token columns existed, or the field
         is no 1-D integer array)."""
-        return None
+        chunks = self.manifest.chunks
+        if not all(field in c.tokens for c in chunks):
+            return None
+        return np.fromiter((c.tokens[field] for c in chunks), np.int64, len(chunks))
 
     def token_chunk(self, field: str, chunk: int) -> TokenChunk:
         """Chunk ``chunk``'s token column of ``field`` (see cache/tokencolumns.py): views valid
-        in this thread until its next read. Only where ``token_counts(field)`` is not None."""
-        raise NotImplementedError("token columns are not written yet")
+        in this thread until its next read. Only where ``token_counts(field)`` is not None
+        (else a ValueError saying why); IndexError for a chunk out of range."""
+        chunks = self.manifest.chunks
+        if type(chunk) is not int and not isinstance(chunk, np.integer):
+            raise TypeError(f"token_chunk: chunk must be an int, got {type(chunk).__name__}")
+        if not 0 <= chunk < len(chunks):
+            raise IndexError(f"token_chunk: chunk {chunk} out of range: {len(chunks)} chunks")
+        if field not in chunks[chunk].tokens:
+            raise ValueError(
+                f"token_chunk: {self.dataset_id}:{self.version} keeps no token column of field "
+                f"{field!r} (token_counts({field!r}) is None): it is no 1-D integer field of "
+                f"{list(self.schema.names)}, or the version was built before token columns; "
+                "read its documents with get_batch, or rebuild the version"
+            )
+        return self._chunks.token_chunk(int(chunk), field)
 
     # --- for the Stream and adapters ---
 
@@ -295,3 +311,7 @@ class DataRefOnDemand(DataRef):
     def read_values(self, *args: Any) -> Values:
         with self._reading():
             return super().read_values(*args)
+
+    def token_chunk(self, field: str, chunk: int) -> TokenChunk:
+        with self._reading():
+            return super().token_chunk(field, chunk)

@@ -33,13 +33,14 @@ from yogadl_plus.order.placement import Placement
 from yogadl_plus.order.settings import OrderSettings
 from yogadl_plus.recordsource import Leaf, RecordSource
 from yogadl_plus.schema import Field, Schema
+from yogadl_plus.tokenblocks import TokenBlocks
 
 __all__ = ["Mixture", "mix"]
 
 if not TYPE_CHECKING:  # its names of the last release, with a DeprecationWarning
     __getattr__ = old_names(__name__)
 
-Mixable = Union[DataRef, "Mixture"]
+Mixable = Union[DataRef, TokenBlocks, "Mixture"]
 # (Epochs are int64 in the order's arithmetic, with room for the slots of an epoch.)
 _LAST_EPOCH = 1 << 62
 
@@ -51,11 +52,11 @@ def mix(
     epoch_size: int | None = None,
     schedule: Mapping[int, Mapping[str, float] | None] | None = None,
 ) -> Mixture:
-    """One dataset made of ``sources`` (name -> DataRef or Mixture) at ``weights`` (name ->
-    number >= 0, with a positive sum; 0 leaves a source out; None: in proportion to the
-    sources' sizes), ``epoch_size`` items per epoch (None: the sum of the sources' sizes);
-    ``schedule={first_epoch: weights}`` changes the weights from those epochs on, each source
-    going on with its own sequence. See docs/mixtures.md."""
+    """One dataset made of ``sources`` (name -> DataRef, TokenBlocks or Mixture) at
+    ``weights`` (name -> number >= 0, with a positive sum; 0 leaves a source out; None: in
+    proportion to the sources' sizes), ``epoch_size`` items per epoch (None: the sum of the
+    sources' sizes); ``schedule={first_epoch: weights}`` changes the weights from those epochs
+    on, each source going on with its own sequence. See docs/mixtures.md."""
     return Mixture(sources, weights, epoch_size=epoch_size, schedule=schedule)
 
 
@@ -288,16 +289,18 @@ class Mixture(RecordSource):
 def _checked_sources(sources: Mapping[str, Mixable]) -> tuple[tuple[str, ...], tuple[Mixable, ...]]:
     if not isinstance(sources, Mapping):
         raise TypeError(
-            f"sources must be a mapping of name -> DataRef or Mixture, got {type(sources).__name__}"
+            "sources must be a mapping of name -> DataRef, TokenBlocks or Mixture, got "
+            f"{type(sources).__name__}"
         )
     if not sources:
         raise ValueError("a mixture needs at least one source")
     for name, source in sources.items():
         if not isinstance(name, str) or not name or "/" in name:
             raise ValueError(f"source names must be non-empty strs without '/', got {name!r}")
-        if not isinstance(source, (DataRef, Mixture)):
+        if not isinstance(source, (DataRef, TokenBlocks, Mixture)):
             raise TypeError(
-                f"source {name!r} must be a DataRef or a Mixture, got {type(source).__name__}"
+                f"source {name!r} must be a DataRef or a Mixture, got "
+                f"{type(source).__name__} (token blocks, ydl.token_blocks(...), mix as well)"
             )
     return tuple(sources), tuple(sources.values())
 

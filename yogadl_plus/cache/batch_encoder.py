@@ -5,6 +5,8 @@ The fixed region of every record is filled column by column in one array (a cast
 column's dtype differs, checked as a record's value would be); records with fixed fields only
 are then one buffer, cut into values as LMDB takes them (``EqualValues``). Variable fields are
 encoded value by value, their end offsets and null bits computed for the whole batch at once.
+The token fields' tokens (cache/tokencolumns.py) come from the same arrays and encoded values:
+a fixed one's are its column's array, a variable one's cut from its encoded values at once.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any, cast
 import numpy as np
 
 from yogadl_plus.cache.layout import RecordLayout
+from yogadl_plus.cache.tokencolumns import TokenBatch, is_token_field
 from yogadl_plus.cache.writer import EqualValues
 from yogadl_plus.errors import SchemaError
 from yogadl_plus.schema import Field, cast_exactly
@@ -30,15 +33,16 @@ class BatchEncoder:
 
     def encode(
         self, columns: Mapping[str, Any], rows: int, first: int
-    ) -> tuple[list[bytes] | EqualValues, dict[str, np.ndarray]]:
+    ) -> tuple[list[bytes] | EqualValues, dict[str, np.ndarray], dict[str, TokenBatch]]:
         """The bytes of ``rows`` records given as columns (field name -> an array of the rows,
         shape ``(rows, *field.shape)``, or a sequence of one value per row, None for a null),
-        records ``first`` .. on; and the whole-chunk columns (``column_fields``) as arrays.
-        SchemaError names the column, or the record and field, that is wrong."""
+        records ``first`` .. on; the whole-chunk columns (``column_fields``) as arrays; and
+        the token fields' tokens (``token_fields``). SchemaError names the column, or the
+        record and field, that is wrong."""
         layout = self.layout
         layout.check_names(columns, "the columns")
         if not rows:  # (a batch of no rows, as a Parquet file without any gives)
-            return [], {}
+            return [], {}, {}
         heads = np.zeros((rows, layout.payload_start), np.uint8)
         packed: dict[str, np.ndarray] = {}
         for f in layout.fixed:
@@ -47,22 +51,35 @@ class BatchEncoder:
             heads[:, start : start + f.nbytes] = array.reshape(rows, -1).view(np.uint8)
             packed[f.name] = array
         chunk_columns = {f.name: packed[f.name] for f in layout.column_fields}
+        tokens = {
+            f.name: TokenBatch(np.full(rows, f.shape[0], np.int64), packed[f.name].reshape(-1))
+            for f in layout.token_fields
+            if f.name in packed
+        }
         if not layout.variable and not layout.bitmap_bytes:
             if not layout.payload_start:  # (fields of no bytes at all)
-                return [b""] * rows, chunk_columns
-            return EqualValues(heads.tobytes(), layout.payload_start), chunk_columns
-        return self._with_variable(columns, heads, rows, first), chunk_columns
+                return [b""] * rows, chunk_columns, tokens
+            return EqualValues(heads.tobytes(), layout.payload_start), chunk_columns, tokens
+        return self._with_variable(columns, heads, rows, first, tokens), chunk_columns, tokens
 
     def _with_variable(
-        self, columns: Mapping[str, Any], heads: np.ndarray, rows: int, first: int
+        self,
+        columns: Mapping[str, Any],
+        heads: np.ndarray,
+        rows: int,
+        first: int,
+        tokens: dict[str, TokenBatch],
     ) -> list[bytes]:
         """Each record: its head (null bits, fixed region, then the end offsets of its
-        variable fields, filled in here) and its variable payloads."""
+        variable fields, filled in here) and its variable payloads. The variable token
+        fields' tokens go into ``tokens``."""
         layout = self.layout
         payloads = []
         for f in layout.variable:
             values, nulls = self._variable_column(f, columns[f.name], rows, first)
             payloads.append(values)
+            if is_token_field(f):
+                tokens[f.name] = TokenBatch.of_stored(f, values)
             if nulls is not None:
                 bit = layout.null_bit[f.name]
                 heads[:, bit >> 3] |= nulls.astype(np.uint8) << (bit & 7)

@@ -26,6 +26,7 @@ import numpy as np
 from yogadl_plus import codecs
 from yogadl_plus.cache.fixed import Allocate, FixedColumns, Values
 from yogadl_plus.cache.recycle import ArrayRecycler
+from yogadl_plus.cache.tokencolumns import TokenBatch, token_fields
 from yogadl_plus.errors import SchemaError
 from yogadl_plus.schema import Field, Schema
 
@@ -57,6 +58,9 @@ class RecordLayout:
         # Small scalars are also kept as whole-chunk columns, so filters and timestamp scans
         # over them need no per-record reads.
         self.column_fields = tuple(f for f in self.fixed if f.shape == ())
+        #: The fields every chunk also keeps as a token column (cache/tokencolumns.py): 1-D
+        #: integer arrays, fixed or variable in length, nullable or not.
+        self.token_fields = token_fields(schema)
         self.variable = [f for f in schema if not f.fixed]
         self.offset: dict[str, int] = {}
         position = self.bitmap_bytes
@@ -209,6 +213,13 @@ class RecordLayout:
             f"record {index}: {total} bytes encoded, over the {MAX_RECORD_BYTES} bytes one "
             f"record can hold (field bytes: {named}); {_TOO_LARGE_FIX}"
         )
+
+    def token_batches(self, values: Sequence[bytes]) -> dict[str, TokenBatch]:
+        """The tokens of each token field of the encoded records ``values``."""
+        return {
+            f.name: TokenBatch.of_stored(f, [self.field_bytes(v, f) for v in values])
+            for f in self.token_fields
+        }
 
     def field_encoder(self, name: str) -> Callable[[Any], bytes]:
         """value -> bytes of field ``name``, as ``encode`` packs it (a ValueError or

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
+from yogadl_plus.cache.tokencolumns import TokenCounts, token_fields
 from yogadl_plus.checks import check_name
 from yogadl_plus.errors import CacheCorrupted, SchemaError, unreadable
 from yogadl_plus.files import write_durably
@@ -37,8 +38,10 @@ __all__ = [
 
 # 2: every chunk has an id, stored in the chunk too (see ChunkWriter), with its counts and the
 # digest of the schema it was written with. 3: the manifest names its build, which each chunk
-# records too and which its id is made from (chunk_id). Formats 1 and 2 are still read.
-FORMAT_VERSION = 3
+# records too and which its id is made from (chunk_id). 4: every chunk keeps token columns
+# (cache/tokencolumns.py), and its entry (and identity) their token counts. Formats 1 to 3 are
+# still read, as chunks without token columns.
+FORMAT_VERSION = 4
 MANIFEST_NAME = "manifest.json"
 MAX_CHUNK_RECORDS = 2**32 - 1  # record keys are 4 bytes; the largest key is the chunk's identity
 _FORMAT_NAME = "yogadl_plus.cache"
@@ -51,6 +54,8 @@ _WRITTEN_NAME = re.compile(r"(?:p(\d+)-[0-9a-f]+-)?chunk-(\d+)\.mdb")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _CHUNK_ID = re.compile(r"[0-9a-f]{32}")  # (a build id too)
 _CHUNK_KEYS = {"file", "records", "bytes", "sha256", "columns", "id"}
+_MAX_TOKENS = 2**62
+_NO_TOKENS = TokenCounts()
 
 
 def new_build_id() -> str:
@@ -74,8 +79,8 @@ def schema_digest(schema: Schema) -> str:
 @dataclass(frozen=True)
 class ChunkInfo:
     """One LMDB chunk file: its name inside the version, records, size in bytes, sha256, the
-    fields it also holds as whole column arrays (see ChunkWriter), and its random id ("" in
-    format 1 caches)."""
+    fields it also holds as whole column arrays (see ChunkWriter), its random id ("" in
+    format 1 caches), and the tokens of each token column it keeps (format 4; none before)."""
 
     file: str
     records: int
@@ -83,9 +88,12 @@ class ChunkInfo:
     sha256: str
     columns: tuple[str, ...] = ()
     id: str = ""
+    tokens: Mapping[str, int] = _NO_TOKENS
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "columns", tuple(self.columns))
+        if type(self.tokens) is not TokenCounts:
+            object.__setattr__(self, "tokens", TokenCounts(self.tokens))
         if not isinstance(self.file, str) or not _CHUNK_FILE.fullmatch(self.file):
             raise ValueError(f"chunk file name {self.file!r} is not a plain relative name")
 
@@ -143,7 +151,7 @@ class Manifest:
         return f'{head[:-2]},\n "chunks": {chunks}\n}}'
 
     def _chunks_json(self) -> Iterator[dict[str, Any]]:
-        with_id = self.format_version >= 2
+        with_id, with_tokens = self.format_version >= 2, self.format_version >= 4
         for c in self.chunks:
             entry = {
                 "file": c.file,
@@ -154,6 +162,8 @@ class Manifest:
             }
             if with_id:
                 entry["id"] = c.id
+            if with_tokens:
+                entry["tokens"] = dict(c.tokens)
             yield entry
 
     @classmethod
@@ -264,7 +274,8 @@ class _Checker:
         if not isinstance(chunks_json, list):
             raise self.fail("chunks", "a list", chunks_json)
         columns_allowed = {f.name for f in schema if f.fixed and f.shape == ()}
-        chunks = self.chunks(chunks_json, version, columns_allowed)
+        tokens = _token_columns(schema) if version >= 4 else None
+        chunks = self.chunks(chunks_json, version, columns_allowed, tokens)
         self.in_written_order(chunks)
         for attribute in ("file", "id"):
             self.distinct(chunks, attribute)
@@ -338,11 +349,19 @@ class _Checker:
                     "or version, or the manifest edited; rebuild the version (or pull it again)"
                 )
 
-    def chunks(self, chunks_json: list[Any], version: int, allowed: set[str]) -> list[ChunkInfo]:
+    def chunks(
+        self,
+        chunks_json: list[Any],
+        version: int,
+        allowed: set[str],
+        tokens: Mapping[str, int | None] | None,
+    ) -> list[ChunkInfo]:
         """Every chunk entry, checked. A manifest may list tens of thousands of chunks, so each
         entry gets one quick test; only an entry that fails it goes through ``chunk``, which
-        names what is wrong (or accepts it after all: the quick test is never the looser)."""
-        required = _CHUNK_KEYS if version >= 2 else _CHUNK_KEYS - {"id"}
+        names what is wrong (or accepts it after all: the quick test is never the looser).
+        ``tokens``: the token columns every chunk keeps (``_token_columns``), None before
+        format 4."""
+        required = _chunk_keys(version)
         out = []
         last_columns: list[str] = []  # the last entry's columns, known to be good
         for i, c in enumerate(chunks_json):
@@ -362,10 +381,13 @@ class _Checker:
                     and _SHA256.fullmatch(sha256)
                     and (version < 2 or (type(chunk_id) is str and _CHUNK_ID.fullmatch(chunk_id)))
                     and (columns == last_columns or columns == [])
+                    and (tokens is None or _tokens_fit(c["tokens"], records, tokens))
                 ):
-                    out.append(ChunkInfo(file, records, size, sha256, tuple(columns), chunk_id))
+                    counts = TokenCounts(c["tokens"]) if tokens is not None else _NO_TOKENS
+                    info = ChunkInfo(file, records, size, sha256, tuple(columns), chunk_id, counts)
+                    out.append(info)
                     continue
-            out.append(self.chunk(c, i, version, allowed))
+            out.append(self.chunk(c, i, version, allowed, tokens))
             last_columns = c["columns"]
         return out
 
@@ -391,12 +413,19 @@ class _Checker:
                 )
             last = key
 
-    def chunk(self, c: Any, i: int, version: int, allowed: set[str]) -> ChunkInfo:
+    def chunk(
+        self,
+        c: Any,
+        i: int,
+        version: int,
+        allowed: set[str],
+        tokens: Mapping[str, int | None] | None,
+    ) -> ChunkInfo:
         name = f"chunks[{i}]"
         if not isinstance(c, dict):
             raise self.fail(name, "an object", c)
         keys = set(c)
-        required = _CHUNK_KEYS if version >= 2 else _CHUNK_KEYS - {"id"}
+        required = _chunk_keys(version)
         if keys != required:
             missing, extra = sorted(required - keys), sorted(keys - required)
             raise CacheCorrupted(
@@ -414,13 +443,69 @@ class _Checker:
         for column in columns:
             if column not in allowed:
                 raise self.fail(f"{name}.columns", "names of scalar fixed-size fields", columns)
+        records = self.integer(c["records"], f"{name}.records", 0, MAX_CHUNK_RECORDS - 1)
         return ChunkInfo(
             file=file,
-            records=self.integer(c["records"], f"{name}.records", 0, MAX_CHUNK_RECORDS - 1),
+            records=records,
             bytes=self.integer(c["bytes"], f"{name}.bytes", 1, 2**62),
             sha256=self.text(c["sha256"], f"{name}.sha256", lambda s: bool(_SHA256.fullmatch(s))),
             columns=tuple(columns),
             id=self.text(c["id"], f"{name}.id", lambda s: bool(_CHUNK_ID.fullmatch(s)))
             if version >= 2
             else "",
+            tokens=self.token_counts(c["tokens"], f"{name}.tokens", records, tokens)
+            if tokens is not None
+            else _NO_TOKENS,
         )
+
+    def token_counts(
+        self, counts: Any, name: str, records: int, expected: Mapping[str, int | None]
+    ) -> TokenCounts:
+        """A chunk's token counts: one per token field of the schema (``expected``: each
+        one's tokens per record where every record has as many), none other."""
+        if not isinstance(counts, dict):
+            raise self.fail(name, "an object of field name -> token count", counts)
+        if counts.keys() != expected.keys():
+            missing = sorted(expected.keys() - counts.keys())
+            unknown = sorted(map(str, counts.keys() - expected.keys()))
+            raise CacheCorrupted(
+                f"{self.where}: {name} names fields {sorted(counts)}; the token fields of the "
+                f"schema are {sorted(expected)}: missing {missing}, unknown {unknown}; the "
+                "manifest is damaged or was edited: rebuild the version (or pull it again)"
+            )
+        for token_field, count in counts.items():
+            where = f"{name}[{token_field!r}]"
+            self.integer(count, where, 0, _MAX_TOKENS)
+            per = expected[token_field]
+            if per is not None and count != per * records:
+                raise self.fail(where, f"{per * records} ({per} per record)", count)
+        return TokenCounts(counts)
+
+
+def _chunk_keys(version: int) -> set[str]:
+    """The fields of a chunk's entry in a manifest of format ``version``."""
+    if version >= 4:
+        return _CHUNK_KEYS | {"tokens"}
+    return _CHUNK_KEYS if version >= 2 else _CHUNK_KEYS - {"id"}
+
+
+def _token_columns(schema: Schema) -> dict[str, int | None]:
+    """The token fields of ``schema``, each with its tokens per record where every record
+    has as many (a fixed length, not nullable), else None."""
+    return {
+        f.name: None if f.nullable or f.shape[0] is None else f.shape[0]
+        for f in token_fields(schema)
+    }
+
+
+def _tokens_fit(counts: Any, records: int, expected: Mapping[str, int | None]) -> bool:
+    """The quick test of a chunk's token counts (``_Checker.token_counts`` names what fails)."""
+    if type(counts) is not dict or counts.keys() != expected.keys():
+        return False
+    for token_field, count in counts.items():
+        per = expected[token_field]
+        if type(count) is not int or not 0 <= count <= _MAX_TOKENS:
+            return False
+        if per is not None and count != per * records:
+            return False
+    return True

@@ -16,6 +16,7 @@ import os
 import threading
 import weakref
 from collections.abc import Callable
+from typing import Any
 
 import lmdb
 
@@ -29,7 +30,7 @@ from yogadl_plus.cache.integrity import (
     trusted,
     verify_and_stamp,
 )
-from yogadl_plus.cache.keys import IDENTITY_KEY, record_key
+from yogadl_plus.cache.keys import IDENTITY_KEY, TOKEN_PARTS, record_key
 from yogadl_plus.cache.manifest import MANIFEST_NAME, ChunkInfo, Manifest, schema_digest
 from yogadl_plus.cache.pagemap import ValueMap, map_values
 from yogadl_plus.cache.writer import chunk_identity
@@ -205,8 +206,8 @@ class OpenChunks:
 
     def _check_structure(self, number: int, env: lmdb.Environment) -> None:
         """The chunk holds what its manifest entry says: entry counts, and (format 2) its id,
-        counts and schema digest, and (format 3) the manifest's build, so a chunk file of
-        another build or version is refused."""
+        counts and schema digest, (format 3) the manifest's build, so a chunk file of another
+        build or version is refused, and (format 4) the tokens of its token columns."""
         info = self.chunks[number]
         where = self.where(number)
         identity = 1 if info.id else 0
@@ -216,10 +217,12 @@ class OpenChunks:
                 stored = txn.get(IDENTITY_KEY) if identity else None
         except lmdb.Error as exc:
             raise CacheCorrupted(f"chunk {where}: LMDB cannot read it ({exc}); {DAMAGED}") from None
-        if entries != info.records + len(info.columns) + identity:
+        token_parts = len(TOKEN_PARTS) * len(info.tokens)
+        if entries != info.records + len(info.columns) + identity + token_parts:
             raise CacheCorrupted(
                 f"chunk {where} holds {entries} entries, the manifest says {info.records} "
-                f"records and {len(info.columns)} columns; {DAMAGED}"
+                f"records, {len(info.columns)} columns and {len(info.tokens)} token columns; "
+                f"{DAMAGED}"
             )
         if not identity:
             return
@@ -230,7 +233,8 @@ class OpenChunks:
             found = None
         if found != want:
             raise CacheCorrupted(
-                f"chunk {where} is not the chunk the manifest names: it says it is {found}, "
+                f"chunk {where} is not the chunk the manifest names{_differing(found, want)}: "
+                f"it says it is {found}, "
                 f"{self._manifest} expects {want} (a chunk file of another build or version, or "
                 f"a manifest edited by hand); {DAMAGED}"
             )
@@ -331,3 +335,19 @@ class OpenChunks:
         self._maps = [None] * len(self.chunks)
         self._mapped = {}
         self._open_numbers = []
+
+
+def _differing(found: object, want: dict[str, Any]) -> str:
+    """What of a chunk's identity differs from its manifest entry's, as a message says it:
+    " (its token count of field 'text', its records)"; "" for an identity that is no object."""
+    if not isinstance(found, dict):
+        return ""
+    named: list[str] = []
+    for key in sorted(found.keys() | want.keys()):
+        mine, theirs = found.get(key), want.get(key)
+        if key == "tokens" and isinstance(mine, dict) and isinstance(theirs, dict):
+            fields = sorted(f for f in mine.keys() | theirs.keys() if mine.get(f) != theirs.get(f))
+            named.extend(f"its token count of field {f!r}" for f in fields)
+        elif mine != theirs:
+            named.append(f"its {key}")
+    return f" ({', '.join(named)})" if named else ""

@@ -36,9 +36,10 @@ from yogadl_plus.cache.manifest import ChunkInfo, Manifest
 from yogadl_plus.cache.opening import MAPPED_CHUNKS_KEPT, OpenChunks
 from yogadl_plus.cache.pagemap import gather_rows
 from yogadl_plus.cache.readahead import ReadAhead
+from yogadl_plus.cache.tokencolumns import TokenChunk, TokenField, read_token_chunk
 from yogadl_plus.errors import CacheCorrupted, YogaError
 
-__all__ = ["RECHECK_SECONDS", "ChunkSet"]
+__all__ = ["RECHECK_SECONDS", "ChunkSet", "ChunkTransactions"]
 
 # How often, at most, the files of open chunks are checked again for changes (a stat each).
 RECHECK_SECONDS = 0.01
@@ -53,16 +54,18 @@ _CLOSED = "closed/deleted/dropped"
 
 # LMDB handles must not be used in a child process: each child opens its own (the shared
 # table of environments forgets the parent's first, see cache/environments.py).
-_OPEN_SETS: lifecycle.Registry[ChunkSet] = lifecycle.Registry(
+_OPEN_SETS: lifecycle.Registry[ChunkTransactions] = lifecycle.Registry(
     "chunk sets", after_fork_in_child=lambda chunk_set: chunk_set._drop_handles()
 )
 
 
-class ChunkSet:
-    """The chunk files of one version, read by global record index.
+class ChunkTransactions:
+    """The LMDB handles through which a ChunkSet reads one version's chunk files: each
+    thread's long-lived read transaction per chunk (and its views of whole-chunk arrays),
+    opened on first use, each chunk checked before; the checks of open chunks' files; and the
+    letting go of them all on ``close`` and after a fork.
 
-    ``provider``: where chunks missing from ``directory`` come from (reading on demand); then
-    every read is bracketed by ``read_begins`` / ``read_ends`` (DataRefOnDemand does it).
+    ``provider``: where chunks missing from ``directory`` come from (reading on demand).
     """
 
     def __init__(
@@ -73,6 +76,7 @@ class ChunkSet:
         self.chunks: list[ChunkInfo] = list(manifest.chunks)
         self.starts = np.cumsum([0] + [c.records for c in self.chunks], dtype=np.int64)
         self.num_records = int(self.starts[-1])
+        self._token_fields = TokenField.of_schema(manifest.schema)
         # Per chunk: its descriptor, one while it is read ahead; one per value map kept.
         lifecycle.allow_open_files(2 * len(self.chunks) + min(len(self.chunks), MAPPED_CHUNKS_KEPT))
         self._opened = OpenChunks(directory, manifest)
@@ -180,6 +184,14 @@ class ChunkSet:
             self._readers.add(threading.current_thread())
         return cast(list[Any], txns)
 
+    def _thread_views(self) -> dict[tuple[Any, ...], Any]:
+        """This thread's views of whole-chunk columns, by (chunk number, ...): they go with
+        its transaction on the chunk."""
+        views = getattr(self._local, "columns", None)
+        if views is None:
+            views = self._local.columns = {}
+        return cast(dict[tuple[Any, ...], Any], views)
+
     def txn(self, number: int) -> lmdb.Transaction:
         """This thread's long-lived read transaction on chunk ``number``."""
         txns = getattr(self._local, "txns", None)
@@ -190,6 +202,15 @@ class ChunkSet:
             txn = txns[number] = self._open_env(number).begin(buffers=True)
         return txn
 
+
+class ChunkSet(ChunkTransactions):
+    """The chunk files of one version, read by global record index, and the whole-chunk
+    arrays they keep (columns, token columns).
+
+    ``provider``: where chunks missing from ``directory`` come from (reading on demand); then
+    every read is bracketed by ``read_begins`` / ``read_ends`` (DataRefOnDemand does it).
+    """
+
     def columns(self) -> frozenset[str]:
         """Fields that every chunk also holds as a whole column array."""
         # Chunks of one build hold the same columns: intersect each distinct list once.
@@ -199,9 +220,7 @@ class ChunkSet:
     def column(self, number: int, name: str, dtype: np.dtype) -> np.ndarray:
         """Chunk ``number``'s column of ``name``: a read-only view into the map, valid while
         this thread's transaction lives (so take what you need from it right away)."""
-        views = getattr(self._local, "columns", None)
-        if views is None:
-            views = self._local.columns = {}
+        views = self._thread_views()
         array = views.get((number, name))
         if array is None:
             try:
@@ -215,6 +234,30 @@ class ChunkSet:
                 )
             array = views[(number, name)] = np.frombuffer(data, dtype)
         return array
+
+    def token_chunk(self, number: int, field: str) -> TokenChunk:
+        """Chunk ``number``'s token column of ``field`` (a token field its manifest entry
+        counts): read-only views into the map, valid while this thread's transaction lives,
+        checked against the manifest's counts (``read_token_chunk``)."""
+        self.check_files()
+        views = self._thread_views()
+        found = views.get((number, "tokens", field))
+        if found is None:
+            try:
+                info = self.chunks[number]
+                found = views[(number, "tokens", field)] = read_token_chunk(
+                    self.txn(number).get,
+                    self._token_fields[field],
+                    field,
+                    info.records,
+                    info.tokens[field],
+                )
+            except lmdb.Error as exc:
+                raise self._failed(number, exc, f"the token column of {field!r}") from None
+            except CacheCorrupted as exc:
+                where = self._opened.where(number)
+                raise CacheCorrupted(f"chunk {where}: {exc}; {DAMAGED}") from None
+        return cast(TokenChunk, found)
 
     def gather(self, name: str, dtype: np.dtype, indices: np.ndarray) -> np.ndarray:
         """Column ``name`` at global record ``indices``, without reading the records."""

@@ -115,16 +115,20 @@ def write_blocks(
         chunks.append(on_chunk(info) if on_chunk is not None else info)
 
     digest, build = schema_digest(schema), build_of(folder)
-    writing = ChunkWriter(folder, chunk_bytes, prefix, on_close=closed, schema=digest, build=build)
+    positions = {f.name: schema.names.index(f.name) for f in layout.token_fields}
+    writing = ChunkWriter(
+        folder, chunk_bytes, prefix, on_close=closed, schema=digest, build=build, tokens=positions
+    )
     with writing as writer:
         for block, rows in blocks:
             encoded: list[bytes] | EqualValues
             if isinstance(block, list):  # records
                 encoded = [layout.encode(r, written + j) for j, r in enumerate(block)]
                 columns = layout.decode_columns(encoded, layout.column_fields)
+                tokens = layout.token_batches(encoded)
             else:  # a batch of columns, encoded a column at a time
-                encoded, columns = batches.encode(block, rows, written)
-            writer.add_many(encoded, columns)
+                encoded, columns, tokens = batches.encode(block, rows, written)
+            writer.add_many(encoded, columns, tokens)
             written += rows
             if on_block is not None:
                 on_block(rows)

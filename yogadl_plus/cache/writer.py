@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
@@ -16,8 +17,9 @@ import lmdb
 import numpy as np
 
 from yogadl_plus.cache.integrity import stamp
-from yogadl_plus.cache.keys import IDENTITY_KEY, KEY_BYTES, column_key, record_keys
+from yogadl_plus.cache.keys import IDENTITY_KEY, KEY_BYTES, column_key, record_keys, token_key
 from yogadl_plus.cache.manifest import MAX_CHUNK_RECORDS, ChunkInfo, chunk_id, new_build_id
+from yogadl_plus.cache.tokencolumns import TokenBatch
 from yogadl_plus.errors import CacheCorrupted, unwritable
 from yogadl_plus.files import file_sha256
 
@@ -36,6 +38,8 @@ _KEY = struct.Struct(">I")  # a record's key (keys.record_key), packed one at a 
 assert _KEY.size == KEY_BYTES
 # (key, value) pairs for one putmulti, made when the transaction runs (again, if it is retried).
 Items = Callable[[], Iterable[tuple[bytes, bytes]]]
+# The bytes a record adds to each token column besides its tokens: its ``ends`` and ``eos_ends``.
+_TOKEN_RECORD_BYTES = 16
 
 
 @dataclass(frozen=True)
@@ -65,7 +69,8 @@ def chunk_identity(info: ChunkInfo, schema: str, build: str) -> dict[str, Any]:
     """What a chunk says of itself under IDENTITY_KEY (JSON): the id, name (as written) and
     counts its manifest must give it, the digest of the schema its records were encoded with,
     and the build that wrote it (cache format 3: ``build`` is the manifest's; "" before, when
-    chunks did not record it)."""
+    chunks did not record it), and the tokens of its token columns (format 4, where the
+    schema has token fields)."""
     identity = {
         "id": info.id,
         "file": os.path.basename(info.file),
@@ -75,6 +80,8 @@ def chunk_identity(info: ChunkInfo, schema: str, build: str) -> dict[str, Any]:
     }
     if build:
         identity["build"] = build
+    if info.tokens:
+        identity["tokens"] = dict(info.tokens)
     return identity
 
 
@@ -88,7 +95,9 @@ class ChunkWriter:
     it is complete (a build task hands it on while writing the next). ``schema`` is the digest
     of the schema the values were encoded with, ``build`` the id of the build the chunks are
     part of (None: a build of this writer's own); each chunk records both with its identity,
-    and its id is made from the build's (``chunk_id``). A write that fails (a full disk) is a
+    and its id is made from the build's (``chunk_id``). ``tokens`` names the token fields
+    (cache/tokencolumns.py), each with its position in the schema: every chunk keeps a token
+    column of each, made of what ``add_many`` is given. A write that fails (a full disk) is a
     StorageError naming the chunk and the free space.
     """
 
@@ -100,6 +109,7 @@ class ChunkWriter:
         on_close: Callable[[ChunkInfo], object] | None = None,
         schema: str = "",
         build: str | None = None,
+        tokens: Mapping[str, int] | None = None,
     ) -> None:
         if chunk_bytes <= 0:
             raise ValueError(f"chunk_bytes must be > 0, got {chunk_bytes}")
@@ -118,6 +128,8 @@ class ChunkWriter:
         self._chunk_bytes = 0
         self._map_size = 0
         self._columns: dict[str, list[np.ndarray]] = {}
+        self.token_positions = dict(tokens or {})
+        self._tokens: dict[str, list[TokenBatch]] = {name: [] for name in self.token_positions}
 
     def __enter__(self) -> ChunkWriter:
         return self
@@ -135,16 +147,34 @@ class ChunkWriter:
         return sum(c.records for c in self.chunks) + self._chunk_records
 
     def add_many(
-        self, values: Sequence[bytes] | EqualValues, columns: Mapping[str, np.ndarray] | None = None
+        self,
+        values: Sequence[bytes] | EqualValues,
+        columns: Mapping[str, np.ndarray] | None = None,
+        tokens: Mapping[str, TokenBatch] | None = None,
     ) -> None:
         """Append records in order. ``columns`` are per-record arrays of some fields (one
-        element per value) that each chunk also stores whole, under its column key."""
-        # Bytes taken by the values so far (each with its key), for filling chunks by size.
+        element per value) that each chunk also stores whole, under its column key; ``tokens``
+        the records' tokens of each token field the writer was made with."""
+        tokens = tokens or {}
+        if not len(values):  # (a batch of no rows: nothing to slice)
+            return
+        if tokens.keys() != self.token_positions.keys():
+            raise ValueError(
+                f"add_many: got tokens of {sorted(tokens)}, the writer keeps token columns of "
+                f"{sorted(self.token_positions)}"
+            )
+        # Bytes taken by the values so far (each with its key and its token columns' share),
+        # for filling chunks by size.
         count = len(values)
         if isinstance(values, EqualValues):
-            ends = np.arange(1, count + 1, dtype=np.int64) * (values.width + KEY_BYTES)
+            sizes = np.full(count, values.width + KEY_BYTES, np.int64)
         else:
-            ends = np.cumsum(np.fromiter(map(len, values), np.int64, count) + KEY_BYTES)
+            sizes = np.fromiter(map(len, values), np.int64, count) + KEY_BYTES
+        offsets = {}
+        for name, batch in tokens.items():
+            sizes += batch.lengths * batch.tokens.itemsize + _TOKEN_RECORD_BYTES
+            offsets[name] = np.concatenate([[0], np.cumsum(batch.lengths)])
+        ends = np.cumsum(sizes)
         start = 0
         while start < count:
             if self._env is None:
@@ -161,6 +191,8 @@ class ChunkWriter:
             )
             for name, column in (columns or {}).items():
                 self._columns.setdefault(name, []).append(column[start:stop])
+            for name, batch in tokens.items():
+                self._tokens[name].append(batch.cut(offsets[name], start, stop))
             self._chunk_records += stop - start
             self._chunk_bytes += taken
             self._pending_bytes += taken
@@ -208,6 +240,25 @@ class ChunkWriter:
         self._chunk_records = 0
         self._chunk_bytes = 0
 
+    def _token_columns(self) -> tuple[list[tuple[bytes, bytes]], dict[str, int]]:
+        """The current chunk's token columns as (key, value) pairs in key order, and the
+        tokens of each; their pieces are let go of."""
+        items: list[tuple[bytes, bytes]] = []
+        counts = {}
+        for name, position in self.token_positions.items():
+            pieces = self._tokens[name]
+            lengths = np.concatenate([piece.lengths for piece in pieces])
+            ends = np.cumsum(lengths, dtype="<i8")  # (as every stored number, little-endian)
+            parts = {
+                "tokens": np.concatenate([piece.tokens for piece in pieces]),
+                "ends": ends,
+                "eos_ends": ends + np.arange(1, len(ends) + 1, dtype="<i8"),
+            }
+            items.extend((token_key(position, part), a.tobytes()) for part, a in parts.items())
+            counts[name] = len(parts["tokens"])
+            self._tokens[name] = []
+        return sorted(items), counts
+
     def _commit(self) -> None:
         assert self._env is not None
         while True:
@@ -232,13 +283,17 @@ class ChunkWriter:
         path = self._path(len(self.chunks))
         names = sorted(self._columns)  # column keys sort after the identity key, by name
         name = os.path.basename(path)
-        info = ChunkInfo(name, self._chunk_records, 0, "", tuple(names), chunk_id(self.build, name))
+        token_items, counts = self._token_columns()
+        info = ChunkInfo(
+            name, self._chunk_records, 0, "", tuple(names), chunk_id(self.build, name), counts
+        )
         identity = json.dumps(chunk_identity(info, self.schema, self.build)).encode()
         last = [(IDENTITY_KEY, identity)]
         for name in names:
             data = np.concatenate(self._columns[name]).tobytes()
             last.append((column_key(name), data))
-            self._pending_bytes += len(data)
+        last.extend(token_items)
+        self._pending_bytes += sum(len(data) for _, data in last)
         self._pending.append(functools.partial(list, last))
         self._columns = {}
         self._commit()
@@ -253,15 +308,14 @@ class ChunkWriter:
         entries = self._env.stat()["entries"]
         self._env.close()
         self._env = None
-        if entries != self._chunk_records + len(names) + 1:
+        if entries != self._chunk_records + len(names) + 1 + len(token_items):
             raise CacheCorrupted(
-                f"{path}: wrote {self._chunk_records} records, {len(names)} columns and its "
-                f"identity but the chunk holds {entries} entries"
+                f"{path}: wrote {self._chunk_records} records, {len(names)} columns, "
+                f"{len(token_items)} parts of token columns and its identity but the chunk "
+                f"holds {entries} entries"
             )
         state = stamp(path, sha256)  # we wrote it: later readers need not hash it again
-        self.chunks.append(
-            ChunkInfo(info.file, info.records, state.size, sha256, info.columns, info.id)
-        )
+        self.chunks.append(dataclasses.replace(info, bytes=state.size, sha256=sha256))
         self._chunk_records = 0
         self._chunk_bytes = 0
         if self.on_close is not None:
