@@ -22,6 +22,11 @@
 #              on Debian 12, `apt-get install libavdevice59 libavfilter8` (FFmpeg 5.1).
 #   dali       NVIDIA DALI's CUDA 12 wheel from PyPI (2.4.0); it imports and runs CPU pipelines
 #              (device_id=None) on a machine without a GPU, which is all bench_images uses.
+#   megatron   megatron-core 0.16.1 (newest beside torch 2.13.0+cpu) for bench_tokens' index
+#              build: its wheel ships the compiled index helper (megatron/core/datasets/
+#              helpers_cpp), so nothing is built on first use; pybind11 is there for a source
+#              build (`make -C .../megatron/core/datasets`) where a wheel lacks it. It imports
+#              without Transformer Engine or Apex (warnings only); GPTDataset runs on the CPU.
 #   ffcv       FFCV 1.0.2 (sdist only) builds a C extension against OpenCV and libjpeg-turbo
 #              found through pkg-config: without `apt-get install libopencv-dev
 #              libturbojpeg0-dev pkg-config` pip stops at "Could not find required package:
@@ -42,7 +47,8 @@ new_venv() {  # new_venv NAME: true when NAME still has to be built (a fresh ven
   "$PYTHON" -m venv "$DIR/$1"
 }
 
-# IMAGE_PEERS_ONLY=1 builds only the venvs bench_images uses (images, spdl, dali, ffcv).
+# IMAGE_PEERS_ONLY=1 builds only the venvs bench_images uses (images, spdl, dali, ffcv) and
+# megatron (bench_tokens).
 if [ -z "${IMAGE_PEERS_ONLY:-}" ]; then
 if new_venv yogadl; then
   "$DIR/yogadl/bin/pip" install -q tensorflow-cpu==2.21.0 yogadl==0.1.4
@@ -87,12 +93,13 @@ try_venv() {
 try_venv images "$TORCH" ";" "$TORCH" pillow numpy webdataset litdata boto3 obstore
 try_venv spdl spdl numpy pillow
 try_venv dali nvidia-dali-cuda120 numpy pillow
+try_venv megatron "$TORCH" ";" "$TORCH" megatron-core==0.16.1 pybind11 numpy
 try_venv ffcv "$TORCH" ";" "$TORCH" "numpy<2" ffcv opencv-python-headless numba pillow
 
 echo "yogadl:    $DIR/yogadl/bin/python"
 echo "petastorm: $DIR/petastorm/bin/python"
 echo "peers:     $DIR/peers/bin/python   (grain, array_record, lance, litdata, torch)"
-for name in images spdl dali ffcv; do
+for name in images spdl dali megatron ffcv; do
   if [ -e "$DIR/$name.failed" ]; then echo "$name: FAILED ($DIR/$name.failed)"
   else echo "$name: $DIR/$name/bin/python"; fi
 done
