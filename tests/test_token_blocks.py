@@ -179,9 +179,15 @@ class Columns:
             part = [np.zeros(0, np.int32) if d is None else d for d in docs[a:b]]
             ends = np.cumsum([len(d) for d in part], dtype=np.int64)
             self.chunks.append(
-                [np.concatenate([np.zeros(0, np.int32), *part]), ends, ends + np.arange(1, len(part) + 1)]
+                [
+                    np.concatenate([np.zeros(0, np.int32), *part]),
+                    ends,
+                    ends + np.arange(1, len(part) + 1),
+                ]
             )
-        flat = [int(e[-1]) if len(e) else 0 for _, *ends in self.chunks for e in ends[eos : eos + 1]]
+        flat = [
+            int(e[-1]) if len(e) else 0 for _, *ends in self.chunks for e in ends[eos : eos + 1]
+        ]
         self.cum = np.concatenate([[0], np.cumsum(flat)]).astype(np.int64)
         self.reads = 0
         self._last: list[np.ndarray] = []
@@ -246,7 +252,9 @@ def test_cut_blocks_whatever_the_chunks_and_the_order(
         np.testing.assert_array_equal(views.position, expected.position[batch])
         np.testing.assert_array_equal(views.segment, expected.segment[batch])
         assert (rows[:, :8] == 5).all()
-        plain = cut_blocks(batch * length, length, columns.cum, columns.read, np.dtype(np.int32), eos)
+        plain = cut_blocks(
+            batch * length, length, columns.cum, columns.read, np.dtype(np.int32), eos
+        )
         np.testing.assert_array_equal(plain.tokens, expected.tokens[batch])
         assert plain.position is None and plain.segment is None
 

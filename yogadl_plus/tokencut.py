@@ -10,13 +10,15 @@ each chunk (``cum[c]``; ``cum[-1]`` is the total). So a block is found by arithm
   may span several chunks, even many tiny ones, and empty chunks give no piece);
 - each piece is one slice of its chunk's tokens; with ``eos``, the end-of-document tokens that
   fall inside it are put in between, found by a binary search in the chunk's ``eos_ends``;
-- positions and segments come from the documents starting inside each piece, again by binary
-  search, then a running maximum (positions) and a running count (segments) over the batch.
+- positions and segments come from where the documents end inside each piece (the same
+  search): the batch is cut into runs at each document start, and each run's positions and
+  segment are one ``np.repeat`` over the runs.
 
 Every step works on arrays the size of the batch (its pieces, its blocks, its tokens): nothing
-loops over documents in Python. ``read(c)`` gives chunk ``c``'s column; its views may die at
-the next read, so each chunk is done with before the next one is asked for, and only copies
-outlive it.
+loops over documents in Python, and the loops over pieces only slice. ``read(c)`` gives chunk
+``c``'s column; its views may die at the next read, so the pieces are taken chunk by chunk
+(each chunk read once), and only copies outlive a chunk: each chunk a batch touches costs a
+read and a binary search (bench/bench_token_cut.py measures it all against Megatron's floor).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from yogadl_plus.cache.tokencolumns import TokenChunk, TokenRange
+from yogadl_plus.cache.tokencolumns import TokenChunk
 
 __all__ = ["Cut", "Pieces", "ReadChunk", "block_documents", "cut_blocks", "pieces"]
 
@@ -253,7 +255,8 @@ class _Batch:
         token and at each document start; positions count up along a run from its first
         token's (0 at a document start, else where its piece begins in its document),
         segments count the runs of a block after its first."""
-        cut, length = self.cut, self.length
+        cut, length, firsts = self.cut, self.length, self.firsts
+        assert firsts is not None  # (made for marks)
         blocks = len(position)
         at = cut.row * length + cut.column
         # A document starts where the one before it ends; one that starts at a block's end
@@ -268,14 +271,12 @@ class _Batch:
             np.not_equal(runs[1:], runs[:-1], out=fresh[1:])
             runs = runs[fresh]
         base = np.zeros(len(runs), np.int64)
-        base[runs.searchsorted(at)] = self.firsts
+        base[runs.searchsorted(at)] = firsts
         sizes = _gaps(runs, blocks * length)
         shift = np.repeat(runs % length - base, sizes).reshape(blocks, length)
         np.subtract(np.arange(length, dtype=np.int64), shift, out=position)
         first_run = runs.searchsorted(np.arange(0, blocks * length, length, dtype=np.int64))
-        counted = np.arange(len(runs), dtype=np.int32) - first_run[runs // length].astype(
-            np.int32
-        )
+        counted = np.arange(len(runs), dtype=np.int32) - first_run[runs // length].astype(np.int32)
         segment[...] = np.repeat(counted, sizes).reshape(blocks, length)
 
     @staticmethod
