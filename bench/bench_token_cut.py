@@ -6,7 +6,9 @@ a version without token columns.
    1-127 int32 tokens, blocks of 2049, a shuffled epoch in batches of 16; with and without
    eos, one chunk and 64, with and without segments. Ratios are memmap time / cut time (1.0:
    as fast as the floor), same run, best of 3.
-2. The scanned index of a version without token columns (every document's length read once
+2. The same through a version (``token_blocks(ref)``): ``get_batch`` and a shuffled
+   ``stream`` of batches, built in one chunk and in about 100, against the same floor.
+3. The scanned index of a version without token columns (every document's length read once
    through ``get_batch``), in seconds per million documents.
 
 Run: ``python -m bench.bench_token_cut [--documents N]``.
@@ -106,6 +108,48 @@ def _cut(
         cut_blocks(starts, LENGTH, cum, columns.__getitem__, np.dtype(np.int32), eos, segments)
 
 
+def through_a_version(documents: int) -> None:
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(1, 128, documents)
+    tokens = rng.integers(0, 50000, int(lengths.sum())).astype(np.int32)
+    schema = ydl.Schema([ydl.Field("tokens", np.int32, (None,))])
+    folder = tempfile.mkdtemp()
+    for chunks in (1, 100):
+        records = ({"tokens": d} for d in np.split(tokens, np.cumsum(lengths)[:-1]))
+        settings = {} if chunks == 1 else {"chunk_bytes": tokens.nbytes * 13 // 10 // chunks}
+        storage = ydl.LocalStorage(os.path.join(folder, str(chunks)))
+        ref = ydl.cache_dataset(
+            records, "toks", "v", storage, schema=schema, progress=False, **settings
+        )
+        for eos, segments in ((False, False), (True, False), (True, True)):
+            flat = _flat(lengths, tokens, eos)
+            path = os.path.join(folder, f"flat{int(eos)}.bin")
+            flat.tofile(path)
+            memmap = np.memmap(path, np.int32, "r")
+            blocks = ydl.token_blocks(
+                ref, length=LENGTH, eos=EOS if eos else None, segments=segments
+            )
+            order = np.random.default_rng(1).permutation(len(blocks))
+            floor = _best(lambda: _gather(memmap, order))  # noqa: B023
+            batch = _best(lambda: _get_batches(blocks, order))  # noqa: B023
+            stream = _best(lambda: _stream(blocks))  # noqa: B023
+            print(
+                f"version chunks={len(ref.chunk_records):3} eos={eos!s:5} segments={segments!s:5}  "
+                f"memmap {floor * 1e3:6.1f} ms  get_batch {batch * 1e3:6.1f} ms "
+                f"({floor / batch:.2f}x)  stream {stream * 1e3:6.1f} ms ({floor / stream:.2f}x)"
+            )
+
+
+def _get_batches(blocks: ydl.TokenBlocks, order: np.ndarray) -> None:
+    for s in range(0, len(order), BATCH):
+        blocks.get_batch(order[s : s + BATCH])
+
+
+def _stream(blocks: ydl.TokenBlocks) -> None:
+    for _ in blocks.stream(shuffle=True, shuffle_seed=0, batch_size=BATCH, drop_last=True):
+        pass
+
+
 class _NoTokenColumns(DataRef):
     def token_counts(self, field: str) -> np.ndarray | None:
         return None
@@ -143,6 +187,7 @@ def main() -> None:
     parser.add_argument("--scanned", type=int, default=200_000)
     args = parser.parse_args()
     cut_against_memmap(args.documents)
+    through_a_version(args.documents)
     scanned_index(args.scanned)
 
 

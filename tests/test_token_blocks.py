@@ -22,7 +22,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import yogadl_plus as ydl
+from yogadl_plus.cache.tokencolumns import TokenChunk
 from yogadl_plus.dataref import DataRef
+from yogadl_plus.tokencut import Cut, cut_blocks
 
 PROPERTY = settings(
     max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
@@ -164,6 +166,97 @@ def test_blocks_equal_the_reference(
         assert [tuple(r) for r in blocks.documents(i).tolist()] == expected.documents(i)
     streamed = list(blocks.stream())
     assert rows(streamed) == [tuple(r) for r in expected.tokens.tolist()]
+
+
+class Columns:
+    """``docs`` as in-memory token columns, ``splits`` documents per chunk (empty chunks too),
+    read as a version's are: each read's arrays are garbage after the next read, so a cut
+    that kept a view past it gives wrong blocks."""
+
+    def __init__(self, docs: list[np.ndarray | None], splits: list[int], eos: bool) -> None:
+        self.chunks: list[list[np.ndarray]] = []
+        for a, b in itertools.pairwise([0, *splits, len(docs)]):
+            part = [np.zeros(0, np.int32) if d is None else d for d in docs[a:b]]
+            ends = np.cumsum([len(d) for d in part], dtype=np.int64)
+            self.chunks.append(
+                [
+                    np.concatenate([np.zeros(0, np.int32), *part]),
+                    ends,
+                    ends + np.arange(1, len(part) + 1),
+                ]
+            )
+        flat = [
+            int(e[-1]) if len(e) else 0 for _, *ends in self.chunks for e in ends[eos : eos + 1]
+        ]
+        self.cum = np.concatenate([[0], np.cumsum(flat)]).astype(np.int64)
+        self.reads = 0
+        self._last: list[np.ndarray] = []
+
+    def read(self, chunk: int) -> TokenChunk:
+        for array in self._last:
+            array[...] = -7
+        self.reads += 1
+        self._last = [part.copy() for part in self.chunks[chunk]]
+        return TokenChunk(*self._last)
+
+    def inside(self, starts: np.ndarray, length: int) -> np.ndarray:
+        """Which blocks from ``starts`` lie inside one chunk."""
+        chunk = np.searchsorted(self.cum, starts, "right") - 1
+        return starts + length <= self.cum[chunk + 1]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    docs=documents(),
+    length=st.integers(1, 45),
+    eos=st.sampled_from([None, EOS]),
+    data=st.data(),
+)
+def test_cut_blocks_whatever_the_chunks_and_the_order(
+    docs: list[np.ndarray | None], length: int, eos: int | None, data: st.DataObject
+) -> None:
+    """Blocks inside one chunk, blocks inside one chunk each across many, blocks across
+    many tiny chunks; in order, shuffled, repeated; into fresh arrays or into views of wider
+    rows (a stream's): the reference every way."""
+    splits = sorted(data.draw(st.lists(st.integers(0, len(docs)), max_size=12)))
+    columns = Columns(docs, splits, eos is not None)
+    expected = Reference(docs, length, eos)
+    if not expected.n:
+        return
+    picked = np.array(data.draw(st.lists(st.integers(0, expected.n - 1), min_size=1, max_size=24)))
+    inside = picked[columns.inside(picked * length, length)]
+    for batch in (picked, inside, np.sort(picked)):
+        if not len(batch):
+            continue
+        touched = len(np.unique(np.searchsorted(columns.cum, batch * length, "right")))
+        columns.reads = 0
+        cut = cut_blocks(
+            batch * length, length, columns.cum, columns.read, np.dtype(np.int32), eos, True
+        )
+        np.testing.assert_array_equal(cut.tokens, expected.tokens[batch])
+        np.testing.assert_array_equal(cut.position, expected.position[batch])
+        np.testing.assert_array_equal(cut.segment, expected.segment[batch])
+        if batch is inside:  # (a chunk read once however its blocks are ordered)
+            assert columns.reads == touched
+        # Into views of rows laid out as a stream's: tokens, then position, then segment.
+        rows = np.full((len(batch), 16 * length + 8), 5, np.uint8)
+        views = Cut(
+            rows[:, 8 : 8 + 4 * length].view(np.int32),
+            rows[:, 8 + 4 * length : 8 + 12 * length].view(np.int64),
+            rows[:, 8 + 12 * length :].view(np.int32),
+        )
+        cut_blocks(
+            batch * length, length, columns.cum, columns.read, np.dtype(np.int32), eos, True, views
+        )
+        np.testing.assert_array_equal(views.tokens, expected.tokens[batch])
+        np.testing.assert_array_equal(views.position, expected.position[batch])
+        np.testing.assert_array_equal(views.segment, expected.segment[batch])
+        assert (rows[:, :8] == 5).all()
+        plain = cut_blocks(
+            batch * length, length, columns.cum, columns.read, np.dtype(np.int32), eos
+        )
+        np.testing.assert_array_equal(plain.tokens, expected.tokens[batch])
+        assert plain.position is None and plain.segment is None
 
 
 @pytest.mark.parametrize("how", READS)

@@ -10,13 +10,15 @@ each chunk (``cum[c]``; ``cum[-1]`` is the total). So a block is found by arithm
   may span several chunks, even many tiny ones, and empty chunks give no piece);
 - each piece is one slice of its chunk's tokens; with ``eos``, the end-of-document tokens that
   fall inside it are put in between, found by a binary search in the chunk's ``eos_ends``;
-- positions and segments come from the documents starting inside each piece, again by binary
-  search, then a running maximum (positions) and a running count (segments) over the batch.
+- positions and segments come from where the documents end inside each piece (the same
+  search): the batch is cut into runs at each document start, and each run's positions and
+  segment are one ``np.repeat`` over the runs.
 
 Every step works on arrays the size of the batch (its pieces, its blocks, its tokens): nothing
-loops over documents in Python. ``read(c)`` gives chunk ``c``'s column; its views may die at
-the next read, so each chunk is done with before the next one is asked for, and only copies
-outlive it.
+loops over documents in Python, and the loops over pieces only slice. ``read(c)`` gives chunk
+``c``'s column; its views may die at the next read, so the pieces are taken chunk by chunk
+(each chunk read once), and only copies outlive a chunk: each chunk a batch touches costs a
+read and a binary search (bench/bench_token_cut.py measures it all against Megatron's floor).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from yogadl_plus.cache.tokencolumns import TokenChunk, TokenRange
+from yogadl_plus.cache.tokencolumns import TokenChunk
 
 __all__ = ["Cut", "Pieces", "ReadChunk", "block_documents", "cut_blocks", "pieces"]
 
@@ -58,17 +60,32 @@ class Cut(NamedTuple):
     position: np.ndarray | None
     segment: np.ndarray | None
 
+    @classmethod
+    def empty(cls, blocks: int, length: int, dtype: np.dtype, segments: bool) -> Cut:
+        """Arrays for ``blocks`` blocks of ``length`` tokens, not yet filled."""
+        if not segments:
+            return cls(np.empty((blocks, length), dtype), None, None)
+        # One allocation for the three (each contiguous, the int64 first: aligned): fewer,
+        # larger allocations keep the allocator's pages from being returned and taken again
+        # batch after batch.
+        size = blocks * length
+        whole = np.empty(size * (8 + 4 + dtype.itemsize), np.uint8)
+        position = whole[: 8 * size].view(np.int64).reshape(blocks, length)
+        segment = whole[8 * size : 12 * size].view(np.int32).reshape(blocks, length)
+        tokens = whole[12 * size :].view(dtype).reshape(blocks, length)
+        return cls(tokens, position, segment)
+
 
 def pieces(starts: np.ndarray, length: int, cum: np.ndarray) -> Pieces:
     """The flat ranges ``[starts[b], starts[b] + length)`` cut at the chunk boundaries ``cum``
     (int64, one more than the chunks: the flat tokens before each chunk, then the total)."""
     starts = np.asarray(starts, dtype=np.int64)
     stops = starts + length
-    first = np.searchsorted(cum, starts, "right") - 1
-    last = np.searchsorted(cum, stops, "left") - 1
-    if np.array_equal(first, last):  # (the usual case: every block inside one chunk)
+    first = cum.searchsorted(starts, "right") - 1
+    if (stops <= cum[first + 1]).all():  # (the usual case: every block inside one chunk)
         lo = starts - cum[first]
         return Pieces(np.arange(len(starts)), first, lo, lo + length, np.zeros_like(lo))
+    last = cum.searchsorted(stops, "left") - 1
     row, chunk = _spread(first, last - first + 1)
     base = cum[chunk]
     lo = np.maximum(starts[row], base)
@@ -86,38 +103,23 @@ def cut_blocks(
     dtype: np.dtype,
     eos: int | None = None,
     segments: bool = False,
+    out: Cut | None = None,
 ) -> Cut:
     """The blocks of ``length`` flat tokens beginning at ``starts`` (any order, repeats
     allowed; each block within ``cum[-1]``), read chunk by chunk through ``read``: one call per
-    chunk the batch touches."""
-    cut = pieces(starts, length, cum)
-    n = len(starts)
-    tokens = np.empty((n, length), dtype)
-    flat = tokens.reshape(-1)
-    # The pieces by chunk (each chunk's a run of them), each knowing its place in the batch.
-    k, runs = _by_chunk(cut.chunk)
-    at, lo, hi, chunks = cut.row * length + cut.column, cut.lo, cut.hi, cut.chunk
-    if len(runs) > 1:
-        at, lo, hi, chunks = at[k], lo[k], hi[k], chunks[k]
-    marks = _Marks(n, length) if segments else None
-    packed = _Packed(len(k), dtype) if eos is not None else None
-    for g, (a, b) in enumerate(runs):
-        chunk = read(int(chunks[a]))
-        if packed is None:
-            ends = chunk.ends
-            _copy_pieces(flat, chunk.tokens, at[a:b], lo[a:b], hi[a:b])
-        else:
-            ends = chunk.eos_ends
-            # (Views die at the next read: copied where another chunk follows.)
-            packed.add(chunk, k[a:b], at[a:b], lo[a:b], hi[a:b], copy=g < len(runs) - 1)
-        if marks is not None:
-            marks.add(ends, at[a:b], lo[a:b], hi[a:b])
-    if packed is not None:
-        assert eos is not None
-        packed.fill(flat, eos)
-    if marks is None:
-        return Cut(tokens, None, None)
-    return Cut(tokens, *marks.result())
+    chunk the batch touches. Written into ``out`` where given (arrays of ``Cut.empty``'s shapes
+    and dtypes, each row contiguous: they may be views into wider rows)."""
+    into = out if out is not None else Cut.empty(len(starts), length, dtype, segments)
+    if not len(starts):
+        return into
+    batch = _Batch(pieces(starts, length, cum), length, eos is not None, segments)
+    for number, a, b in batch.groups:
+        batch.add(read(number), a, b, into.tokens)
+    if eos is not None:
+        batch.fill(into.tokens, eos)
+    if into.position is not None and into.segment is not None:
+        batch.mark(into.position, into.segment)
+    return into
 
 
 def block_documents(
@@ -161,109 +163,126 @@ def _spread(first: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarr
     return owner, np.arange(len(owner), dtype=np.int64) + (first - offsets)[owner]
 
 
-def _by_chunk(chunks: np.ndarray) -> tuple[np.ndarray, list[tuple[int, int]]]:
-    """An order of the pieces that puts each chunk's together, and the runs ``[a, b)`` of
-    that order, one per chunk the pieces touch."""
-    if np.all(chunks == chunks[0]):  # (pieces is never empty: a batch has a block)
-        return np.arange(len(chunks)), [(0, len(chunks))]
-    order = np.argsort(chunks, kind="stable")
-    bounds = [0, *(np.flatnonzero(np.diff(chunks[order])) + 1).tolist(), len(chunks)]
-    return order, list(itertools.pairwise(bounds))
+def _by_chunk(chunks: list[int]) -> tuple[np.ndarray | None, list[tuple[int, int, int]]]:
+    """An order of the pieces that puts each chunk's together (None: theirs already does),
+    and the runs of that order, one per chunk the pieces touch: (chunk, a, b)."""
+    order = None
+    if any(a > b for a, b in itertools.pairwise(chunks)):
+        order = np.argsort(chunks, kind="stable")
+        chunks = [chunks[k] for k in order.tolist()]
+    if chunks[0] == chunks[-1]:  # (the usual case when chunks are large: one chunk)
+        return order, [(chunks[0], 0, len(chunks))]
+    starts = [k for k in range(len(chunks)) if k == 0 or chunks[k] != chunks[k - 1]]
+    return order, [(chunks[a], a, b) for a, b in itertools.pairwise([*starts, len(chunks)])]
 
 
-def _copy_pieces(
-    flat: np.ndarray, tokens: TokenRange, at: np.ndarray, lo: np.ndarray, hi: np.ndarray
-) -> None:
-    """Without eos a piece is a run of its chunk's tokens: one slice copy each."""
-    for where, a, b in zip(at.tolist(), lo.tolist(), hi.tolist()):
-        flat[where : where + b - a] = tokens[a:b]
+class _Batch:
+    """A batch's pieces, read one chunk at a time (views of a chunk die at the next read: all
+    that is kept of it is copied), then put together by a few vectorized steps over the whole
+    batch: no step loops over documents in Python, and the loops over pieces only slice.
 
+    The pieces are taken in an order that puts each chunk's together (``order``; None where
+    theirs does); ``fill`` lays their tokens end to end in that order, which is the batch's
+    own where ``order`` is None."""
 
-class _Packed:
-    """With eos: the pieces' tokens (in output order) and where the eos tokens go between
-    them, put together in one vectorized fill once every chunk is read."""
+    def __init__(self, cut: Pieces, length: int, eos: bool, marks: bool) -> None:
+        chunks = cut.chunk.tolist()
+        order, self.groups = _by_chunk(chunks)
+        self.cut = cut if order is None else Pieces(*(part[order] for part in cut))
+        self.order, self.length, self.eos = order, length, eos
+        self.searched = eos or marks  # (without either, a piece is one slice of tokens)
+        self.done = np.empty((len(chunks), 2), np.int64)  # documents ended by lo, by hi
+        self.firsts = np.empty(len(chunks), np.int64) if marks else None
+        self.texts: list[np.ndarray] = []
+        self.ends: list[np.ndarray] = []
+        self._rows, self._columns = self.cut.row.tolist(), self.cut.column.tolist()
+        self._bounds = np.empty((len(chunks), 2), np.int64)
+        self._bounds[:, 0], self._bounds[:, 1] = self.cut.lo, self.cut.hi
+        self._lo_hi = self._bounds.tolist()
 
-    def __init__(self, pieces: int, dtype: np.dtype) -> None:
-        self.slices: list[np.ndarray] = [np.empty(0, dtype)] * pieces
-        self.eos_at: list[np.ndarray] = []
-
-    def add(
-        self,
-        chunk: TokenChunk,
-        ks: np.ndarray,
-        at: np.ndarray,
-        lo: np.ndarray,
-        hi: np.ndarray,
-        copy: bool,
-    ) -> None:
-        """Pieces ``ks`` of one chunk: flat ``[lo, hi)`` of it, to ``at`` in the batch."""
-        ends = chunk.eos_ends
-        # Before flat position p of the chunk lie p - k tokens, k the documents ended by then.
-        done_lo = np.searchsorted(ends, lo, "right")
-        done_hi = np.searchsorted(ends, hi, "right")
-        first, stop = (lo - done_lo).tolist(), (hi - done_hi).tolist()
-        for k, a, b in zip(ks.tolist(), first, stop):
-            piece = np.asarray(chunk.tokens[a:b])
-            self.slices[k] = piece.copy() if copy else piece
-        # The eos of each document ending inside a piece: the last flat token of it.
-        owner, doc = _spread(done_lo, done_hi - done_lo)
-        self.eos_at.append(at[owner] + ends[doc] - 1 - lo[owner])
-
-    def fill(self, flat: np.ndarray, eos: int) -> None:
-        """The batch: eos tokens where they go, the pieces' tokens everywhere else."""
-        at = np.concatenate(self.eos_at) if self.eos_at else np.zeros(0, np.int64)
-        if not len(at):
-            flat[:] = np.concatenate(self.slices)
+    def add(self, chunk: TokenChunk, a: int, b: int, tokens: np.ndarray) -> None:
+        """Pieces ``[a, b)`` (of this order), all of ``chunk``: without eos their tokens go
+        straight to ``tokens`` (the batch's); with eos they are kept (one copy) for ``fill``;
+        and where the chunk's documents end inside them, for ``fill`` and ``mark``."""
+        lo_hi, source = self._lo_hi[a:b], chunk.tokens
+        if not self.eos:
+            for row, column, (lo, hi) in zip(self._rows[a:b], self._columns[a:b], lo_hi):
+                tokens[row, column : column + hi - lo] = source[lo:hi]
+        if not self.searched:
             return
-        rest = np.ones(len(flat), bool)
+        ends = chunk.eos_ends if self.eos else chunk.ends
+        # The ends in (lo, hi] are those of the documents ending inside the piece.
+        found = ends.searchsorted(self._bounds[a:b], "right")
+        self.done[a:b] = found
+        done = found.tolist()
+        if self.eos:
+            # Before flat position p of the chunk lie p - k tokens, k the documents ended by
+            # then: the tokens of flat [lo, hi) are one slice.
+            pieces = [source[lo - d : hi - e] for (lo, hi), (d, e) in zip(lo_hi, done)]
+            self.texts.append(np.concatenate(pieces))
+        self.ends.append(np.concatenate([ends[d:e] for d, e in done]))
+        if self.firsts is not None:
+            # How far into its document each piece begins.
+            begins = [int(ends[d - 1]) if d else 0 for d, _ in done]
+            self.firsts[a:b] = [lo - begin for (lo, _), begin in zip(lo_hi, begins)]
+
+    def fill(self, tokens: np.ndarray, eos: int) -> None:
+        """With eos: every piece's tokens where they go in ``tokens`` (B, L), ``eos`` after
+        each document's last token."""
+        cut = self.cut
+        size = cut.hi - cut.lo
+        # The eos of a document ending inside a piece: the flat token before its end.
+        before = np.cumsum(size) - size - cut.lo - 1
+        at = np.repeat(before, self.done[:, 1] - self.done[:, 0]) + self._all(self.ends)
+        rest = np.ones(tokens.size, bool)
         rest[at] = False
-        flat[rest] = np.concatenate(self.slices)
-        flat[at] = eos
+        packed = tokens if self.order is None else np.empty_like(tokens)
+        packed[...] = eos
+        packed[rest.reshape(tokens.shape)] = self._all(self.texts)
+        if self.order is None:  # (the pieces' order is the batch's: filled in place)
+            return
+        if len(size) == len(tokens):  # (each piece a whole block)
+            tokens[cut.row] = packed
+            return
+        flat = packed.reshape(-1)
+        for row, column, (lo, hi), at_ in zip(
+            self._rows, self._columns, self._lo_hi, (before + cut.lo + 1).tolist()
+        ):
+            tokens[row, column : column + hi - lo] = flat[at_ : at_ + hi - lo]
 
+    def mark(self, position: np.ndarray, segment: np.ndarray) -> None:
+        """``position`` and ``segment`` (B, L): the batch cut into runs at each piece's first
+        token and at each document start; positions count up along a run from its first
+        token's (0 at a document start, else where its piece begins in its document),
+        segments count the runs of a block after its first."""
+        cut, length, firsts = self.cut, self.length, self.firsts
+        assert firsts is not None  # (made for marks)
+        blocks = len(position)
+        at = cut.row * length + cut.column
+        # A document starts where the one before it ends; one that starts at a block's end
+        # is the next block's first token (position 0 there: no run of this block).
+        starts = np.repeat(at - cut.lo, self.done[:, 1] - self.done[:, 0]) + self._all(self.ends)
+        runs = np.concatenate([at, starts[starts % length != 0]])
+        runs.sort()
+        if not self.eos or len(at) > blocks:
+            # Empty documents (without eos) start alike, as does a chunk's first with the
+            # piece that begins there.
+            fresh = np.ones(len(runs), bool)
+            np.not_equal(runs[1:], runs[:-1], out=fresh[1:])
+            runs = runs[fresh]
+        base = np.zeros(len(runs), np.int64)
+        base[runs.searchsorted(at)] = firsts
+        sizes = _gaps(runs, blocks * length)
+        shift = np.repeat(runs % length - base, sizes).reshape(blocks, length)
+        np.subtract(np.arange(length, dtype=np.int64), shift, out=position)
+        first_run = runs.searchsorted(np.arange(0, blocks * length, length, dtype=np.int64))
+        counted = np.arange(len(runs), dtype=np.int32) - first_run[runs // length].astype(np.int32)
+        segment[...] = np.repeat(counted, sizes).reshape(blocks, length)
 
-class _Marks:
-    """Where documents start in a batch of blocks (flat, in the batch): what positions and
-    segments are made of."""
-
-    def __init__(self, n: int, length: int) -> None:
-        self.n, self.length = n, length
-        self.starts: list[np.ndarray] = [np.arange(n, dtype=np.int64) * length]
-        self.begins: list[np.ndarray] = []
-
-    def add(self, ends: np.ndarray, at: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> None:
-        """The pieces of one chunk whose documents end at ``ends`` (flat, in the chunk): a
-        document starts at 0 and at every end, so at those in ``[lo, hi)`` of each piece
-        (which lies in the batch from ``at``). Where a piece begins, its first token's
-        position is how far into its document it lies."""
-        inside_lo = np.searchsorted(ends, lo, "left")
-        owner, doc = _spread(inside_lo, np.searchsorted(ends, hi, "left") - inside_lo)
-        self.starts.append(at[owner] + ends[doc] - lo[owner])
-        self.starts.append(at[lo == 0])
-        done = np.searchsorted(ends, lo, "right")
-        self.begins.append(np.stack([at, lo - np.where(done > 0, ends[done - 1], 0)]))
-
-    def result(self) -> tuple[np.ndarray, np.ndarray]:
-        """(position int64 (B, L), segment int32 (B, L)): the batch cut into runs at each
-        block's first token and at each document start; positions count up along a run from
-        its first token's, segments count the runs of a block after its first."""
-        n, length = self.n, self.length
-        starts = np.sort(np.concatenate(self.starts))
-        fresh = np.ones(len(starts), bool)  # (empty documents, without eos, start alike)
-        np.not_equal(starts[1:], starts[:-1], out=fresh[1:])
-        starts = starts[fresh]
-        sizes = _gaps(starts, n * length)
-        # A run's first token is at position 0 where a document starts there, else (only at a
-        # block's first token) where that block's first piece says.
-        base = np.zeros(len(starts), np.int64)
-        at, position = np.concatenate(self.begins, axis=1)
-        base[np.searchsorted(starts, at)] = position
-        positions = np.arange(n * length, dtype=np.int64) - np.repeat(starts - base, sizes)
-        first_run = np.searchsorted(starts, self.starts[0])
-        counted = np.arange(len(starts), dtype=np.int32) - np.repeat(
-            first_run.astype(np.int32), _gaps(first_run, len(starts))
-        )
-        segment = np.repeat(counted, sizes)
-        return positions.reshape(n, length), segment.reshape(n, length)
+    @staticmethod
+    def _all(parts: list[np.ndarray]) -> np.ndarray:
+        """``parts`` (one per chunk read) end to end."""
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
 
 def _gaps(ascending: np.ndarray, end: int) -> np.ndarray:
