@@ -47,7 +47,7 @@ from yogadl_plus.order.placement import Placement
 from yogadl_plus.order.settings import OrderSettings
 from yogadl_plus.recordsource import Leaf, RecordSource
 from yogadl_plus.schema import Field, Schema
-from yogadl_plus.tokencut import Cut, block_documents, cut_blocks
+from yogadl_plus.tokencut import Cut, block_documents, cut_blocks, pieces
 
 __all__ = ["TokenBlocks", "token_blocks"]
 
@@ -261,12 +261,13 @@ class TokenBlocks(RecordSource):
         return {name: column[0] for name, column in batch.items()}
 
     def read_ahead(self, indices: np.ndarray) -> None:
-        """The blocks at ``indices`` will be read soon: the first document of the chunk each
-        begins in is announced to the DataRef (a version read on demand fetches the chunk in
-        the background)."""
+        """The blocks at ``indices`` will be read soon: the first document of every chunk
+        they take tokens from is announced to the DataRef, in the order they are read (a
+        version read on demand fetches those chunks in the background; a block may span many
+        small chunks)."""
         index = self.index
-        chunk = np.searchsorted(index.cum, np.asarray(indices, np.int64) * self.length, "right")
-        self.ref.read_ahead(np.minimum(index.documents[chunk - 1], len(self.ref) - 1))
+        spanned = pieces(np.asarray(indices, np.int64) * self.length, self.length, index.cum)
+        self.ref.read_ahead(index.documents[spanned.chunk])
 
     @property
     def record_bytes(self) -> float:

@@ -1,0 +1,122 @@
+"""Token blocks and token columns as a demanding user and a hostile environment meet them:
+corner-case data (no documents, empty ones, dtypes from uint8 to uint64, nulls, fixed
+shapes, compressed fields), damaged storage, versions of an earlier release, buckets read on
+demand through a small local cache, stream states loaded into other blocks, the framework
+faces, and many threads at once; each checked against a plain numpy reference."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import pickle
+import subprocess
+import sys
+import threading
+import uuid
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from helpers.damage import chunk_path, flip_byte
+
+import yogadl_plus as ydl
+from yogadl_plus.dataref import DataRef, DataRefOnDemand
+
+_built = itertools.count()
+
+
+def flat_blocks(docs: list[Any], length: int, eos: int | None, dtype: Any) -> np.ndarray:
+    """The reference: every document then eos, end to end, cut into rows of ``length``."""
+    flat: list[int] = []
+    for doc in docs:
+        flat += [] if doc is None else [int(t) for t in doc]
+        flat += [] if eos is None else [int(eos)]
+    n = len(flat) // length
+    return np.array(flat[: n * length], dtype=dtype).reshape(n, length)
+
+
+def build(
+    storage: ydl.Storage,
+    docs: list[Any],
+    dtype: Any = np.int32,
+    shape: tuple[int | None, ...] = (None,),
+    *,
+    field: str = "tokens",
+    chunk_bytes: int = 300,
+    **options: Any,
+) -> DataRef:
+    """A version of ``docs`` as field ``field`` (None: a null), in small chunks."""
+    nullable = any(d is None for d in docs)
+    schema = ydl.Schema(
+        [ydl.Field(field, dtype, shape, nullable=nullable, **options), ydl.Field("k", np.int64)]
+    )
+    records = [{field: d, "k": np.int64(i)} for i, d in enumerate(docs)]
+    return ydl.cache_dataset(
+        records, "d", f"v{next(_built)}", storage, schema=schema, progress=False,
+        chunk_bytes=chunk_bytes,
+    )  # fmt: skip
+
+
+def random_docs(seed: int, n: int, dtype: Any = np.int32, most: int = 30) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    info = np.iinfo(dtype)
+    return [
+        rng.integers(info.min, info.max, int(rng.integers(0, most)), dtype=dtype, endpoint=True)
+        for _ in range(n)
+    ]
+
+
+def all_blocks(blocks: ydl.TokenBlocks) -> dict[str, np.ndarray]:
+    return blocks.get_batch(np.arange(len(blocks)))
+
+
+# --- buckets: pulled, and read on demand through a local cache smaller than the version ---
+
+
+@pytest.mark.servers
+def test_blocks_read_on_demand_through_a_small_cache_are_the_built_ones(s3_server, tmp_path):
+    from helpers.remote_helpers import make_storage, spec_for
+
+    spec = spec_for("s3", s3_server, s3_server.make_bucket(), prefix=uuid.uuid4().hex[:12])
+    docs = random_docs(11, 300, np.uint16, most=40)
+    built = build(make_storage(spec, tmp_path / "builder"), docs, np.uint16, chunk_bytes=400)
+    chunks = built.manifest.chunks
+    assert len(chunks) >= 12
+    want = flat_blocks(docs, 50, 7, np.uint16)
+    limit = 3 * max(c.bytes for c in chunks)
+    machine = make_storage(spec, tmp_path / "machine", local_cache_limit=limit)
+    on_demand = machine.fetch("d", built.version, on_demand=True)
+    assert isinstance(on_demand, DataRefOnDemand)
+    blocks = ydl.token_blocks(on_demand, length=50, eos=7, segments=True)
+    # Read ahead of a block: the chunk it begins in comes to local disk.
+    last = len(blocks) - 1
+    blocks.read_ahead(np.array([last]))
+    blocks.get_batch([last])
+    # A shuffled epoch in batches whose blocks span chunks: each the reference's.
+    stream = blocks.stream(shuffle=True, shuffle_seed=4, batch_size=6, num_workers=2)
+    lineage = stream.lineage(len(stream))
+    got = list(stream)
+    assert len(got) == len(lineage) and sum(len(ids) for ids in lineage) == len(want)
+    for ids, batch in zip(lineage, got):
+        np.testing.assert_array_equal(batch["tokens"], want[np.asarray(ids).reshape(-1)])
+    pulled = make_storage(spec, tmp_path / "pulled").fetch("d", built.version)
+    np.testing.assert_array_equal(all_blocks(ydl.token_blocks(pulled, length=50, eos=7))["tokens"], want)
+
+
+def test_read_ahead_of_blocks_announces_every_chunk_they_span(tmp_path):
+    docs = [np.arange(n, dtype=np.int32) for n in [3, 40, 0, 5, 60, 2, 2, 2, 80]]
+    ref = build(ydl.LocalStorage(tmp_path), docs, chunk_bytes=120)
+    blocks = ydl.token_blocks(ref, length=37, eos=1)
+    cum = blocks.index.cum
+    starts = np.concatenate([[0], np.cumsum(ref.chunk_records)])
+    for i in range(len(blocks)):
+        announced: list[np.ndarray] = []
+        ref.read_ahead = announced.append  # type: ignore[method-assign]
+        blocks.read_ahead(np.array([i]))
+        chunks = set(np.searchsorted(starts, np.concatenate(announced), "right") - 1)
+        first = int(np.searchsorted(cum, i * 37, "right")) - 1
+        last = int(np.searchsorted(cum, (i + 1) * 37, "left")) - 1
+        spanned = {c for c in range(first, last + 1) if cum[c + 1] > cum[c]}
+        assert chunks == spanned, i
