@@ -120,3 +120,84 @@ def test_read_ahead_of_blocks_announces_every_chunk_they_span(tmp_path):
         last = int(np.searchsorted(cum, (i + 1) * 37, "left")) - 1
         spanned = {c for c in range(first, last + 1) if cum[c + 1] > cum[c]}
         assert chunks == spanned, i
+
+
+# --- stream states: loaded only where they mean the same blocks ---
+
+
+@pytest.fixture(scope="module")
+def two_fields(tmp_path_factory: pytest.TempPathFactory) -> DataRef:
+    """120 documents with two token fields ("tokens", "other") and a str, in small chunks."""
+    rng = np.random.default_rng(0)
+    schema = ydl.Schema(
+        [
+            ydl.Field("tokens", np.int32, (None,)),
+            ydl.Field("other", np.int32, (None,)),
+            ydl.Field("text", str),
+        ]
+    )
+    records = [
+        {
+            "tokens": rng.integers(0, 100, rng.integers(0, 30)).astype(np.int32),
+            "other": rng.integers(0, 100, rng.integers(0, 30)).astype(np.int32),
+            "text": f"doc {i}",
+        }
+        for i in range(120)
+    ]
+    storage = ydl.LocalStorage(tmp_path_factory.mktemp("two"))
+    return ydl.cache_dataset(
+        records, "two", "v", storage, schema=schema, progress=False, chunk_bytes=500
+    )
+
+
+@pytest.mark.parametrize(
+    "changed, named",
+    [
+        (dict(length=9), r"token_blocks\(two:v, tokens, 9, eos=3\)"),
+        (dict(eos=4), r"token_blocks\(two:v, tokens, 8, eos=4\)"),
+        (dict(eos=None), r"this stream 'token_blocks\(two:v, tokens, 8\)'"),
+        (dict(segments=True), r"token_blocks\(two:v, tokens, 8, eos=3, segments=True\)"),
+        (dict(field="other"), r"token_blocks\(two:v, other, 8, eos=3\)"),
+    ],
+)
+def test_a_state_loads_only_into_blocks_made_alike_naming_what_differs(
+    two_fields: DataRef, changed: dict[str, Any], named: str
+) -> None:
+    made: dict[str, Any] = dict(field="tokens", length=8, eos=3, segments=False)
+    args: dict[str, Any] = dict(shuffle=True, shuffle_seed=1, batch_size=4)
+    stream = ydl.token_blocks(two_fields, **made).stream(**args)
+    list(itertools.islice(iter(stream), 5))
+    state = json.loads(json.dumps(stream.state().to_dict()))
+    other = ydl.token_blocks(two_fields, **{**made, **changed}).stream(**args)
+    with pytest.raises(ValueError, match=named):
+        other.load_state(state)
+
+
+def test_a_versions_state_and_a_blocks_state_do_not_cross(two_fields: DataRef) -> None:
+    blocks = ydl.token_blocks(two_fields, length=8, eos=3)
+    for saver, loader in [(two_fields, blocks), (blocks, two_fields)]:
+        stream = saver.stream(shuffle=True, batch_size=4)
+        next(iter(stream))
+        state = json.loads(json.dumps(stream.state().to_dict()))
+        with pytest.raises(ValueError, match="saved from a different stream"):
+            loader.stream(shuffle=True, batch_size=4).load_state(state)
+
+
+def test_the_lineage_command_refuses_a_blocks_state_in_a_sentence(
+    two_fields: DataRef, tmp_path: Path
+) -> None:
+    blocks = ydl.token_blocks(two_fields, length=8, eos=3)
+    root = str(Path(two_fields.directory).parent.parent)
+    for source in (blocks, ydl.mix({"a": blocks, "b": ydl.token_blocks(two_fields, "other", 8)})):
+        stream = source.stream(batch_size=2)
+        next(iter(stream))
+        saved = tmp_path / "state.json"
+        saved.write_text(json.dumps(stream.state().to_dict()))
+        done = subprocess.run(
+            [sys.executable, "-m", "yogadl_plus", "lineage", "two", "v", "--state", str(saved),
+             "--storage", root],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert done.returncode == 2 and "Traceback" not in done.stderr
+        assert "over token blocks" in done.stderr or "over a mixture" in done.stderr
+        assert "ask stream.lineage()" in done.stderr

@@ -292,13 +292,18 @@ class TokenBlocks(RecordSource):
         return (Leaf((), self),)
 
     def identity(self) -> tuple[str, str]:
-        """``"token_blocks(dataset:version, field, length)"``, and a digest of the DataRef's
-        build and every setting that decides what a block holds."""
+        """``"token_blocks(dataset:version, field, length, eos=..., segments=True)"`` (eos and
+        segments where given), and a digest of the DataRef's build and every setting that
+        decides what a block holds. The name says every setting, so a stream state loaded into
+        blocks made otherwise is refused naming the one that differs."""
         name, build = self.ref.identity()
         digest = hashlib.sha256(
             f"{build}\0{self.field}\0{self.length}\0{self.eos}\0{self.segments}".encode()
         )
-        return f"token_blocks({name}, {self.field}, {self.length})", digest.hexdigest()[:32]
+        eos = f", eos={self.eos}" if self.eos is not None else ""
+        segments = ", segments=True" if self.segments else ""
+        named = f"token_blocks({name}, {self.field}, {self.length}{eos}{segments})"
+        return named, digest.hexdigest()[:32]
 
     def place(self, epoch: int, positions: np.ndarray, shuffle: bool, seed: int) -> Placement:
         """Position ``i`` reads block ``i``, in every epoch."""
