@@ -76,6 +76,7 @@ def all_blocks(blocks: ydl.TokenBlocks) -> dict[str, np.ndarray]:
 
 
 @pytest.mark.servers
+@pytest.mark.filterwarnings("ignore::yogadl_plus.CacheLimitWarning")
 def test_blocks_read_on_demand_through_a_small_cache_are_the_built_ones(s3_server, tmp_path):
     from helpers.remote_helpers import make_storage, spec_for
 
@@ -201,3 +202,104 @@ def test_the_lineage_command_refuses_a_blocks_state_in_a_sentence(
         assert done.returncode == 2 and "Traceback" not in done.stderr
         assert "over token blocks" in done.stderr or "over a mixture" in done.stderr
         assert "ask stream.lineage()" in done.stderr
+
+
+# --- data at the edges, as numpy says ---
+
+
+@pytest.mark.parametrize(
+    "dtype, eos",
+    [
+        (np.uint8, 255),
+        (np.uint16, np.uint16(65535)),
+        (np.int64, -(2**63)),
+        (np.uint64, 2**64 - 1),
+        (np.uint64, np.uint64(2**63 + 5)),
+        (np.int8, np.int64(-128)),
+    ],
+)
+def test_every_integer_dtype_and_its_extreme_eos(tmp_path, dtype: Any, eos: Any) -> None:
+    docs = random_docs(1, 30, dtype)
+    ref = build(ydl.LocalStorage(tmp_path), docs, dtype)
+    for blocks in (ydl.token_blocks(ref, length=5, eos=eos), ydl.token_blocks(ref, length=5)):
+        got = all_blocks(blocks)["tokens"]
+        assert got.dtype == np.dtype(dtype)
+        np.testing.assert_array_equal(got, flat_blocks(docs, 5, blocks.eos, dtype))
+    info = np.iinfo(dtype)
+    for bad in (int(info.min) - 1, int(info.max) + 1):
+        with pytest.raises(ValueError, match=f"eos={bad} does not fit"):
+            ydl.token_blocks(ref, eos=bad)
+    for bad in (True, np.bool_(False), 3.0):
+        with pytest.raises(TypeError, match="eos must be None or an int"):
+            ydl.token_blocks(ref, eos=bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "shape, options, nulls",
+    [
+        ((None,), {}, True),
+        ((4,), {}, False),
+        ((4,), {}, True),
+        ((None,), {"codec": ydl.codecs.Compressed()}, True),
+        ((6,), {"codec": ydl.codecs.Compressed()}, False),
+    ],
+)
+def test_nulls_fixed_shapes_and_compressed_fields_under_another_name(
+    tmp_path, shape: tuple[int | None, ...], options: dict[str, Any], nulls: bool
+) -> None:
+    rng = np.random.default_rng(2)
+    size = shape[0]
+    docs: list[Any] = [
+        rng.integers(0, 9000, size if size is not None else int(rng.integers(0, 20)), np.int32)
+        for _ in range(40)
+    ]
+    if nulls:
+        docs[3] = docs[4] = docs[30] = None
+    ref = build(ydl.LocalStorage(tmp_path), docs, np.int32, shape, field="ids", **options)
+    assert ref.token_counts("ids") is not None
+    for eos in (None, 9):
+        blocks = ydl.token_blocks(ref, "ids", length=7, eos=eos, segments=True)
+        got = all_blocks(blocks)
+        assert set(got) == {"tokens", "position", "segment"}
+        np.testing.assert_array_equal(got["tokens"], flat_blocks(docs, 7, eos, np.int32))
+
+
+def test_no_documents_empty_documents_and_blocks_longer_than_the_corpus(tmp_path) -> None:
+    storage = ydl.LocalStorage(tmp_path)
+    none = ydl.token_blocks(build(storage, [], chunk_bytes=64), length=4, eos=3)
+    empty_ref = build(storage, [np.zeros(0, np.int32)] * 50, chunk_bytes=64)
+    assert len(empty_ref.manifest.chunks) > 5
+    text = build(storage, random_docs(3, 20), chunk_bytes=64)
+    zero_blocks = [
+        none,
+        ydl.token_blocks(empty_ref, length=1, segments=True),
+        ydl.token_blocks(text, length=10**6, eos=1, segments=True),
+    ]
+    for blocks in zero_blocks:
+        assert len(blocks) == 0 and list(blocks.stream(shuffle=True, batch_size=2)) == []
+        batch = blocks.get_batch([])
+        assert batch["tokens"].shape == (0, blocks.length)
+        with pytest.raises(IndexError):
+            blocks.documents(0)
+    four = ydl.token_blocks(text, length=4)
+    with pytest.raises(ValueError, match="source 'a' has no records, yet weight 1"):
+        ydl.mix({"a": zero_blocks[2], "b": four}, {"a": 1, "b": 1})
+    assert len(list(ydl.mix({"a": zero_blocks[2], "b": four}).stream())) == len(four)
+    # All empty, with eos: a block of eos tokens, each its own document.
+    eos_only = ydl.token_blocks(empty_ref, length=3, eos=7, segments=True)
+    assert len(eos_only) == 16
+    np.testing.assert_array_equal(eos_only[0]["tokens"], [7, 7, 7])
+    np.testing.assert_array_equal(eos_only[0]["segment"], [0, 1, 2])
+    assert eos_only.documents(1).tolist() == [[3, 0, 1], [4, 0, 1], [5, 0, 1]]
+    # One document longer than many blocks, in blocks of one token.
+    long = build(storage, [np.arange(500, dtype=np.int32)], chunk_bytes=64)
+    ones = ydl.token_blocks(long, length=1, eos=-1, segments=True)
+    assert len(ones) == 501 and ones[-1]["tokens"].tolist() == [-1]
+    assert ones[-1]["position"].tolist() == [500]
+    assert ones.documents(250).tolist() == [[0, 250, 251]]
+
+
+def test_a_length_too_long_for_a_block_is_a_value_error_naming_it(tmp_path) -> None:
+    ref = build(ydl.LocalStorage(tmp_path), random_docs(0, 3), np.int32)
+    with pytest.raises(ValueError, match=r"length=2000000000 .* 8,000,000,000 bytes"):
+        ydl.token_blocks(ref, length=2_000_000_000)

@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from yogadl_plus.cache.fixed import Allocate
-from yogadl_plus.cache.layout import RecordLayout
+from yogadl_plus.cache.layout import MAX_RECORD_BYTES, RecordLayout
 from yogadl_plus.cache.tokencolumns import TokenChunk
 from yogadl_plus.checks import check_index, check_indices, check_selection
 from yogadl_plus.dataref import DataRef
@@ -127,7 +127,7 @@ class TokenBlocks(RecordSource):
                 Field("segment", np.int32, (self.length,)),
             ]
         self._schema = Schema(made)
-        self._layout = RecordLayout(self._schema)
+        self._layout = _block_layout(self._schema, self.length)
         self._index: _Index | None = None
         self._lock = threading.Lock()
 
@@ -473,6 +473,19 @@ def _checked_length(length: object) -> int:
     if length < 1:
         raise ValueError(f"length must be at least 1 token per block, got {length}")
     return int(length)
+
+
+def _block_layout(schema: Schema, length: int) -> RecordLayout:
+    """How a block's row is laid out; ValueError naming ``length`` where one block would be
+    more bytes than a row can hold."""
+    try:
+        return RecordLayout(schema)
+    except SchemaError:
+        size = sum(f.nbytes for f in schema)
+        raise ValueError(
+            f"length={length} makes a block of {size:,} bytes ({', '.join(schema.names)}), "
+            f"over the {MAX_RECORD_BYTES:,} one block can hold: choose a shorter length"
+        ) from None
 
 
 def _checked_eos(eos: object, dtype: np.dtype) -> int | None:
