@@ -103,7 +103,8 @@ def test_blocks_read_on_demand_through_a_small_cache_are_the_built_ones(s3_serve
     for ids, batch in zip(lineage, got):
         np.testing.assert_array_equal(batch["tokens"], want[np.asarray(ids).reshape(-1)])
     pulled = make_storage(spec, tmp_path / "pulled").fetch("d", built.version)
-    np.testing.assert_array_equal(all_blocks(ydl.token_blocks(pulled, length=50, eos=7))["tokens"], want)
+    pulled_blocks = ydl.token_blocks(pulled, length=50, eos=7)
+    np.testing.assert_array_equal(all_blocks(pulled_blocks)["tokens"], want)
 
 
 def test_read_ahead_of_blocks_announces_every_chunk_they_span(tmp_path):
@@ -303,3 +304,155 @@ def test_a_length_too_long_for_a_block_is_a_value_error_naming_it(tmp_path) -> N
     ref = build(ydl.LocalStorage(tmp_path), random_docs(0, 3), np.int32)
     with pytest.raises(ValueError, match=r"length=2000000000 .* 8,000,000,000 bytes"):
         ydl.token_blocks(ref, length=2_000_000_000)
+
+
+# --- damaged storage, and versions an earlier release built ---
+
+
+@pytest.mark.parametrize("part", ["tokens", "ends", "eos_ends"])
+def test_a_flipped_byte_in_a_token_column_is_refused_through_token_blocks(
+    tmp_path, part: str
+) -> None:
+    storage = ydl.LocalStorage(tmp_path)
+    ref = build(storage, random_docs(1, 40, most=300), chunk_bytes=8000)
+    assert len(ref.manifest.chunks) >= 3
+    blocks = ydl.token_blocks(ref, length=64, eos=1)
+    want = all_blocks(blocks)["tokens"]  # (each chunk verified and stamped)
+    column = ref.token_chunk("tokens", 1)
+    needle = np.asarray(getattr(column, part)[:]).tobytes()
+    path = chunk_path(ref, 1)
+    ref.close()
+    del column
+    flip_byte(path, path.read_bytes().find(needle) + len(needle) // 2)
+    cum = blocks.index.cum
+    inside = [i for i in range(len(blocks)) if cum[1] <= i * 64 < cum[2]]
+    assert inside and cum[1] >= 64  # (block 0 lies in chunk 0)
+    for read in (
+        lambda b: b.get_batch(inside),
+        lambda b: list(b.stream(shuffle=True, batch_size=5)),
+        lambda b: b.documents(inside[0]),
+    ):
+        again = ydl.token_blocks(storage.fetch("d", ref.version), length=64, eos=1)
+        np.testing.assert_array_equal(again[0]["tokens"], want[0])  # (chunk 0 is fine)
+        with pytest.raises(ydl.CacheCorrupted, match=r"chunk-00001\.mdb .* sha256"):
+            read(again)
+
+
+OLD_RELEASE = r"""
+import sys, numpy as np, yogadl_plus as ydl
+rng = np.random.default_rng(3)
+docs = [rng.integers(0, 60000, int(rng.integers(0, 40))).astype(np.uint16) for _ in range(80)]
+docs[7] = None
+schema = ydl.Schema([ydl.Field("ids", np.uint16, (None,), nullable=True)])
+ydl.cache_dataset([{"ids": d} for d in docs], "old", sys.argv[2], ydl.LocalStorage(sys.argv[1]),
+                  schema=schema, progress=False, chunk_bytes=300)
+"""
+
+
+@pytest.mark.skipif(not Path("/work/base/yogadl_plus").is_dir(), reason="no earlier release")
+def test_a_version_an_earlier_release_built_gives_the_same_blocks(tmp_path) -> None:
+    """A version written by the release before token columns (scanned) and one written now
+    (token columns): the same blocks, documents and shuffled stream."""
+    here = os.environ.get("PYTHONPATH", "")
+    for version, path in (("before", "/work/base"), ("now", here)):
+        subprocess.run(
+            [sys.executable, "-c", OLD_RELEASE, str(tmp_path), version],
+            env={**os.environ, "PYTHONPATH": path}, cwd=tmp_path, check=True, timeout=120,
+        )  # fmt: skip
+    storage = ydl.LocalStorage(tmp_path)
+    before, now = storage.fetch("old", "before"), storage.fetch("old", "now")
+    assert before.token_counts("ids") is None and now.token_counts("ids") is not None
+    for eos, segments in [(None, False), (65535, True)]:
+        made: dict[str, Any] = dict(eos=eos, segments=segments)
+        old, new = (ydl.token_blocks(r, "ids", 7, **made) for r in [before, now])
+        assert len(old) == len(new) > 100
+        for key, value in all_blocks(old).items():
+            np.testing.assert_array_equal(value, all_blocks(new)[key])
+        for i in (0, len(old) // 2, len(old) - 1):
+            np.testing.assert_array_equal(old.documents(i), new.documents(i))
+        args: dict[str, Any] = dict(shuffle=True, shuffle_seed=3, batch_size=5)
+        for a, b in zip(old.stream(**args), new.stream(**args)):
+            np.testing.assert_array_equal(a["tokens"], b["tokens"])
+
+
+# --- concurrency, faces, pickling ---
+
+
+@pytest.mark.parametrize("eos", [None, 5])
+def test_get_batch_from_four_threads_at_once_equals_the_reference(tmp_path, eos) -> None:
+    docs = random_docs(8, 300, np.uint16, most=25)
+    ref = build(ydl.LocalStorage(tmp_path), docs, np.uint16, chunk_bytes=200)
+    assert len(ref.manifest.chunks) > 30
+    blocks = ydl.token_blocks(ref, length=11, eos=eos, segments=True)
+    want = flat_blocks(docs, 11, eos, np.uint16)
+    wrong: list[int] = []
+
+    def read(seed: int) -> None:
+        rng = np.random.default_rng(seed)
+        for _ in range(40):
+            picked = rng.integers(0, len(blocks), int(rng.integers(1, 30)))
+            if not np.array_equal(blocks.get_batch(picked)["tokens"], want[picked]):
+                wrong.append(seed)
+            blocks.documents(int(picked[0]))
+
+    threads = [threading.Thread(target=read, args=(seed,)) for seed in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert not any(t.is_alive() for t in threads) and wrong == []
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_the_torch_face_gives_blocks_as_tensors_and_resumes_exactly(tmp_path, workers) -> None:
+    torch = pytest.importorskip("torch")
+    import yogadl_plus.torch
+
+    docs = random_docs(5, 80, np.int64, most=20)
+    ref = build(ydl.LocalStorage(tmp_path), docs, np.int64, chunk_bytes=500)
+    blocks = ydl.token_blocks(ref, length=16, eos=0, segments=True)
+
+    def loader() -> Any:
+        stream = blocks.stream(batch_size=4, shuffle=True, shuffle_seed=1)
+        return yogadl_plus.torch.make_dataloader(stream, num_workers=workers)
+
+    first = loader()
+    epoch = iter(first)
+    head = [next(epoch) for _ in range(3)]
+    assert {k: (v.dtype, tuple(v.shape)) for k, v in head[0].items()} == {
+        "tokens": (torch.int64, (4, 16)),
+        "position": (torch.int64, (4, 16)),
+        "segment": (torch.int32, (4, 16)),
+    }
+    saved = first.state_dict()
+    rest = list(epoch)
+    resumed = loader()
+    resumed.load_state_dict(saved)
+    again = list(resumed)
+    assert len(again) == len(rest)
+    for a, b in zip(rest, again):
+        assert all(torch.equal(a[k], b[k]) for k in a)
+    got = torch.cat([b["tokens"] for b in head + rest]).numpy()
+    want = flat_blocks(docs, 16, 0, np.int64)
+    assert sorted(map(tuple, got.tolist())) == sorted(map(tuple, want.tolist()))
+
+
+class NoTokenColumns(DataRef):
+    """A DataRef read as a version built before token columns existed."""
+
+    def token_counts(self, field: str) -> np.ndarray | None:
+        return None
+
+
+def test_a_scanned_index_travels_with_the_blocks_and_is_not_scanned_again(
+    tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ref = build(ydl.LocalStorage(tmp_path), random_docs(4, 60))
+    blocks = ydl.token_blocks(NoTokenColumns(ref.directory, ref.manifest), length=9, eos=2)
+    want = all_blocks(blocks)
+    copy = pickle.loads(pickle.dumps(blocks))
+    monkeypatch.setattr(DataRef, "get_batch", None)  # (a scan would read documents' lengths)
+    assert copy.index is not None and len(copy) == len(blocks)
+    monkeypatch.undo()
+    for key, value in all_blocks(copy).items():
+        np.testing.assert_array_equal(value, want[key])
