@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from yogadl_plus.cache.fixed import Allocate
-from yogadl_plus.cache.layout import RecordLayout
+from yogadl_plus.cache.layout import MAX_RECORD_BYTES, RecordLayout
 from yogadl_plus.cache.tokencolumns import TokenChunk
 from yogadl_plus.checks import check_index, check_indices, check_selection
 from yogadl_plus.dataref import DataRef, DataRefOnDemand
@@ -48,7 +48,7 @@ from yogadl_plus.order.placement import Placement
 from yogadl_plus.order.settings import OrderSettings
 from yogadl_plus.recordsource import Leaf, RecordSource
 from yogadl_plus.schema import Field, Schema
-from yogadl_plus.tokencut import Cut, block_documents, cut_blocks
+from yogadl_plus.tokencut import Cut, block_documents, cut_blocks, pieces
 
 __all__ = ["TokenBlocks", "token_blocks"]
 
@@ -128,7 +128,7 @@ class TokenBlocks(RecordSource):
                 Field("segment", np.int32, (self.length,)),
             ]
         self._schema = Schema(made)
-        self._layout = RecordLayout(self._schema)
+        self._layout = _block_layout(self._schema, self.length)
         self._index: _Index | None = None
         self._lock = threading.Lock()
         self._checked: dict[int, weakref.ref[np.ndarray]] = {}
@@ -261,16 +261,16 @@ class TokenBlocks(RecordSource):
 
     def read_ahead(self, indices: np.ndarray) -> None:
         """The blocks at ``indices`` will be read soon: to a version read on demand, the first
-        document of the chunk each begins in is announced (it fetches the chunk in the
-        background). A local version is told nothing: its hints are of records' pages, and
-        blocks read the token columns, not the records (hinting them cost a stream of blocks
-        over a hundred chunks 40% of its speed)."""
+        document of every chunk they take tokens from is announced, in the order they are read
+        (it fetches those chunks in the background; a block may span many small chunks). A
+        local version is told nothing: its hints are of records' pages, and blocks read the
+        token columns, not the records (hinting them cost a stream of blocks over a hundred
+        chunks 40% of its speed)."""
         if not isinstance(self.ref, DataRefOnDemand):
             return
         index = self.index
-        # (A block begins in a chunk of flat tokens, so of documents: its first is a record.)
-        chunk = index.cum.searchsorted(np.asarray(indices, np.int64) * self.length, "right")
-        self.ref.read_ahead(index.documents[chunk - 1])
+        spanned = pieces(np.asarray(indices, np.int64) * self.length, self.length, index.cum)
+        self.ref.read_ahead(index.documents[spanned.chunk])
 
     @property
     def record_bytes(self) -> float:
@@ -295,13 +295,18 @@ class TokenBlocks(RecordSource):
         return (Leaf((), self),)
 
     def identity(self) -> tuple[str, str]:
-        """``"token_blocks(dataset:version, field, length)"``, and a digest of the DataRef's
-        build and every setting that decides what a block holds."""
+        """``"token_blocks(dataset:version, field, length, eos=..., segments=True)"`` (eos and
+        segments where given), and a digest of the DataRef's build and every setting that
+        decides what a block holds. The name says every setting, so a stream state loaded into
+        blocks made otherwise is refused naming the one that differs."""
         name, build = self.ref.identity()
         digest = hashlib.sha256(
             f"{build}\0{self.field}\0{self.length}\0{self.eos}\0{self.segments}".encode()
         )
-        return f"token_blocks({name}, {self.field}, {self.length})", digest.hexdigest()[:32]
+        eos = f", eos={self.eos}" if self.eos is not None else ""
+        segments = ", segments=True" if self.segments else ""
+        named = f"token_blocks({name}, {self.field}, {self.length}{eos}{segments})"
+        return named, digest.hexdigest()[:32]
 
     def place(self, epoch: int, positions: np.ndarray, shuffle: bool, seed: int) -> Placement:
         """Position ``i`` reads block ``i``, in every epoch."""
@@ -480,6 +485,19 @@ def _checked_length(length: object) -> int:
     if length < 1:
         raise ValueError(f"length must be at least 1 token per block, got {length}")
     return int(length)
+
+
+def _block_layout(schema: Schema, length: int) -> RecordLayout:
+    """How a block's row is laid out; ValueError naming ``length`` where one block would be
+    more bytes than a row can hold."""
+    try:
+        return RecordLayout(schema)
+    except SchemaError:
+        size = sum(f.nbytes for f in schema)
+        raise ValueError(
+            f"length={length} makes a block of {size:,} bytes ({', '.join(schema.names)}), "
+            f"over the {MAX_RECORD_BYTES:,} one block can hold: choose a shorter length"
+        ) from None
 
 
 def _checked_eos(eos: object, dtype: np.dtype) -> int | None:

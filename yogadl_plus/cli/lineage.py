@@ -27,6 +27,7 @@ _STATE_MOST_BYTES = 1 << 20
 def cmd_lineage(args: argparse.Namespace) -> int:
     """Print which records made items A..B after a saved stream state."""
     state = _saved_state(args.state)
+    _check_a_versions_state(args.state, state)
     ref = storage_of(args, reading=True).fetch(args.dataset_id, args.version)
     if state.ngram is not None:
         raise ValueError(
@@ -79,6 +80,21 @@ def _saved_state(path: str) -> StreamState:
         ) from None
     except ValueError as exc:  # not JSON, not UTF-8, or not a state
         raise ValueError(f"--state {path}: {exc}") from None
+
+
+def _check_a_versions_state(path: str, state: StreamState) -> None:
+    """ValueError unless ``state`` was saved by a stream over a version itself: one over token
+    blocks or a mixture names what the command line cannot rebuild (its settings, its
+    sources)."""
+    made = state.dataset
+    if made.startswith(("token_blocks(", "mix(")):
+        what = "token blocks" if made.startswith("token_blocks(") else "a mixture"
+        raise ValueError(
+            f"--state {path} was saved by a stream over {what}, {made}, not over a version: "
+            "the command line names a version's records only; ask stream.lineage() of a "
+            "stream made as that one was, in Python (blocks.documents(i) names the documents "
+            "a token block is cut from)"
+        )
 
 
 def _lineage_boundary(
