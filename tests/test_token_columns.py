@@ -294,3 +294,56 @@ def test_a_pulled_or_on_demand_version_has_the_same_token_columns(s3_server, tmp
     for ref in (pulled, on_demand):
         np.testing.assert_array_equal(ref.token_counts("text"), built.token_counts("text"))
         assert_token_columns(ref, docs)
+
+
+def _resident_pages(path: Path) -> tuple[int, int]:
+    """(pages of the file in the page cache, pages of the file), by mincore(2)."""
+    import ctypes
+    import mmap
+    import os
+
+    size = os.path.getsize(path)
+    pages = (size + mmap.PAGESIZE - 1) // mmap.PAGESIZE
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    with open(path, "rb") as f:
+        mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    try:
+        start = np.frombuffer(mapped, np.uint8)
+        vector = (ctypes.c_ubyte * pages)()
+        failed = libc.mincore(start.ctypes.data, size, vector)
+        del start
+    finally:
+        mapped.close()
+    if failed:
+        pytest.skip(f"mincore failed: errno {ctypes.get_errno()}")
+    return sum(b & 1 for b in vector), pages
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "posix_fadvise"), reason="needs posix_fadvise")
+def test_reading_a_block_reads_its_pages_not_the_whole_column(local_storage):
+    """py-lmdb's get reads every page of a value before handing it out: a whole column (a
+    chunk's tokens, hundreds of megabytes) for the first block of it. Token columns are viewed
+    in the map instead, so a block reads about its own pages."""
+    import os
+
+    docs = [np.arange(64, dtype=np.int32) + i for i in range(40_000)]  # 10 MB of tokens
+    ref = build(
+        local_storage, docs, schema_of(np.int32, None, False), "columns", chunk_bytes=1 << 30
+    )
+    assert len(ref.manifest.chunks) == 1
+    path = chunk_path(ref)
+    with open(path, "rb") as f:  # (clean pages: dropped from the page cache, no root needed)
+        os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+    before, pages = _resident_pages(path)
+    if before > pages // 10:
+        pytest.skip("this file system keeps the file's pages cached")
+    blocks = ydl.token_blocks(ref, "text", length=2048, eos=0)
+    middle = len(blocks) // 2
+    flat = np.concatenate([np.append(d, 0) for d in docs])
+    np.testing.assert_array_equal(
+        blocks[middle]["tokens"], flat[middle * 2048 : (middle + 1) * 2048]
+    )
+    after, _ = _resident_pages(path)
+    # The block's pages, the B-tree's, the ends searched: far fewer than the column's.
+    assert after - before < pages // 4, (before, after, pages)

@@ -34,9 +34,10 @@ _KEY_DTYPE = ">u4"  # KEY_BYTES, big-endian
 # sorts after every record and before every column key.
 IDENTITY_KEY = b"\xff" * KEY_BYTES
 # What follows IDENTITY_KEY in a token key (never the first byte of a UTF-8 name), and the
-# byte of each part of a token column: its tokens, ``ends`` and ``eos_ends``.
+# byte of each part of a token column: its tokens, ``ends`` and ``eos_ends``, and ``where``
+# those three lie in the chunk file (written last: its key sorts after theirs).
 _TOKEN_MARK = b"\xff"
-TOKEN_PARTS = {"tokens": b"t", "ends": b"e", "eos_ends": b"s"}
+TOKEN_PARTS = {"tokens": b"t", "ends": b"e", "eos_ends": b"s", "where": b"w"}
 
 
 def record_key(local_index: int) -> bytes:
@@ -57,6 +58,6 @@ def column_key(name: str) -> bytes:
 
 
 def token_key(position: int, part: str) -> bytes:
-    """The LMDB key of ``part`` ("tokens", "ends" or "eos_ends", ``TOKEN_PARTS``) of the token
-    column of the schema's field at ``position``: it sorts after every column key."""
+    """The LMDB key of ``part`` ("tokens", "ends", "eos_ends" or "where", ``TOKEN_PARTS``) of
+    the token column of the schema's field at ``position``: it sorts after every column key."""
     return IDENTITY_KEY + _TOKEN_MARK + TOKEN_PARTS[part] + position.to_bytes(KEY_BYTES, "big")

@@ -1,9 +1,11 @@
-"""LMDB 0.9's on-disk layout (lmdb.h, mdb.c; data format version 1), as the two readers of a
-chunk's pages without LMDB use it: read-ahead (cache/pages.py) and gathered rows
-(cache/pagemap.py). Both treat anything else as a file they do not read (UnexpectedLayout)."""
+"""LMDB 0.9's on-disk layout (lmdb.h, mdb.c; data format version 1), as the readers of a
+chunk's pages without LMDB use it: read-ahead (cache/pages.py), gathered rows
+(cache/pagemap.py) and token columns (cache/tokencolumns.py, ``overflow_page``). Each treats
+anything else as a file it does not read (UnexpectedLayout)."""
 
 from __future__ import annotations
 
+import ctypes
 import struct
 
 __all__ = [
@@ -21,10 +23,11 @@ __all__ = [
     "P_META",
     "P_SUBPAGE",
     "TXNID_OFFSET",
+    "overflow_page",
 ]
 
 PAGE_HEADER = 16  # PAGEHDRSZ: pgno (8), pad (2), flags (2), lower (2), upper (2)
-P_BRANCH, P_LEAF, P_META, P_LEAF2, P_SUBPAGE = 0x01, 0x02, 0x08, 0x20, 0x40
+P_BRANCH, P_LEAF, P_OVERFLOW, P_META, P_LEAF2, P_SUBPAGE = 0x01, 0x02, 0x04, 0x08, 0x20, 0x40
 F_BIGDATA = 0x01  # a leaf node whose value lives on overflow pages (the node holds its pgno)
 MAGIC = 0xBEEFC0DE
 INVALID_PAGE = 2**64 - 1
@@ -36,3 +39,12 @@ NODE = struct.Struct("<HHHH")  # lo, hi (a leaf's value size; a branch's child p
 # flags, key size; then the key, then the value
 DB_OFFSET = PAGE_HEADER + META.size  # the free DB's; the main DB's follows it
 TXNID_OFFSET = PAGE_HEADER + META.size + 2 * DB.size + 8
+
+
+def overflow_page(address: int) -> int | None:
+    """The number of the page that holds, on pages of its own, the large value whose bytes
+    start at ``address`` in an environment's map (a value LMDB handed out): its page header
+    lies just before them. None where that header is not an overflow page's."""
+    pgno = ctypes.c_uint64.from_address(address - PAGE_HEADER).value
+    flags = ctypes.c_uint16.from_address(address - PAGE_HEADER + 10).value
+    return pgno if flags == P_OVERFLOW else None

@@ -36,7 +36,7 @@ from yogadl_plus.cache.manifest import ChunkInfo, Manifest
 from yogadl_plus.cache.opening import MAPPED_CHUNKS_KEPT, OpenChunks
 from yogadl_plus.cache.pagemap import gather_rows
 from yogadl_plus.cache.readahead import ReadAhead
-from yogadl_plus.cache.tokencolumns import TokenChunk, TokenField, read_token_chunk
+from yogadl_plus.cache.tokencolumns import TokenChunk, TokenField, TokenInfo, read_token_chunk
 from yogadl_plus.errors import CacheCorrupted, YogaError
 
 __all__ = ["RECHECK_SECONDS", "ChunkSet", "ChunkTransactions"]
@@ -247,10 +247,10 @@ class ChunkSet(ChunkTransactions):
                 info = self.chunks[number]
                 found = views[(number, "tokens", field)] = read_token_chunk(
                     self.txn(number).get,
+                    self._open_env(number).stat()["psize"],
                     self._token_fields[field],
                     field,
-                    info.records,
-                    info.tokens[field],
+                    TokenInfo(info.bytes, info.records, info.tokens[field]),
                 )
             except lmdb.Error as exc:
                 raise self._failed(number, exc, f"the token column of {field!r}") from None

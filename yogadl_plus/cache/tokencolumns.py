@@ -18,17 +18,20 @@ batch of records (``TokenBatch``), and what a reader gets (``TokenChunk``).
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
 from yogadl_plus import codecs
-from yogadl_plus.cache.keys import TOKEN_PARTS, token_key
+from yogadl_plus.cache.keys import token_key
+from yogadl_plus.cache.lmdbformat import PAGE_HEADER, overflow_page
 from yogadl_plus.errors import CacheCorrupted
 from yogadl_plus.schema import Field, Schema
 
 __all__ = [
+    "MIN_PART_BYTES",
     "TokenBatch",
     "TokenChunk",
     "TokenCounts",
@@ -36,7 +39,10 @@ __all__ = [
     "TokenRange",
     "is_token_field",
     "read_token_chunk",
+    "TokenInfo",
+    "stored_part",
     "token_fields",
+    "token_places",
 ]
 
 
@@ -159,31 +165,105 @@ class TokenField(NamedTuple):
         return {f.name: cls(names.index(f.name), f.dtype) for f in token_fields(schema)}
 
 
+# The parts of a token column that are arrays, in the order ``where`` lists them.
+ARRAY_PARTS = ("tokens", "ends", "eos_ends")
+_INDEX = np.dtype("<i8")
+# (offset, bytes) of each array part in the chunk file, little-endian uint64.
+_WHERE = np.dtype("<u8")
+#: The fewest bytes an array part is stored in (zeros after its own bytes): LMDB keeps a value
+#: this large in pages of its own, which no later write moves, so its place in the file, once
+#: read, holds for good. (A smaller value lives inside a B-tree page, copied elsewhere by any
+#: later write to that page.)
+MIN_PART_BYTES = 4096
+
+
+def stored_part(array: np.ndarray) -> bytes:
+    """A part as its chunk keeps it: its bytes, then zeros up to MIN_PART_BYTES."""
+    data = array.tobytes()
+    return data + bytes(MIN_PART_BYTES - len(data)) if len(data) < MIN_PART_BYTES else data
+
+
+def where_value(spans: Sequence[tuple[int, int]]) -> np.ndarray:
+    """The ``where`` part: (offset in the chunk file, bytes) of each of ARRAY_PARTS."""
+    return np.asarray(spans, _WHERE).reshape(len(ARRAY_PARTS), 2)
+
+
 def read_token_chunk(
-    get: Callable[[bytes], Any], field: TokenField, name: str, records: int, count: int
+    get: Callable[[bytes], Any], page_size: int, field: TokenField, name: str, info: TokenInfo
 ) -> TokenChunk:
-    """The token column of ``field`` (named ``name``) in a chunk whose values ``get(key)``
-    gives (buffers into its map: the arrays are views of them, no copy), which its manifest
-    entry says holds ``records`` records and ``count`` tokens of the field. CacheCorrupted
-    saying what does not fit (the caller names the chunk)."""
+    """The token column of ``field`` (named ``name``) of a chunk whose values ``get(key)``
+    gives (buffers into its map, pages of ``page_size``), as read-only views of the map.
+
+    An LMDB get of a large value reads every page of it first (py-lmdb does, so that no page
+    fault happens under the GIL): a whole column for one block. So only the small ``where``
+    part is got; it is kept on pages of its own, whose header says where it lies, so the map's
+    start is known and the arrays are viewed where ``where`` says they lie. ``info``: the
+    chunk as its manifest entry says. CacheCorrupted saying what does not fit (the caller
+    names the chunk)."""
+    stored = get(token_key(field.position, "where"))
+    spans_bytes = len(ARRAY_PARTS) * 2 * _WHERE.itemsize
+    if stored is None or len(stored) < max(spans_bytes, MIN_PART_BYTES):
+        raise CacheCorrupted(f"the token column of field {name!r} does not say where it lies")
+    where = np.frombuffer(stored, np.uint8)
+    page = overflow_page(where.ctypes.data)
+    if page is None:
+        raise CacheCorrupted(f"the token column of field {name!r} is not laid out as written")
+    start = where.ctypes.data - PAGE_HEADER - page * page_size  # (of the map: the file's 0)
+    spans = where[:spans_bytes].view(_WHERE).reshape(len(ARRAY_PARTS), 2).tolist()
     parts = {}
-    for part, dtype in zip(TOKEN_PARTS, (field.dtype, np.dtype("<i8"), np.dtype("<i8"))):
-        data = get(token_key(field.position, part))
-        if data is None or len(data) % dtype.itemsize:
+    for part, dtype, (offset, size) in zip(ARRAY_PARTS, (field.dtype, _INDEX, _INDEX), spans):
+        if size % dtype.itemsize or offset % dtype.alignment or offset + size > info.file_bytes:
             raise CacheCorrupted(
-                f"the {part} of the token column of field {name!r} are missing or cut"
+                f"the {part} of the token column of field {name!r} lie outside the chunk file "
+                f"({size} bytes at {offset} of {info.file_bytes})"
             )
-        parts[part] = np.frombuffer(data, dtype)
+        view = memoryview((ctypes.c_char * size).from_address(start + offset)).cast("B")
+        array = np.frombuffer(view, dtype) if size else np.empty(0, dtype)
+        array.flags.writeable = False  # (the map's pages are read-only)
+        parts[part] = array
     chunk = TokenChunk(parts["tokens"], parts["ends"], parts["eos_ends"])
+    count, records = info.tokens, info.records
     if (
-        len(parts["tokens"]) != count
+        len(chunk.tokens) != count
         or len(chunk.ends) != records
         or len(chunk.eos_ends) != records
         or (records and (chunk.ends[-1] != count or chunk.eos_ends[-1] != count + records))
     ):
         raise CacheCorrupted(
-            f"the token column of field {name!r} holds {len(parts['tokens'])} tokens and "
+            f"the token column of field {name!r} holds {len(chunk.tokens)} tokens and "
             f"{len(chunk.ends)} document ends, the manifest says {count} tokens in {records} "
             "records"
         )
     return chunk
+
+
+class TokenInfo(NamedTuple):
+    """What a chunk's manifest entry says of one token column: the file's bytes, the
+    chunk's records and the column's tokens."""
+
+    file_bytes: int
+    records: int
+    tokens: int
+
+
+def token_places(
+    get: Callable[[bytes], Any],
+    page_size: int,
+    positions: Iterable[int],
+    sizes: Mapping[bytes, int],
+) -> list[tuple[bytes, bytes]]:
+    """The ``where`` part of each token column (of the fields at ``positions``) of a chunk
+    whose values ``get(key)`` gives, just written: where in the file each array part lies
+    (its page, from the header before its bytes) and its bytes (``sizes``, unpadded)."""
+    items = []
+    for position in positions:
+        spans = []
+        for part in ARRAY_PARTS:
+            key = token_key(position, part)
+            value = np.frombuffer(get(key), np.uint8)
+            page = overflow_page(value.ctypes.data)
+            if page is None or len(value) < MIN_PART_BYTES:
+                raise CacheCorrupted(f"token column part {key!r} is not on pages of its own")
+            spans.append((page * page_size + PAGE_HEADER, sizes[key]))
+        items.append((token_key(position, "where"), stored_part(where_value(spans))))
+    return items

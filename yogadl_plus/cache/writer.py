@@ -19,7 +19,7 @@ import numpy as np
 from yogadl_plus.cache.integrity import stamp
 from yogadl_plus.cache.keys import IDENTITY_KEY, KEY_BYTES, column_key, record_keys, token_key
 from yogadl_plus.cache.manifest import MAX_CHUNK_RECORDS, ChunkInfo, chunk_id, new_build_id
-from yogadl_plus.cache.tokencolumns import TokenBatch
+from yogadl_plus.cache.tokencolumns import TokenBatch, stored_part, token_places
 from yogadl_plus.errors import CacheCorrupted, unwritable
 from yogadl_plus.files import file_sha256
 
@@ -130,6 +130,7 @@ class ChunkWriter:
         self._columns: dict[str, list[np.ndarray]] = {}
         self.token_positions = dict(tokens or {})
         self._tokens: dict[str, list[TokenBatch]] = {name: [] for name in self.token_positions}
+        self._token_sizes: dict[bytes, int] = {}  # each token part's bytes, unpadded
 
     def __enter__(self) -> ChunkWriter:
         return self
@@ -254,10 +255,24 @@ class ChunkWriter:
                 "ends": ends,
                 "eos_ends": ends + np.arange(1, len(ends) + 1, dtype="<i8"),
             }
-            items.extend((token_key(position, part), a.tobytes()) for part, a in parts.items())
+            for part, array in parts.items():
+                key = token_key(position, part)
+                self._token_sizes[key] = array.nbytes  # (stored padded: stored_part)
+                items.append((key, stored_part(array)))
             counts[name] = len(parts["tokens"])
             self._tokens[name] = []
         return sorted(items), counts
+
+    def _token_places(self) -> list[tuple[bytes, bytes]]:
+        """The ``where`` part of each token column just committed (``token_places``)."""
+        assert self._env is not None
+        with self._env.begin(buffers=True) as txn:
+            return token_places(
+                txn.get,
+                self._env.stat()["psize"],
+                self.token_positions.values(),
+                self._token_sizes,
+            )
 
     def _commit(self) -> None:
         assert self._env is not None
@@ -297,6 +312,9 @@ class ChunkWriter:
         self._pending.append(functools.partial(list, last))
         self._columns = {}
         self._commit()
+        if token_items:
+            self._pending.append(functools.partial(list, self._token_places()))
+            self._commit()
         # The file is whole once committed: it is hashed while the disk makes it durable.
         hashing = _Hash(path)
         try:
@@ -308,10 +326,11 @@ class ChunkWriter:
         entries = self._env.stat()["entries"]
         self._env.close()
         self._env = None
-        if entries != self._chunk_records + len(names) + 1 + len(token_items):
+        token_parts = len(token_items) + len(counts) if token_items else 0  # (with "where")
+        if entries != self._chunk_records + len(names) + 1 + token_parts:
             raise CacheCorrupted(
                 f"{path}: wrote {self._chunk_records} records, {len(names)} columns, "
-                f"{len(token_items)} parts of token columns and its identity but the chunk "
+                f"{token_parts} parts of token columns and its identity but the chunk "
                 f"holds {entries} entries"
             )
         state = stamp(path, sha256)  # we wrote it: later readers need not hash it again
