@@ -32,13 +32,13 @@ import itertools
 import numbers
 import threading
 import weakref
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from yogadl_plus.cache.fixed import Allocate
+from yogadl_plus.cache.fixed import Allocate, Values
 from yogadl_plus.cache.layout import MAX_RECORD_BYTES, RecordLayout
 from yogadl_plus.cache.tokencolumns import TokenChunk
 from yogadl_plus.checks import check_index, check_indices, check_selection
@@ -487,11 +487,34 @@ def _checked_length(length: object) -> int:
     return int(length)
 
 
+class _BlockLayout(RecordLayout):
+    """A block's row: a record of fixed fields only. Rows are made anew for each read, never
+    recycled, so a field that is the whole row is handed out as a view of them, not copied
+    again; into ``allocate`` (a process worker's shared ring) they are copied as ever."""
+
+    def decode_columns(
+        self,
+        values: Values,
+        fields: Sequence[Field],
+        allocate: Allocate | None = None,
+        stored: Collection[str] = (),
+    ) -> dict[str, Any]:
+        if (
+            allocate is None
+            and isinstance(values, np.ndarray)
+            and len(fields) == 1
+            and fields[0].nbytes == self.fixed_end
+        ):
+            f = fields[0]
+            return {f.name: values.view(f.dtype).reshape(len(values), *f.shape)}
+        return super().decode_columns(values, fields, allocate, stored)
+
+
 def _block_layout(schema: Schema, length: int) -> RecordLayout:
     """How a block's row is laid out; ValueError naming ``length`` where one block would be
     more bytes than a row can hold."""
     try:
-        return RecordLayout(schema)
+        return _BlockLayout(schema)
     except SchemaError:
         size = sum(f.nbytes for f in schema)
         raise ValueError(
