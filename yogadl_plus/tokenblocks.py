@@ -31,7 +31,6 @@ import hashlib
 import itertools
 import numbers
 import threading
-import weakref
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -40,7 +39,7 @@ import numpy as np
 
 from yogadl_plus.cache.fixed import Allocate, Values
 from yogadl_plus.cache.layout import MAX_RECORD_BYTES, RecordLayout
-from yogadl_plus.cache.tokencolumns import TokenChunk
+from yogadl_plus.cache.tokencolumns import TokenChunk, is_token_field
 from yogadl_plus.checks import check_index, check_indices, check_selection
 from yogadl_plus.dataref import DataRef, DataRefOnDemand
 from yogadl_plus.errors import CacheCorrupted, SchemaError
@@ -131,7 +130,6 @@ class TokenBlocks(RecordSource):
         self._layout = _block_layout(self._schema, self.length)
         self._index: _Index | None = None
         self._lock = threading.Lock()
-        self._checked: dict[int, weakref.ref[np.ndarray]] = {}
 
     def __getstate__(self) -> dict[str, Any]:
         return {
@@ -347,8 +345,8 @@ class TokenBlocks(RecordSource):
 
     def read_chunk(self, chunk: int) -> TokenChunk:
         """Chunk ``chunk``'s token column of the field: the DataRef's (views valid until its
-        next read in this thread), checked against the index; or, scanned, one that reads its
-        documents through ``get_batch``."""
+        next read in this thread, checked against the manifest's counts, which the index is
+        made of); or, scanned, one that reads its documents through ``get_batch``."""
         index = self.index
         if index.ends is not None:
             eos_ends = index.eos_ends[chunk] if index.eos_ends is not None else index.ends[chunk]
@@ -356,13 +354,7 @@ class TokenBlocks(RecordSource):
                 self.ref, self.field, int(index.documents[chunk]), index.ends[chunk], self.dtype
             )
             return TokenChunk(tokens, index.ends[chunk], eos_ends)
-        column = self.ref.token_chunk(self.field, chunk)
-        # (A column the DataRef gives again, the same arrays, was checked when first given.)
-        checked = self._checked.get(chunk)
-        if checked is None or checked() is not column.ends:
-            _check_column(column, index, chunk, self.eos is not None, self.field)
-            self._checked[chunk] = weakref.ref(column.ends)
-        return column
+        return self.ref.token_chunk(self.field, chunk)
 
     def _cut(self, indices: np.ndarray, marks: bool, out: Cut | None = None) -> Cut:
         if out is None:
@@ -451,26 +443,12 @@ def _scanned_ends(ref: DataRef, field: str, first: int, stop: int) -> np.ndarray
     return np.cumsum(lengths)
 
 
-def _check_column(column: TokenChunk, index: _Index, chunk: int, eos: bool, field: str) -> None:
-    """CacheCorrupted where a chunk's token column disagrees with the manifest's counts."""
-    documents = int(index.documents[chunk + 1] - index.documents[chunk])
-    ends = column.eos_ends if eos else column.ends
-    flat = int(ends[-1]) if len(ends) else 0
-    if len(column.ends) != documents or flat != int(index.cum[chunk + 1] - index.cum[chunk]):
-        raise CacheCorrupted(
-            f"chunk {chunk}'s token column of field {field!r} holds {len(column.ends)} "
-            f"documents and {flat} flat tokens, but the manifest says {documents} documents "
-            f"and {int(index.cum[chunk + 1] - index.cum[chunk])}; run storage.verify() and "
-            "rebuild the version"
-        )
-
-
 def _token_field(schema: Schema, name: object) -> Field:
     """The field ``name`` of ``schema``, checked to be a 1-D integer array."""
     if not isinstance(name, str):
         raise TypeError(f"field must be the name of a field (a str), got {name!r}")
     field = schema[name]  # (a SchemaError naming it and listing the fields)
-    if field.kind != "numeric" or field.dtype.kind not in "iu" or len(field.shape) != 1:
+    if not is_token_field(field):
         raise SchemaError(
             f"field {name!r} is {field.describe()}: token blocks need a 1-D array of integers "
             "(token ids, shape (n,) or (None,)); tokenize the text into such a field when "

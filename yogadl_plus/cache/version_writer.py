@@ -26,6 +26,7 @@ from yogadl_plus.cache.batch_encoder import BatchEncoder
 from yogadl_plus.cache.layout import RecordLayout
 from yogadl_plus.cache.manifest import ChunkInfo, Manifest, new_build_id, schema_digest
 from yogadl_plus.cache.reader import ChunkSet
+from yogadl_plus.cache.tokencolumns import TokenField
 from yogadl_plus.cache.writer import DEFAULT_CHUNK_BYTES, ChunkWriter, EqualValues
 from yogadl_plus.errors import unwritable
 from yogadl_plus.progress import progress_bar
@@ -115,7 +116,7 @@ def write_blocks(
         chunks.append(on_chunk(info) if on_chunk is not None else info)
 
     digest, build = schema_digest(schema), build_of(folder)
-    positions = {f.name: schema.names.index(f.name) for f in layout.token_fields}
+    positions = {name: field.position for name, field in TokenField.of_schema(schema).items()}
     writing = ChunkWriter(
         folder, chunk_bytes, prefix, on_close=closed, schema=digest, build=build, tokens=positions
     )
