@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from yogadl_plus.cache.demand import ChunkProvider
-from yogadl_plus.cache.fixed import Allocate, Values
+from yogadl_plus.cache.fixed import Allocate, FieldSpans, Values
 from yogadl_plus.cache.layout import RecordLayout
 from yogadl_plus.cache.manifest import ChunkInfo, Manifest
 from yogadl_plus.cache.reader import ChunkSet
@@ -193,6 +193,23 @@ class DataRef(RecordSource):
         if self.has_columns(fields):
             return {f.name: self._chunks.gather(f.name, f.dtype, indices) for f in fields}
         return self._layout.decode_columns(self.read_values(indices), fields, allocate, stored)
+
+    def field_spans(self, fields: Sequence[Field]) -> FieldSpans | None:
+        """How ``read_spans`` reads ``fields``, where it can (records of small fixed fields
+        only, see ``RecordLayout.field_spans``), else None: those kept as whole-chunk columns
+        from there, the others from the record values."""
+        spans = self._layout.field_spans(fields)
+        return spans.reading_whole(self._columns) if spans is not None else None
+
+    def read_spans(self, indices: np.ndarray, spans: FieldSpans) -> dict[str, np.ndarray] | None:
+        """The fields ``spans`` describes (``field_spans``) of the records at checked
+        ``indices``, each gathered from the chunk files straight into a new array; None where
+        they cannot be (read the values and decode them)."""
+        chunks = self._chunks
+        gathered = chunks.gather_spans(indices, self._layout.row_bytes, spans.value_spans)
+        if gathered is None:
+            return None
+        return spans.arrays(gathered, lambda name, dtype: chunks.gather(name, dtype, indices))
 
     def has_columns(self, fields: Sequence[Field]) -> bool:
         """True when every one of ``fields`` is kept as a whole-chunk column."""

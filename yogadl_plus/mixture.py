@@ -157,7 +157,7 @@ class Mixture(RecordSource):
     # --- as a RecordSource (what a Stream reads) ---
 
     # (Placing a mixture's slots costs more per call than the order itself.)
-    place_block = 4 * RecordSource.place_block
+    place_block = 2 * RecordSource.place_block
 
     @property
     def leaves(self) -> tuple[Leaf, ...]:

@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from yogadl_plus.cache.fixed import Allocate, Values
+from yogadl_plus.cache.fixed import Allocate, FieldSpans, Values
 from yogadl_plus.cache.layout import MAX_RECORD_BYTES, RecordLayout
 from yogadl_plus.cache.tokencolumns import TokenChunk, is_token_field
 from yogadl_plus.checks import check_index, check_indices, check_selection
@@ -235,6 +235,14 @@ class TokenBlocks(RecordSource):
         fields = [self._field_of(rows, f) for f in self._schema.fields]
         self._cut(indices, self.segments, Cut(*fields, *[None] * (3 - len(fields))))
         return rows
+
+    def field_spans(self, fields: Sequence[Field]) -> None:
+        """None: blocks are cut from the token columns, never gathered from chunk files."""
+        return None
+
+    def read_spans(self, indices: np.ndarray, spans: FieldSpans) -> None:
+        """None: blocks are cut from the token columns, not gathered (see ``read_columns``)."""
+        return None
 
     def has_columns(self, fields: Sequence[Field]) -> bool:
         """False: no block field is kept as a whole-chunk column."""

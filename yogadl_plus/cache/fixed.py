@@ -7,7 +7,8 @@ for large values, of one copy per field straight into its array.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -16,7 +17,7 @@ from yogadl_plus.cache.rowcopy import copy_rows
 from yogadl_plus.errors import CacheCorrupted
 from yogadl_plus.schema import Field
 
-__all__ = ["Allocate", "FixedColumns", "Values"]
+__all__ = ["Allocate", "FieldSpans", "FixedColumns", "Values"]
 
 # np.empty's contract: where big decoded arrays are made.
 Allocate = Callable[[tuple[int, ...], Any], np.ndarray]
@@ -53,6 +54,50 @@ def _stacked(n: int, field: Field) -> tuple[int, ...]:
     return (n, *(int(d) for d in field.shape if d is not None))
 
 
+@dataclass(frozen=True)
+class FieldSpans:
+    """Where fixed fields lie in every record value, for reads that gather each field's bytes
+    straight into its own array: per field its name, ``(start, width)`` in the value, the dtype
+    and per-record shape its bytes are viewed as, and whether it is read from the chunks'
+    whole-chunk columns instead (``whole``: a contiguous array gathers faster)."""
+
+    names: tuple[str, ...]
+    spans: tuple[tuple[int, int], ...]
+    dtypes: tuple[np.dtype, ...]
+    shapes: tuple[tuple[int, ...], ...]
+    whole: tuple[bool, ...]
+
+    @property
+    def value_spans(self) -> tuple[tuple[int, int], ...]:
+        """The spans gathered from the record values (the fields not read ``whole``)."""
+        return tuple(span for span, whole in zip(self.spans, self.whole) if not whole)
+
+    @property
+    def record_bytes(self) -> int:
+        """The bytes of one record's fields."""
+        return sum(width for _, width in self.spans)
+
+    def reading_whole(self, columns: Collection[str]) -> FieldSpans:
+        """These spans with the fields named in ``columns`` read from whole-chunk columns."""
+        return replace(self, whole=tuple(name in columns for name in self.names))
+
+    def arrays(
+        self, gathered: Sequence[np.ndarray], column: Callable[[str, np.dtype], np.ndarray]
+    ) -> dict[str, np.ndarray]:
+        """The fields' arrays, in order: from their gathered bytes (one item of ``width``
+        bytes per record, in the order of ``value_spans``) viewed in place, or ``column(name,
+        dtype)`` for those read whole."""
+        out = {}
+        values = iter(gathered)
+        for name, dtype, shape, whole in zip(self.names, self.dtypes, self.shapes, self.whole):
+            if whole:
+                out[name] = column(name, dtype)
+            else:
+                items = next(values)
+                out[name] = items.view(dtype).reshape(len(items), *shape)
+        return out
+
+
 class FixedColumns:
     """Decodes fixed fields at ``offsets`` of records whose fixed region ends at ``fixed_end``;
     ``plain``: records hold the fixed region only (no null bitmap, no variable fields)."""
@@ -62,6 +107,19 @@ class FixedColumns:
         self.fixed_end = fixed_end
         self.plain = plain
         self._plans: dict[tuple[Field, ...], tuple[int, int, np.dtype | None, bool]] = {}
+
+    def field_spans(self, fields: Sequence[Field]) -> FieldSpans | None:
+        """Where ``fields`` lie in each record value, or None where one is not a fixed field
+        of this layout or takes no bytes."""
+        if not fields or any(f.name not in self.offset or not f.nbytes for f in fields):
+            return None
+        return FieldSpans(
+            tuple(f.name for f in fields),
+            tuple((self.offset[f.name], f.nbytes) for f in fields),
+            tuple(f.dtype for f in fields),
+            tuple(_stacked(0, f)[1:] for f in fields),
+            (False,) * len(fields),
+        )
 
     def _plan(self, fields: tuple[Field, ...]) -> tuple[int, int, np.dtype | None, bool]:
         """(lo, hi, struct dtype, whole) for bulk-decoding ``fields``; dtype None means one copy

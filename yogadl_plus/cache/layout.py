@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from yogadl_plus import codecs
-from yogadl_plus.cache.fixed import Allocate, FixedColumns, Values
+from yogadl_plus.cache.fixed import Allocate, FieldSpans, FixedColumns, Values
 from yogadl_plus.cache.recycle import ArrayRecycler
 from yogadl_plus.cache.tokencolumns import TokenBatch, token_fields
 from yogadl_plus.errors import SchemaError
@@ -302,6 +302,12 @@ class RecordLayout:
     def decode_record(self, data: memoryview | bytes, fields: Sequence[Field]) -> dict[str, Any]:
         decoders = self._decoders
         return {f.name: decoders[f.name](data) for f in fields}
+
+    def field_spans(self, fields: Sequence[Field]) -> FieldSpans | None:
+        """Where ``fields`` lie in each record value, where a batch of them is read by
+        gathering each field's bytes from the chunk files straight into its array (records of
+        small fixed fields only: ``row_bytes``); else None (read the values and decode them)."""
+        return self._fixed_columns.field_spans(fields) if self.row_bytes else None
 
     def decode_columns(
         self,

@@ -5,7 +5,9 @@ bytes that is nearly all of a shuffled batch's time. But every value lies at a f
 chunk file, and a chunk never changes once written (docs/guarantees.md). So on first use the
 chunk's B-tree is read once, level by level, with numpy (a few hundredths of a second for a
 million records), giving the offset of each record's value in the file; a batch is then one
-fancy index over the file mapped read-only, about 13x faster than its gets.
+fancy index over the file mapped read-only, about 13x faster than its gets. A batch of some of
+the fields is one fancy index per field, each straight into the field's own array: the bytes
+are copied once, with no split of whole rows afterwards.
 
 The pages are read as LMDB 0.9 lays them out (``mdb.c``: ``MDB_meta``, ``MDB_page``,
 ``MDB_node``; data format version 1). Anything else (another magic, version, page size, byte
@@ -20,8 +22,7 @@ from __future__ import annotations
 import mmap
 import os
 import struct
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 import numpy as np
@@ -43,7 +44,7 @@ from yogadl_plus.cache.lmdbformat import (
 )
 from yogadl_plus.errors import UnexpectedLayout
 
-__all__ = ["ValueMap", "gather_rows", "map_values"]
+__all__ = ["ValueMap", "gather_rows", "gather_spans", "map_values"]
 
 _DATA_VERSION = 1
 
@@ -56,19 +57,34 @@ _MAX_DEPTH = 32
 _RECORDS_PER_CHUNK = 8
 
 
-@dataclass(frozen=True)
 class ValueMap:
     """Where each record of one chunk file lies: ``offsets[i]`` is the first byte of record
     ``i``'s value in the file; every value is ``size`` bytes."""
 
-    offsets: np.ndarray
-    size: int
-    _rows: np.ndarray  # one item of ``size`` bytes starting at each byte of the mapped file
+    def __init__(self, offsets: np.ndarray, size: int, mapped: mmap.mmap) -> None:
+        self.offsets = offsets
+        self.size = size
+        self._mapped = mapped
+        # Per width: one item of that many bytes starting at each byte of the mapped file.
+        self._items: dict[int, np.ndarray] = {}
 
     def gather(self, local: np.ndarray) -> np.ndarray:
         """The values of records ``local`` (indices inside the chunk), as rows of a new
         ``(len(local), size)`` uint8 array."""
-        return self._rows[self.offsets[local]].view(np.uint8).reshape(len(local), self.size)
+        return self.gather_span(local, 0, self.size).view(np.uint8).reshape(len(local), self.size)
+
+    def gather_span(self, local: np.ndarray, start: int, width: int) -> np.ndarray:
+        """Bytes ``[start, start + width)`` of the values of records ``local``, as a new array
+        of ``len(local)`` items of ``width`` bytes: one copy per record, straight out of the
+        file's pages."""
+        items = self._items.get(width)
+        if items is None:
+            mapped = self._mapped
+            items = np.ndarray(
+                (len(mapped) - width + 1,), np.dtype((np.void, width)), mapped, strides=(1,)
+            )
+            self._items[width] = items  # (a race makes two equal views: harmless)
+        return items[self.offsets[local] + start]
 
 
 def gather_rows(
@@ -81,29 +97,47 @@ def gather_rows(
     ``size`` bytes, as the rows of one new uint8 array: one gather per chunk, through
     ``value_maps(numbers)``. None where a chunk has no map of that size, or where the batch
     reads so many chunks that gets cost less."""
+    found = gather_spans(chunk, local, size, ((0, size),), value_maps)
+    return None if found is None else found[0].view(np.uint8).reshape(len(local), size)
+
+
+def gather_spans(
+    chunk: np.ndarray | None,
+    local: np.ndarray,
+    size: int,
+    spans: Sequence[tuple[int, int]],
+    value_maps: Callable[[list[int]], list[ValueMap | None] | None],
+) -> list[np.ndarray] | None:
+    """Per ``(start, width)`` of ``spans``: bytes ``[start, start + width)`` of the values of
+    records ``local[i]`` of chunks ``chunk[i]`` (None: all of chunk 0), each value ``size``
+    bytes, as a new array of ``width``-byte items in the records' order. So each field is
+    copied straight into its own array: one gather per span and chunk. None as for
+    ``gather_rows``."""
     if chunk is None:
         maps = value_maps([0])
         if maps is None or maps[0] is None or maps[0].size != size:
             return None
-        return maps[0].gather(local)
+        only = maps[0]
+        return [only.gather_span(local, start, width) for start, width in spans]
     if not len(local):
-        return np.empty((0, size), np.uint8)
-    # (A batch over too many chunks is told in a plain sort, the cheapest test: gets serve it.)
-    ordered = np.sort(chunk)
-    if (np.count_nonzero(ordered[1:] != ordered[:-1]) + 1) * _RECORDS_PER_CHUNK > len(local):
-        return None
+        return [np.empty(0, np.dtype((np.void, width))) for _, width in spans]
     by_chunk = np.argsort(chunk, kind="stable")  # each chunk's records in a run
     ordered = chunk[by_chunk]
     firsts = np.flatnonzero(np.concatenate(([True], ordered[1:] != ordered[:-1])))
+    if len(firsts) * _RECORDS_PER_CHUNK > len(local):  # (so many chunks that gets cost less)
+        return None
     maps = value_maps(ordered[firsts].tolist())
     if maps is None or any(m is None or m.size != size for m in maps):
         return None
     if len(maps) == 1:
-        return cast(ValueMap, maps[0]).gather(local)
-    out = np.empty((len(local), size), np.uint8)
-    for found, start, stop in zip(maps, firsts.tolist(), [*firsts[1:].tolist(), len(local)]):
-        at = by_chunk[start:stop]
-        out[at] = cast(ValueMap, found).gather(local[at])
+        one = cast(ValueMap, maps[0])
+        return [one.gather_span(local, start, width) for start, width in spans]
+    out = [np.empty(len(local), np.dtype((np.void, width))) for _, width in spans]
+    for found, first, stop in zip(maps, firsts.tolist(), [*firsts[1:].tolist(), len(local)]):
+        at = by_chunk[first:stop]
+        here = local[at]
+        for column, (start, width) in zip(out, spans):
+            column[at] = cast(ValueMap, found).gather_span(here, start, width)
     return out
 
 
@@ -130,10 +164,7 @@ def map_values(path: str, state: FileState, records: int, get: Any) -> ValueMap 
     size = int(sizes[0])
     if size == 0 or (sizes != size).any():
         return None
-    rows = np.ndarray(
-        (len(mapped) - size + 1,), dtype=np.dtype((np.void, size)), buffer=mapped, strides=(1,)
-    )
-    value_map = ValueMap(offsets, size, rows)
+    value_map = ValueMap(offsets, size, mapped)
     sample = np.unique(np.linspace(0, records - 1, _SAMPLES).astype(np.int64))
     gathered = value_map.gather(sample)
     for row, i in zip(gathered, sample.tolist()):

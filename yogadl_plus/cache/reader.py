@@ -21,7 +21,7 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 import lmdb
@@ -34,7 +34,7 @@ from yogadl_plus.cache.integrity import DAMAGED
 from yogadl_plus.cache.keys import column_key, record_key, record_keys
 from yogadl_plus.cache.manifest import ChunkInfo, Manifest
 from yogadl_plus.cache.opening import MAPPED_CHUNKS_KEPT, OpenChunks
-from yogadl_plus.cache.pagemap import gather_rows
+from yogadl_plus.cache.pagemap import gather_rows, gather_spans
 from yogadl_plus.cache.readahead import ReadAhead
 from yogadl_plus.cache.tokencolumns import TokenChunk, TokenField, TokenInfo, read_token_chunk
 from yogadl_plus.errors import CacheCorrupted, YogaError
@@ -293,6 +293,23 @@ class ChunkSet(ChunkTransactions):
             where = self._opened.where(number)
             raise CacheCorrupted(f"record {index} is missing from chunk {where}")
         return cast(memoryview, value)
+
+    def gather_spans(
+        self, indices: np.ndarray, row_bytes: int, spans: Sequence[tuple[int, int]]
+    ) -> list[np.ndarray] | None:
+        """Per ``(start, width)`` of ``spans``, those bytes of the values of the records at
+        ``indices`` (each ``row_bytes`` bytes), gathered from the chunk files into a new array
+        of ``width``-byte items (cache/pagemap.py); None where they cannot be (read them with
+        ``get_many``)."""
+        if not row_bytes or self._demand is not None or not self.chunks:
+            return None
+        self.check_files()
+        if len(self.chunks) == 1:
+            chunk, local = None, indices
+        else:
+            chunk, local = self.chunk_of(np.asarray(indices, np.int64))
+        self._thread_txns()  # (a reader of the files: close() in another thread leaves them)
+        return gather_spans(chunk, local, row_bytes, spans, self._opened.value_maps)
 
     def get_many(self, indices: np.ndarray, row_bytes: int = 0) -> Values:
         """The values of many records, in the order given; records of ``row_bytes`` bytes each

@@ -1,15 +1,17 @@
-"""Batches cut from a run of blocks: the first ``n`` items, across block boundaries."""
+"""Batches cut from a run of blocks: the first ``n`` items, across block boundaries, or the
+whole batches of one block, as views of it."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
 from yogadl_plus.columns import collate
-from yogadl_plus.stream.block import Block
+from yogadl_plus.stream.block import Block, sliced_columns
 
-__all__ = ["take"]
+__all__ = ["take", "whole_batches"]
 
 
 def take(blocks: list[Block], n: int) -> tuple[Any, int, list[Block]]:
@@ -33,6 +35,19 @@ def take(blocks: list[Block], n: int) -> tuple[Any, int, list[Block]]:
         return _concat(columns) if len(columns) > 1 else columns[0], end, rest
     items = [item for b in taken for item in (b.items or [])]
     return collate(items), end, rest
+
+
+def whole_batches(block: Block, size: int) -> Iterator[tuple[int, dict[Any, Any]]]:
+    """The whole batches of ``size`` at the start of ``block`` (of columns), each as the position
+    after its last item and its columns (views of the block's)."""
+    columns, ends = block.columns, block.ends
+    assert columns is not None
+    if len(block) == size:  # (a unit of one batch: as it came)
+        yield int(ends[-1]), columns
+        return
+    for first in range(0, len(block) - len(block) % size, size):
+        stop = first + size
+        yield int(ends[stop - 1]), sliced_columns(columns, first, stop)
 
 
 def _concat(parts: list[dict[Any, Any]]) -> dict[Any, Any]:

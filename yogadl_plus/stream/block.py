@@ -11,7 +11,7 @@ import numpy as np
 from yogadl_plus.columns import records
 from yogadl_plus.stream.stats import Work, new_work
 
-__all__ = ["Block", "as_items"]
+__all__ = ["Block", "as_items", "sliced_columns"]
 
 
 @dataclass
@@ -32,14 +32,15 @@ class Block:
     def sliced(self, start: int, stop: int) -> Block:
         """Its items ``[start, stop)`` (views of its arrays), without work or bytes."""
         if self.columns is not None:
-            return Block(self.ends[start:stop], columns=_slice_columns(self.columns, start, stop))
+            return Block(self.ends[start:stop], columns=sliced_columns(self.columns, start, stop))
         assert self.items is not None
         return Block(self.ends[start:stop], items=self.items[start:stop])
 
 
-def _slice_columns(columns: dict[Any, Any], start: int, stop: int) -> dict[Any, Any]:
+def sliced_columns(columns: dict[Any, Any], start: int, stop: int) -> dict[Any, Any]:
+    """Items ``[start, stop)`` of ``columns`` (nested dicts of arrays or lists): views."""
     return {
-        k: _slice_columns(v, start, stop) if isinstance(v, dict) else v[start:stop]
+        k: sliced_columns(v, start, stop) if isinstance(v, dict) else v[start:stop]
         for k, v in columns.items()
     }
 

@@ -75,6 +75,11 @@ class LeafReader:
     def __post_init__(self) -> None:
         if self.predicate is not None:
             self._predicate_fields = self.dataref.select(sorted(self.predicate.get_fields()))
+        # Records read plainly (every one, whole) whose fields lie at fixed places in their
+        # values have each field gathered from the chunk files straight into its array.
+        plain = self.predicate is None and self.skip is None and self.ngram is None
+        self._spans = self.dataref.field_spans(self.fields) if plain and not self.encoded else None
+        self._bytes = self._spans.record_bytes if self._spans is not None else 0
 
     def __call__(self, start: int, indices: np.ndarray, epoch: int | np.ndarray = 0) -> Block:
         """The block of the records (or windows) at ``indices``, at consecutive positions from
@@ -86,20 +91,33 @@ class LeafReader:
             block.work[READING] += perf_counter() - began - block.work[TRANSFORMS]
             return block
         work = new_work()
-        keep, values = self.kept_values(indices, work)
-        if keep is not None:
-            ends, indices = ends[keep], indices[keep]
-            epoch = epoch[keep] if isinstance(epoch, np.ndarray) else epoch
-        read = perf_counter()
-        work[READING] += read - began - work[PREDICATES]
-        columns = self.dataref.layout.decode_columns(
-            values, self.fields, self.allocate, self.encoded
+        spans = self._spans
+        # (Into a worker process's ring, ``allocate``, values are decoded as ever.)
+        columns = (
+            self.dataref.read_spans(indices, spans)
+            if spans is not None and self.allocate is None
+            else None
         )
+        if columns is not None:  # (gathered into their arrays: nothing left to decode)
+            read = perf_counter()
+            work[READING] += read - began
+            if self.as_columns:
+                return Block(ends, columns=columns, work=work, nbytes=len(ends) * self._bytes)
+        else:
+            keep, values = self.kept_values(indices, work)
+            if keep is not None:
+                ends, indices = ends[keep], indices[keep]
+                epoch = epoch[keep] if isinstance(epoch, np.ndarray) else epoch
+            read = perf_counter()
+            work[READING] += read - began - work[PREDICATES]
+            columns = self.dataref.layout.decode_columns(
+                values, self.fields, self.allocate, self.encoded
+            )
         nbytes = columns_nbytes(columns)
         if self.as_columns:
             work[DECODING] += perf_counter() - read
             return Block(ends, columns=columns, work=work, nbytes=nbytes)
-        items = records(columns, len(values))
+        items = records(columns, len(ends))
         decoded = perf_counter()
         work[DECODING] += decoded - read
         if self.transform is not None:

@@ -19,7 +19,7 @@ import numpy as np
 
 from yogadl_plus.checks import check_int
 from yogadl_plus.errors import NothingPassedWarning
-from yogadl_plus.stream.batching import take
+from yogadl_plus.stream.batching import take, whole_batches
 from yogadl_plus.stream.block import Block, as_items
 from yogadl_plus.stream.keywords import StreamSettings, routed
 from yogadl_plus.stream.ledger import Ledger, position_after
@@ -250,7 +250,6 @@ class Stream:
             # the records: units stay a batch, so that memory and the first batch's wait do.)
             unit = max(unit, unit * (sizes.pool_unit // unit))
         units = plan.units.runs(epoch, position, unit, first_short=boundary.batch_size is None)
-        units = plan.units.announced(units)
         if self._pool is None:
             return _timed(plan.stats, map(plan.reader, units), waited=False)
         return _timed(plan.stats, self._pool.map(units), waited=True)
@@ -307,9 +306,20 @@ class Stream:
         size = self.batch_size
         assert size is not None
         stats = self._plan.stats
+        boundary = self._plan.boundary
         pending: list[Block] = []
         count = 0
-        for block in self._blocks(epoch, position):
+        # Plain runs of records come in units of several batches, each read in one go (the
+        # fixed cost of reading a unit is paid once for all) and handed out batch by batch,
+        # views of it.
+        plain = not boundary.filtered and boundary.transform is None
+        for block in self._blocks(epoch, position, many_batches=plain):
+            if not pending and block.columns is not None and len(block) >= size:
+                for end, batch in whole_batches(block, size):
+                    yield self._handed_batch(epoch, end, size, ledger, batch)
+                if not len(block) % size:
+                    continue
+                block = block.sliced(len(block) - len(block) % size, len(block))
             pending.append(block)
             count += len(block)
             while count >= size:

@@ -116,34 +116,52 @@ class Units:
 
     def runs(self, epoch: int, position: int, unit: int, first_short: bool) -> Iterator[Unit]:
         """Consecutive units of at most ``unit`` positions from ``position`` to the end of the
-        epoch; with ``first_short``, the first is short so that the first item comes quickly."""
+        epoch, each announced to the source's DataRefs about ``read_ahead`` positions before it
+        is read (n-gram windows announce their anchor records); with ``first_short``, the first
+        is short so that the first item comes quickly."""
+        span = max(unit, self._block // unit * unit)
+        spans = self._spans(epoch, position, span, min(_FIRST_BLOCK, unit) if first_short else 0)
+        if span <= self.sizes.read_ahead:
+            # (Spans announced whole, a hint per span instead of one per unit: a warm stream
+            # of small records pays its hints per several thousand positions.)
+            spans = self._announced(spans)
+        units = ((at + k * unit, run) for at, whole in spans for k, run in _cut(whole, unit))
+        return units if span <= self.sizes.read_ahead else self._announced(units)
+
+    def _spans(self, epoch: int, position: int, span: int, first: int) -> Iterator[Unit]:
+        """Runs of ``span`` positions from ``position`` to the end of the epoch, each placed in
+        one call; the first of ``first`` positions, where that is not 0."""
         length = self.order.epoch_length(epoch)
-        if first_short and position < length:
-            stop = min(position + min(_FIRST_BLOCK, unit), length)
+        if first and position < length:
+            stop = min(position + first, length)
             yield position, self.placed(epoch, position, stop)
             position = stop
-        span = max(unit, self._block // unit * unit)
         while position < length:
             stop = min(position + span, length)
-            for k, run in enumerate(self.placed(epoch, position, stop).split(unit)):
-                yield position + k * unit, run
+            yield position, self.placed(epoch, position, stop)
             position = stop
 
-    def announced(self, units: Iterator[Unit]) -> Iterator[Unit]:
-        """``units``, each announced to the source's DataRefs about ``read_ahead`` positions
-        before it is read. N-gram windows announce their anchor records."""
+    def _announced(self, runs: Iterator[Unit]) -> Iterator[Unit]:
+        """``runs``, each announced about ``read_ahead`` positions before it is handed on."""
         ahead = self.sizes.read_ahead
         if not ahead:
-            yield from units
+            yield from runs
             return
         queued: deque[Unit] = deque()
         positions = 0
-        for unit in units:
-            placement = unit[1]
+        for run in runs:
+            placement = run[1]
             self.reader.read_ahead(placement)
-            queued.append(unit)
+            queued.append(run)
             positions += placement.length
             while queued and positions - queued[0][1].length >= ahead:
                 positions -= queued[0][1].length
                 yield queued.popleft()
         yield from queued
+
+
+def _cut(placement: Placement, unit: int) -> Iterator[tuple[int, Placement]]:
+    """``placement`` cut into runs of ``unit`` positions, numbered."""
+    if placement.length <= unit:
+        return iter(((0, placement),))
+    return enumerate(placement.split(unit))
