@@ -14,11 +14,11 @@ ratio over rounds), each writing into a fresh folder of the same disk:
   one environment, committing every 100,000 records and syncing at the end (no hashing, no
   manifest): the floor the columnar build was written against (target: >= 1.0x of it);
 - Lance ``lance.write_dataset(table)`` (which does not fsync), Parquet
-  (``pyarrow.parquet.write_table(table, compression="none")``, its file fsynced) and ArrayRecord (``ArrayRecordWriter`` with
-  ``group_size:1,uncompressed``, the random-access layout bench_peers_big.py reads, each record's
-  264 bytes) writing the same arrays, each in the peers' side venv (--peers, from
-  bench/baselines/venvs.sh; bench/baselines/peer_writers.py), timed inside that process from
-  arrays already in memory.
+  (``pyarrow.parquet.write_table(table, compression="none")``, its file fsynced) and
+  ArrayRecord (``ArrayRecordWriter`` with ``group_size:1,uncompressed``, the random-access
+  layout bench_peers_big.py reads, each record's 264 bytes) writing the same arrays, each in
+  the peers' side venv (--peers, from bench/baselines/venvs.sh; bench/baselines/peer_writers.py),
+  timed inside that process from arrays already in memory.
 """
 
 from __future__ import annotations

@@ -271,18 +271,15 @@ class PageWriter:
             nodes[:, :, 4] = 1  # F_BIGDATA
             spill = pages[:, 1:].reshape(units, per_leaf, layout.overflow * psize)
             first = numbers + 1 + np.arange(per_leaf) * layout.overflow
-            nodes[:, :, at : at + _PGNO] = first.astype("<u8").view(np.uint8).reshape(
-                units, per_leaf, _PGNO
-            )
-            spill[:, :, :_PGNO] = first.astype("<u8").view(np.uint8).reshape(
-                units, per_leaf, _PGNO
-            )
+            numbered = first.astype("<u8").view(np.uint8).reshape(units, per_leaf, _PGNO)
+            nodes[:, :, at : at + _PGNO] = numbered
+            spill[:, :, :_PGNO] = numbered
             spill[:, :, 10] = P_OVERFLOW
             spill[:, :, 12:16] = np.frombuffer(struct.pack("<I", layout.overflow), np.uint8)
             spill[:, :, PAGE_HEADER : PAGE_HEADER + layout.width] = values
         else:
             nodes[:, :, at : at + layout.width] = values
-        self._write(pages.reshape(-1))
+        self._write(pages.reshape(-1).data)
         self._pages += units * size
         self.records += len(rows)
 
@@ -299,7 +296,7 @@ class PageWriter:
         for page, number, first, count in zip(pages, numbers, firsts, counts):
             _branch_page(page, int(number), children[first : first + count],
                          starts[first : first + count])  # fmt: skip
-        self._write(pages.reshape(-1))
+        self._write(pages.reshape(-1).data)
         self._pages += len(counts)
         return numbers, starts[firsts]
 
@@ -309,7 +306,7 @@ def _header(pages: np.ndarray, numbers: np.ndarray, kind: int, count: int, node:
     from the page's end down, as LMDB adds them); returns the nodes, ``[page, node, byte]``."""
     psize = pages.shape[1]
     head = np.zeros(PAGE_HEADER + _SLOT * count, np.uint8)
-    struct.pack_into("<HHH", head, 10, kind, PAGE_HEADER + _SLOT * count, psize - count * node)
+    struct.pack_into("<HHH", head.data, 10, kind, PAGE_HEADER + _SLOT * count, psize - count * node)
     slots = psize - node * np.arange(1, count + 1, dtype=np.int64)
     head[PAGE_HEADER:] = slots.astype("<u2").view(np.uint8)
     pages[:, : len(head)] = head
@@ -326,9 +323,9 @@ def _branch_page(page: np.ndarray, number: int, children: np.ndarray, starts: np
     sizes = np.full(len(children), other, np.int64)
     sizes[0] = first
     ends = psize - np.cumsum(sizes)  # where each node starts, from the page's end down
-    struct.pack_into("<QHHHH", page, 0, number, 0, P_BRANCH, PAGE_HEADER + _SLOT * len(children),
-                     int(ends[-1]))  # fmt: skip
-    page[PAGE_HEADER : PAGE_HEADER + _SLOT * len(children)] = ends.astype("<u2").view(np.uint8)
+    lower = PAGE_HEADER + _SLOT * len(children)
+    struct.pack_into("<QHHHH", page.data, 0, number, 0, P_BRANCH, lower, int(ends[-1]))
+    page[PAGE_HEADER:lower] = ends.astype("<u2").view(np.uint8)
     # A branch node's child page number is its lo, hi and flags words: 6 bytes, little-endian.
     pgno = children.astype("<u8").view(np.uint8).reshape(-1, 8)[:, :6]
     page[ends[:, None] + np.arange(6)] = pgno

@@ -93,7 +93,8 @@ class ChunkWriter:
     as LMDB lays them out (cache/pagewriter.py), then checked against LMDB's own reading of
     them; a chunk that fails the check is written again by puts. Puts are buffered and written
     in large transactions with MDB_APPEND. If the memory map is too small, the transaction is
-    aborted, the map grown, and the same buffered puts written again, so nothing is lost. ``prefix`` starts every file name: tasks of a parallel build
+    aborted, the map grown, and the same buffered puts written again, so nothing is lost.
+    ``prefix`` starts every file name: tasks of a parallel build
     write into one folder without clashing. ``on_close`` is called with each chunk as soon as
     it is complete (a build task hands it on while writing the next). ``schema`` is the digest
     of the schema the values were encoded with, ``build`` the id of the build the chunks are
@@ -232,7 +233,7 @@ class ChunkWriter:
         where they are equal in size (``values``, the first of them, tells)."""
         self._map_size = max(2 * self.chunk_bytes, 64 << 20)
         path = self._path(len(self.chunks))
-        self._env = self._open_env(path)
+        self._env = _open_env(path, self._map_size)
         self._chunk_records = 0
         self._chunk_bytes = 0
         if isinstance(values, EqualValues):
@@ -241,22 +242,7 @@ class ChunkWriter:
                 self._pages = PageWriter(path, values.width)
                 self._env = None
             except UnexpectedLayout:  # (not as LMDB 0.9 makes a file: LMDB writes it all)
-                self._env = self._open_env(path)
-
-    def _open_env(self, path: str) -> lmdb.Environment:
-        try:
-            return lmdb.open(
-                path,
-                subdir=False,
-                map_size=self._map_size,
-                lock=False,
-                sync=False,
-                metasync=False,
-                meminit=False,
-                max_dbs=0,
-            )
-        except (lmdb.Error, OSError) as exc:
-            raise unwritable(path, exc) from None
+                self._env = _open_env(path, self._map_size)
 
     def _append(self, values: Sequence[bytes] | EqualValues, start: int, stop: int) -> None:
         """Hand on ``values[start:stop]``, the current chunk's next records: to its page
@@ -279,12 +265,12 @@ class ChunkWriter:
         path = pages.path
         shape = pages.finish(self._map_size)
         self._map_size = max(self._map_size, 2 * os.path.getsize(path))
-        self._env = self._open_env(path)
-        if self._env.stat() == shape.stat() and self._reads_as_written(pages.samples):
+        self._env = _open_env(path, self._map_size)
+        if self._env.stat() == shape.stat() and _reads_as_written(self._env, pages.samples):
             return
         self._env.close()
         again = path + ".again"
-        self._env = self._open_env(again)
+        self._env = _open_env(again, self._map_size)
         step = _COMMIT_RECORDS
         for start in range(0, shape.entries, step):
             stop = min(start + step, shape.entries)
@@ -293,13 +279,7 @@ class ChunkWriter:
             self._commit()
         self._env.close()
         os.replace(again, path)
-        self._env = self._open_env(path)
-
-    def _reads_as_written(self, samples: Mapping[int, bytes]) -> bool:
-        """Whether LMDB's gets of the records sampled give the values written."""
-        assert self._env is not None
-        with self._env.begin(buffers=True) as txn:
-            return all(txn.get(_KEY.pack(i)) == value for i, value in samples.items())
+        self._env = _open_env(path, self._map_size)
 
     def _token_columns(self) -> tuple[list[tuple[bytes, bytes]], dict[str, int]]:
         """The current chunk's token columns as (key, value) pairs in key order, and the
@@ -404,6 +384,29 @@ class ChunkWriter:
         self._chunk_bytes = 0
         if self.on_close is not None:
             self.on_close(self.chunks[-1])
+
+
+def _open_env(path: str, map_size: int) -> lmdb.Environment:
+    """The LMDB environment of a chunk file being written (made where there is none)."""
+    try:
+        return lmdb.open(
+            path,
+            subdir=False,
+            map_size=map_size,
+            lock=False,
+            sync=False,
+            metasync=False,
+            meminit=False,
+            max_dbs=0,
+        )
+    except (lmdb.Error, OSError) as exc:
+        raise unwritable(path, exc) from None
+
+
+def _reads_as_written(env: lmdb.Environment, samples: Mapping[int, bytes]) -> bool:
+    """Whether LMDB's gets of the records sampled give the values written."""
+    with env.begin(buffers=True) as txn:
+        return all(txn.get(_KEY.pack(i)) == value for i, value in samples.items())
 
 
 def _items(
