@@ -9,14 +9,16 @@ ratio over rounds), each writing into a fresh folder of the same disk:
 - ``cache_dataset({"x": x, "y": y}, ...)``: the columnar build (encode a batch per call, values
   cut as LMDB takes them, chunk hashed while the disk syncs), every check included;
 - ``cache_dataset`` of the same records as an iterable of dicts (the record-by-record path);
+- ``np.save`` of the two columns, each file fsynced: the same bytes written plainly, the floor;
 - raw LMDB: a Python loop of ``txn.put(key, value, append=True)`` of the same record bytes into
   one environment, committing every 100,000 records and syncing at the end (no hashing, no
   manifest): the floor the columnar build was written against (target: >= 1.0x of it);
-- Lance ``lance.write_dataset(table)`` and ArrayRecord (``ArrayRecordWriter`` with
-  ``group_size:1,uncompressed``, the random-access layout bench_peers_big.py reads, each record's
-  264 bytes) writing the same arrays, each in the peers' side venv (--peers, from
-  bench/baselines/venvs.sh; bench/baselines/peer_writers.py), timed inside that process from
-  arrays already in memory.
+- Lance ``lance.write_dataset(table)`` (which does not fsync), Parquet
+  (``pyarrow.parquet.write_table(table, compression="none")``, its file fsynced) and
+  ArrayRecord (``ArrayRecordWriter`` with ``group_size:1,uncompressed``, the random-access
+  layout bench_peers_big.py reads, each record's 264 bytes) writing the same arrays, each in
+  the peers' side venv (--peers, from bench/baselines/venvs.sh; bench/baselines/peer_writers.py),
+  timed inside that process from arrays already in memory.
 """
 
 from __future__ import annotations
@@ -56,9 +58,19 @@ def raw_lmdb(folder: str, x: np.ndarray, y: np.ndarray) -> None:
     env.close()
 
 
+def numpy_save(folder: str, x: np.ndarray, y: np.ndarray) -> None:
+    """The columns' bytes written as .npy files and synced: no layout, no checks."""
+    for name, column in (("x", x), ("y", y)):
+        path = os.path.join(folder, f"{name}.npy")
+        with open(path, "wb") as f:
+            np.save(f, column)
+            f.flush()
+            os.fsync(f.fileno())
+
+
 def peer(python: str, kind: str, data: str, folder: str) -> float:
     """Seconds a peer took to write the arrays saved in ``data``, timed in its own process."""
-    out = os.path.join(folder, "peer.array_record" if kind == "array_record" else "peer.lance")
+    out = os.path.join(folder, f"peer.{kind}")
     result = run_baseline("peers", "peer_writers", [kind, data, out], python=python)
     if isinstance(result, str):
         raise SystemExit(f"{kind}: {result}")
@@ -95,13 +107,15 @@ def main(argv: list[str] | None = None) -> int:
     rows: dict[str, Callable[[str], float | None]] = {
         "yogadl_plus, columns": lambda f: ours(lambda: {"x": x, "y": y})(f),
         "yogadl_plus, records": lambda f: ours(records)(f),
+        "np.save of the columns (floor)": lambda f: numpy_save(f, x, y),
         "raw LMDB put loop": lambda f: raw_lmdb(f, x, y),
     }
     if os.path.exists(python):
         rows["Lance write_dataset"] = lambda f: peer(python, "lance", data, f)
+        rows["Parquet write_table, no compression"] = lambda f: peer(python, "parquet", data, f)
         rows["ArrayRecord writer"] = lambda f: peer(python, "array_record", data, f)
     else:
-        print(f"no peers venv at {args.peers}: Lance and ArrayRecord left out", file=sys.stderr)
+        print(f"no peers venv at {args.peers}: the peers left out", file=sys.stderr)
     times: dict[str, list[float]] = {name: [] for name in rows}
     try:
         for round_ in range(args.rounds):

@@ -1,12 +1,15 @@
-"""Lance and ArrayRecord writing the arrays of bench_build_columns, run in the peers venv from
-the repository root; prints {"seconds": ...}, timed in this process from arrays in memory.
+"""Lance, Parquet and ArrayRecord writing the arrays of bench_build_columns, run in the peers
+venv from the repository root; prints {"seconds": ...}, timed in this process from arrays in
+memory. Parquet (``pyarrow.parquet.write_table``, ``compression="none"``) is timed with the
+fsync of its file; Lance and ArrayRecord as they write by default (neither syncs).
 
-    .baselines/peers/bin/python -m bench.baselines.peer_writers lance|array_record DATA OUT
+    .baselines/peers/bin/python -m bench.baselines.peer_writers lance|parquet|array_record DATA OUT
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import numpy as np
@@ -18,11 +21,14 @@ def write(kind: str, data: str, out: str) -> float:
     """Seconds ``kind`` took to write x.npy and y.npy of ``data`` to ``out``."""
     x = np.load(data + "/x.npy")
     y = np.load(data + "/y.npy")
-    if kind == "lance":
-        import lance
+    if kind in ("lance", "parquet"):
         import pyarrow as pa
 
         table = pa.table({"x": pa.FixedSizeListArray.from_arrays(pa.array(x.ravel()), 64), "y": y})
+        if kind == "parquet":
+            return time_once(lambda: parquet(table, out))[0]
+        import lance
+
         return time_once(lambda: lance.write_dataset(table, out))[0]
     from array_record.python.array_record_module import ArrayRecordWriter
 
@@ -36,6 +42,18 @@ def write(kind: str, data: str, out: str) -> float:
         writer.close()
 
     return time_once(write_all)[0]
+
+
+def parquet(table: object, out: str) -> None:
+    """``table`` written as one Parquet file without compression, and synced."""
+    import pyarrow.parquet as pq
+
+    pq.write_table(table, out, compression="none")
+    fd = os.open(out, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 if __name__ == "__main__":

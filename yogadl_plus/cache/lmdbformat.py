@@ -10,7 +10,12 @@ import struct
 
 __all__ = [
     "DB",
+    "BRANCH_FIRST_NODE",
     "DB_OFFSET",
+    "LAST_PAGE_OFFSET",
+    "MAPSIZE_OFFSET",
+    "META_PAGES",
+    "MIN_KEYS",
     "F_BIGDATA",
     "INVALID_PAGE",
     "MAGIC",
@@ -21,8 +26,10 @@ __all__ = [
     "P_LEAF",
     "P_LEAF2",
     "P_META",
+    "P_OVERFLOW",
     "P_SUBPAGE",
     "TXNID_OFFSET",
+    "node_max",
     "overflow_page",
 ]
 
@@ -39,6 +46,18 @@ NODE = struct.Struct("<HHHH")  # lo, hi (a leaf's value size; a branch's child p
 # flags, key size; then the key, then the value
 DB_OFFSET = PAGE_HEADER + META.size  # the free DB's; the main DB's follows it
 TXNID_OFFSET = PAGE_HEADER + META.size + 2 * DB.size + 8
+LAST_PAGE_OFFSET = TXNID_OFFSET - 8  # mm_last_pg: the last page the tree uses
+MAPSIZE_OFFSET = PAGE_HEADER + 16  # mm_mapsize, in META
+META_PAGES = 2  # NUM_METAS: pages 0 and 1; the tree's pages follow
+MIN_KEYS = 2  # MDB_MINKEYS: a page holds at least two nodes, so a node is at most half a page
+# A branch page's first node has no key (its child holds everything before the second's).
+BRANCH_FIRST_NODE = NODE.size
+
+
+def node_max(psize: int) -> int:
+    """me_nodemax: the largest node, its slot in the page's index left out. A leaf node whose
+    key and value come to more keeps its value on overflow pages of its own."""
+    return (((psize - PAGE_HEADER) // MIN_KEYS) & -2) - 2
 
 
 def overflow_page(address: int) -> int | None:

@@ -19,8 +19,9 @@ import numpy as np
 from yogadl_plus.cache.integrity import stamp
 from yogadl_plus.cache.keys import IDENTITY_KEY, KEY_BYTES, column_key, record_keys, token_key
 from yogadl_plus.cache.manifest import MAX_CHUNK_RECORDS, ChunkInfo, chunk_id, new_build_id
+from yogadl_plus.cache.pagewriter import PageWriter
 from yogadl_plus.cache.tokencolumns import TokenBatch, stored_part, token_places
-from yogadl_plus.errors import CacheCorrupted, unwritable
+from yogadl_plus.errors import CacheCorrupted, UnexpectedLayout, unwritable
 from yogadl_plus.files import file_sha256
 
 __all__ = [
@@ -88,9 +89,12 @@ def chunk_identity(info: ChunkInfo, schema: str, build: str) -> dict[str, Any]:
 class ChunkWriter:
     """Appends record values to ``chunk-NNNNN.mdb`` files in ``directory``.
 
-    Puts are buffered and written in large transactions with MDB_APPEND. If the memory map is
-    too small, the transaction is aborted, the map grown, and the same buffered puts written
-    again, so nothing is lost. ``prefix`` starts every file name: tasks of a parallel build
+    A chunk of equal-size records (``EqualValues``) has its records' pages written directly,
+    as LMDB lays them out (cache/pagewriter.py), then checked against LMDB's own reading of
+    them; a chunk that fails the check is written again by puts. Puts are buffered and written
+    in large transactions with MDB_APPEND. If the memory map is too small, the transaction is
+    aborted, the map grown, and the same buffered puts written again, so nothing is lost.
+    ``prefix`` starts every file name: tasks of a parallel build
     write into one folder without clashing. ``on_close`` is called with each chunk as soon as
     it is complete (a build task hands it on while writing the next). ``schema`` is the digest
     of the schema the values were encoded with, ``build`` the id of the build the chunks are
@@ -121,6 +125,7 @@ class ChunkWriter:
         self.build = build if build is not None else new_build_id()
         self.chunks: list[ChunkInfo] = []
         self._env: lmdb.Environment | None = None
+        self._pages: PageWriter | None = None  # the current chunk's records, written directly
         self._pending: list[Items] = []
         self._pending_bytes = 0
         self._pending_records = 0
@@ -178,8 +183,8 @@ class ChunkWriter:
         ends = np.cumsum(sizes)
         start = 0
         while start < count:
-            if self._env is None:
-                self._open_chunk()
+            if self._env is None and self._pages is None:
+                self._open_chunk(values)
             # Fill the current chunk up to its size limit (the value that reaches it included),
             # then roll over.
             before = int(ends[start - 1]) if start else 0
@@ -187,9 +192,7 @@ class ChunkWriter:
             stop = min(int(np.searchsorted(ends, before + room, side="left")) + 1, count)
             stop = min(stop, start + MAX_CHUNK_RECORDS - 1 - self._chunk_records)
             taken = int(ends[stop - 1]) - before
-            self._pending.append(
-                functools.partial(_items, values, self._chunk_records, start, stop)
-            )
+            self._append(values, start, stop)
             for name, column in (columns or {}).items():
                 self._columns.setdefault(name, []).append(column[start:stop])
             for name, batch in tokens.items():
@@ -209,11 +212,14 @@ class ChunkWriter:
 
     def close(self) -> list[ChunkInfo]:
         """Finish the last chunk; returns every chunk written, each checked and hashed."""
-        if self._env is not None:
+        if self._env is not None or self._pages is not None:
             self._close_chunk()
         return self.chunks
 
     def abort(self) -> None:
+        if self._pages is not None:
+            self._pages.close()
+            self._pages = None
         if self._env is not None:
             self._env.close()
             self._env = None
@@ -222,24 +228,58 @@ class ChunkWriter:
     def _path(self, number: int) -> str:
         return os.path.join(self.directory, chunk_file_name(number, self.prefix))
 
-    def _open_chunk(self) -> None:
+    def _open_chunk(self, values: Sequence[bytes] | EqualValues) -> None:
+        """Start the next chunk: a new LMDB file, whose records' pages are written directly
+        where they are equal in size (``values``, the first of them, tells)."""
         self._map_size = max(2 * self.chunk_bytes, 64 << 20)
         path = self._path(len(self.chunks))
-        try:
-            self._env = lmdb.open(
-                path,
-                subdir=False,
-                map_size=self._map_size,
-                lock=False,
-                sync=False,
-                metasync=False,
-                meminit=False,
-                max_dbs=0,
-            )
-        except (lmdb.Error, OSError) as exc:
-            raise unwritable(path, exc) from None
+        self._env = _open_env(path, self._map_size)
         self._chunk_records = 0
         self._chunk_bytes = 0
+        if isinstance(values, EqualValues):
+            self._env.close()  # (LMDB made the file: its meta pages)
+            try:
+                self._pages = PageWriter(path, values.width)
+                self._env = None
+            except UnexpectedLayout:  # (not as LMDB 0.9 makes a file: LMDB writes it all)
+                self._env = _open_env(path, self._map_size)
+
+    def _append(self, values: Sequence[bytes] | EqualValues, start: int, stop: int) -> None:
+        """Hand on ``values[start:stop]``, the current chunk's next records: to its page
+        writer, or to the next commit once LMDB writes the chunk."""
+        pages = self._pages
+        if pages is not None and isinstance(values, EqualValues) and values.width == pages.width:
+            pages.add(memoryview(values.data)[start * values.width : stop * values.width])
+            return
+        if pages is not None:  # (records of another size: LMDB appends them)
+            self._finish_pages()
+        self._pending.append(functools.partial(_items, values, self._chunk_records, start, stop))
+
+    def _finish_pages(self) -> None:
+        """Finish the records' pages of the current chunk and hand the file to LMDB, checking
+        that LMDB reads in it what was written; where it does not, the chunk's records are
+        written again by puts, into a new file."""
+        pages = self._pages
+        assert pages is not None and self._env is None
+        self._pages = None
+        path = pages.path
+        shape = pages.finish(self._map_size)
+        self._map_size = max(self._map_size, 2 * os.path.getsize(path))
+        self._env = _open_env(path, self._map_size)
+        if self._env.stat() == shape.stat() and _reads_as_written(self._env, pages.samples):
+            return
+        self._env.close()
+        again = path + ".again"
+        self._env = _open_env(again, self._map_size)
+        step = _COMMIT_RECORDS
+        for start in range(0, shape.entries, step):
+            stop = min(start + step, shape.entries)
+            written = EqualValues(pages.written(start, stop), pages.width)
+            self._pending.append(functools.partial(written.items, start, 0, stop - start))
+            self._commit()
+        self._env.close()
+        os.replace(again, path)
+        self._env = _open_env(path, self._map_size)
 
     def _token_columns(self) -> tuple[list[tuple[bytes, bytes]], dict[str, int]]:
         """The current chunk's token columns as (key, value) pairs in key order, and the
@@ -275,7 +315,10 @@ class ChunkWriter:
             )
 
     def _commit(self) -> None:
-        assert self._env is not None
+        if self._env is None:  # (records written directly: nothing to commit yet)
+            self._pending_bytes = 0
+            self._pending_records = 0
+            return
         while True:
             try:
                 with self._env.begin(write=True) as txn:
@@ -294,6 +337,8 @@ class ChunkWriter:
         self._pending_records = 0
 
     def _close_chunk(self) -> None:
+        if self._pages is not None:
+            self._finish_pages()
         assert self._env is not None
         path = self._path(len(self.chunks))
         names = sorted(self._columns)  # column keys sort after the identity key, by name
@@ -339,6 +384,29 @@ class ChunkWriter:
         self._chunk_bytes = 0
         if self.on_close is not None:
             self.on_close(self.chunks[-1])
+
+
+def _open_env(path: str, map_size: int) -> lmdb.Environment:
+    """The LMDB environment of a chunk file being written (made where there is none)."""
+    try:
+        return lmdb.open(
+            path,
+            subdir=False,
+            map_size=map_size,
+            lock=False,
+            sync=False,
+            metasync=False,
+            meminit=False,
+            max_dbs=0,
+        )
+    except (lmdb.Error, OSError) as exc:
+        raise unwritable(path, exc) from None
+
+
+def _reads_as_written(env: lmdb.Environment, samples: Mapping[int, bytes]) -> bool:
+    """Whether LMDB's gets of the records sampled give the values written."""
+    with env.begin(buffers=True) as txn:
+        return all(txn.get(_KEY.pack(i)) == value for i, value in samples.items())
 
 
 def _items(

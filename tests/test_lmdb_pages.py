@@ -1,0 +1,218 @@
+"""Chunks of equal-size records written as LMDB's own pages (cache/pagewriter.py): the file is
+the one LMDB makes of the same records appended (its gets, its stat), the page map reads it, a
+version built so streams as any other, damage to its pages is found by the sha256 check, a
+file LMDB disagrees with is written again by puts, and a build killed while writing pages
+publishes nothing."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import lmdb
+import numpy as np
+import pytest
+from helpers.damage import chunk_path, flip_byte
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+import yogadl_plus as ydl
+from yogadl_plus.cache import pagemap, pagewriter
+from yogadl_plus.cache.integrity import file_state
+from yogadl_plus.cache.keys import record_key
+from yogadl_plus.cache.writer import ChunkWriter, EqualValues
+
+PSIZE = 4096  # the OS's page: LMDB's page size
+PER_LEAF_264 = 14  # records of 264 bytes a leaf page holds
+OVERFLOW_FROM = 2027  # the smallest value LMDB puts on overflow pages of its own, in 4 KiB pages
+
+
+def open_env(path: Path, **kwargs: object) -> lmdb.Environment:
+    return lmdb.open(str(path), subdir=False, map_size=1 << 30, lock=False, max_dbs=0, **kwargs)
+
+
+def rows_of(count: int, width: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 256, (count, width), np.uint8)
+
+
+def written_directly(path: Path, rows: np.ndarray, cuts: list[int]) -> pagewriter.TreeShape:
+    """``rows`` written by the page writer into a new LMDB file at ``path``, in batches cut
+    at ``cuts``."""
+    open_env(path).close()
+    pages = pagewriter.PageWriter(str(path), rows.shape[1])
+    bounds = [0, *sorted(c % (len(rows) + 1) for c in cuts), len(rows)]
+    for start, stop in itertools.pairwise(bounds):
+        pages.add(rows[start:stop].tobytes())
+    return pages.finish(1 << 30)
+
+
+def appended_by_lmdb(path: Path, rows: np.ndarray) -> dict[str, int]:
+    """The stat of the same records put by py-lmdb with append=True."""
+    env = open_env(path)
+    with env.begin(write=True) as txn:
+        txn.cursor().putmulti(((record_key(i), row.tobytes()) for i, row in enumerate(rows)),
+                              append=True)  # fmt: skip
+    stat: dict[str, int] = env.stat()
+    env.close()
+    return stat
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    count=st.one_of(
+        st.sampled_from([0, 1, PER_LEAF_264 - 1, PER_LEAF_264, PER_LEAF_264 + 1]),
+        st.integers(0, 1500),
+    ),
+    width=st.one_of(
+        st.sampled_from([1, 8, 264, 2026, OVERFLOW_FROM, OVERFLOW_FROM + 1, 4080, 4081]),
+        st.integers(1, 2100),
+    ),
+    cuts=st.lists(st.integers(0, 10**6), max_size=4),
+)
+@example(count=75_000, width=1, cuts=[30_000])  # three levels: two of branch pages
+@example(count=700, width=2000, cuts=[1])  # two records a leaf: three levels from few records
+@example(count=2 * 291 * 290 + 1, width=2500, cuts=[])  # LMDB's split of full branch pages
+def test_pages_written_directly_are_the_tree_lmdb_appends(
+    tmp_path_factory: pytest.TempPathFactory, count: int, width: int, cuts: list[int]
+) -> None:
+    if count * max(width, 64) > 64 << 20:  # (the split example: its shape only, by the model)
+        pages = pagewriter.branch_pages(2 * 291 * 290 + 1, PSIZE)
+        assert pages[:2] == [290, 290] and sum(pages) == 2 * 291 * 290 + 1
+        return
+    folder = tmp_path_factory.mktemp("pages")
+    rows = rows_of(count, width, count + width)
+    shape = written_directly(folder / "direct.mdb", rows, cuts)
+    assert shape.stat() == appended_by_lmdb(folder / "lmdb.mdb", rows)
+    env = open_env(folder / "direct.mdb", readonly=True)
+    with env.begin() as txn:
+        assert env.stat() == shape.stat()
+        read = list(txn.cursor())
+        assert read == [(record_key(i), row.tobytes()) for i, row in enumerate(rows)]
+        value_map = pagemap.map_values(
+            str(folder / "direct.mdb"),
+            file_state(str(folder / "direct.mdb")),
+            count,
+            lambda i: txn.get(record_key(i)),
+        )
+    env.close()
+    if count:
+        assert value_map is not None
+        some = np.random.default_rng(count).integers(0, count, 50)
+        assert (value_map.gather(some) == rows[some]).all()
+
+
+def build(storage: ydl.LocalStorage, n: int = 3000) -> tuple[ydl.DataRef, dict[str, np.ndarray]]:
+    columns = {
+        "x": np.random.default_rng(1).standard_normal((n, 64)).astype(np.float32),
+        "y": np.arange(n, dtype=np.int64),
+    }
+    return ydl.cache_dataset(columns, "ds", "v1", storage, progress=False), columns
+
+
+def test_a_version_of_columns_is_written_directly_and_streams_as_any_other(
+    local_storage: ydl.LocalStorage, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    finished: list[pagewriter.TreeShape] = []
+    finish = pagewriter.PageWriter.finish
+    monkeypatch.setattr(
+        pagewriter.PageWriter, "finish", lambda self, size: finished.append(finish(self, size))
+        or finished[-1],
+    )  # fmt: skip
+    ref, columns = build(local_storage)
+    assert [shape.entries for shape in finished] == [3000]
+    batches = list(ref.stream(batch_size=256, shuffle=True, shuffle_seed=3))
+    order = np.concatenate([b["y"] for b in batches])
+    assert sorted(order.tolist()) == list(range(3000))
+    assert (np.concatenate([b["x"] for b in batches]) == columns["x"][order]).all()
+    ys = np.concatenate([b["y"] for b in ref.stream(batch_size=1000, fields=["y"])])
+    assert ys.tolist() == list(range(3000))  # (the whole-chunk column, added by LMDB)
+    ref.verify()
+
+
+@pytest.mark.parametrize("where", ["leaf page", "meta page", "branch page"])
+def test_a_flipped_byte_in_a_page_written_directly_is_found(
+    local_storage: ydl.LocalStorage, where: str
+) -> None:
+    ref, _ = build(local_storage)
+    path = chunk_path(ref)
+    ref.close()
+    at = {"leaf page": 5 * PSIZE + 3000, "meta page": PSIZE + 40, "branch page": None}[where]
+    if at is None:  # the root branch page, as the meta page the reader uses names it
+        env = open_env(path, readonly=True)
+        with env.begin() as txn:
+            txn.get(record_key(0))
+        env.close()
+        at = (os.path.getsize(path) // PSIZE - 1) * PSIZE + 100
+    flip_byte(path, at)
+    with pytest.raises(ydl.CacheCorrupted, match="sha256"):
+        list(local_storage.fetch("ds", "v1").stream(batch_size=512))
+
+
+def test_a_file_lmdb_reads_otherwise_is_written_again_by_puts(
+    local_storage: ydl.LocalStorage, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    stat = pagewriter.TreeShape.stat
+    monkeypatch.setattr(
+        pagewriter.TreeShape, "stat", lambda self: {**stat(self), "entries": self.entries + 1}
+    )
+    written = pagewriter.PageWriter.written
+    read_back: list[int] = []
+    monkeypatch.setattr(
+        pagewriter.PageWriter, "written",
+        lambda self, start, stop: read_back.append(stop - start) or written(self, start, stop),
+    )  # fmt: skip
+    ref, columns = build(local_storage)
+    assert read_back == [3000]  # every record written again, from what was written
+    assert not os.path.exists(str(chunk_path(ref)) + ".again")
+    assert (ref.get_batch(list(range(0, 3000, 7)))["x"] == columns["x"][::7]).all()
+    ref.verify()
+
+
+def test_a_chunk_started_directly_takes_records_of_other_sizes_by_puts(tmp_path: Path) -> None:
+    with ChunkWriter(str(tmp_path)) as writer:
+        writer.add_many(EqualValues(b"a" * 40, 8))
+        writer.add_many([b"bb", b"c" * 3000])
+        writer.add_many(EqualValues(b"d" * 16, 8))
+    (info,) = writer.chunks
+    env = open_env(tmp_path / info.file, readonly=True)
+    with env.begin() as txn:
+        values = [txn.get(record_key(i)) for i in range(info.records)]
+    env.close()
+    assert values == [b"a" * 8] * 5 + [b"bb", b"c" * 3000] + [b"d" * 8] * 2
+
+
+BUILD_KILLED_WRITING_PAGES = """
+import os, signal, sys
+import numpy as np
+import yogadl_plus as ydl
+from yogadl_plus.cache import pagewriter
+write = pagewriter.PageWriter._write_units
+def killed(self, rows, per_leaf):
+    write(self, rows, per_leaf)
+    if self.records > 20_000:
+        os.kill(os.getpid(), signal.SIGKILL)
+pagewriter.PageWriter._write_units = killed
+x = np.zeros((50_000, 16), np.float32)
+ydl.cache_dataset({"x": x}, "ds", "v1", ydl.LocalStorage(sys.argv[1]), progress=False)
+"""
+
+
+@pytest.mark.crash
+def test_a_build_killed_while_writing_pages_publishes_nothing(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    run = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(BUILD_KILLED_WRITING_PAGES), str(store)],
+        capture_output=True,
+        timeout=120,
+    )
+    assert run.returncode == -signal.SIGKILL, run.stderr.decode()
+    storage = ydl.LocalStorage(store)
+    assert ("ds", "v1") not in storage.list()
+    x = np.arange(50_000 * 16, dtype=np.float32).reshape(-1, 16)
+    ref = ydl.cache_dataset({"x": x}, "ds", "v1", storage, progress=False)
+    assert (ref.get_batch([0, 49_999])["x"] == x[[0, 49_999]]).all()

@@ -1,0 +1,334 @@
+"""A chunk of equal-size records written as LMDB's own pages, without a put per record.
+
+py-lmdb puts a record in about 0.5 us, whatever its size: for records of a few hundred bytes
+that is most of a columnar build. But where every value has one size, the B-tree LMDB makes of
+records put in key order with MDB_APPEND is known in advance, page by page (mdb.c, LMDB 0.9,
+data format version 1):
+
+- leaf pages filled node by node until the next node does not fit (``mdb_page_split``'s append
+  case puts the new node alone on a fresh page); a node is its header, the 4-byte key and the
+  value, its size made even; a value too big for a node (``node_max``) lies on overflow pages
+  of its own, its node holding their first page number (F_BIGDATA);
+- branch levels above, one node per child page, the first node of each page without a key; a
+  full branch page given one node more is split as LMDB splits it at its end: the left page
+  keeps all but its last node, the right page starts with that one and the new one;
+- the free DB empty, and the two meta pages.
+
+So those pages are made here with numpy, a batch of records at a time, and written to the file
+in page order as they come (memory of a batch, not a chunk); the branch pages and the meta
+page are written last.
+
+Why this is safe: the file is a genuine LMDB file. Its meta pages are the ones LMDB wrote when
+it created the file; only the second one is given the tree (its root, depth, counts and last
+page, transaction 1), as LMDB's first commit would. The chunk writer (cache/writer.py) then
+has LMDB open the file itself, which checks the meta page, and compares what LMDB reports of
+it (``env.stat()``: depth, pages of each kind, entries) and LMDB's gets of records sampled as
+they were written with what was written: on any difference the file is thrown away and the
+chunk written again by puts. Everything after that goes through LMDB as for any chunk: the
+chunk's other entries are added by an ordinary write transaction, the file is synced, hashed
+and stamped, and every reader reads it through LMDB, or through the page map
+(cache/pagemap.py), which checks its own walk of the pages against LMDB's gets.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import mmap
+import os
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+
+from yogadl_plus.cache.keys import KEY_BYTES
+from yogadl_plus.cache.lmdbformat import (
+    BRANCH_FIRST_NODE,
+    DB,
+    DB_OFFSET,
+    LAST_PAGE_OFFSET,
+    MAGIC,
+    MAPSIZE_OFFSET,
+    META,
+    META_PAGES,
+    NODE,
+    P_BRANCH,
+    P_LEAF,
+    P_META,
+    P_OVERFLOW,
+    PAGE_HEADER,
+    TXNID_OFFSET,
+    node_max,
+)
+from yogadl_plus.errors import UnexpectedLayout, unwritable
+
+__all__ = ["LeafLayout", "PageWriter", "TreeShape", "branch_pages", "leaf_layout"]
+
+_SLOT = 2  # a node's place in its page's index (indx_t)
+_PGNO = 8  # pgno_t
+# Records whose values are kept as written, to compare with LMDB's gets of them.
+_SAMPLE_EVERY = 4099  # (prime: the samples fall at every place in a page)
+_KEYS = np.dtype(">u4")  # a record's key (keys.record_key)
+assert _KEYS.itemsize == KEY_BYTES
+
+
+def _even(size: int) -> int:
+    return size + (size & 1)
+
+
+@dataclass(frozen=True)
+class LeafLayout:
+    """How records of ``width``-byte values lie on pages of ``psize`` bytes: ``per_leaf``
+    nodes of ``node`` bytes fill a leaf page; each value is on the leaf (``overflow`` 0) or on
+    ``overflow`` pages of its own, which follow their leaf page. A leaf page and its overflow
+    pages are a unit of ``unit`` pages."""
+
+    psize: int
+    width: int
+    node: int
+    per_leaf: int
+    overflow: int
+
+    @property
+    def unit(self) -> int:
+        return 1 + self.per_leaf * self.overflow
+
+    def value_offsets(self, records: np.ndarray) -> np.ndarray:
+        """Where in the file the value of each record (by index) starts."""
+        unit, slot = np.divmod(records, self.per_leaf)
+        leaf = META_PAGES + unit * self.unit
+        if self.overflow:
+            return (leaf + 1 + slot * self.overflow) * self.psize + PAGE_HEADER
+        return (leaf + 1) * self.psize - (slot + 1) * self.node + NODE.size + KEY_BYTES
+
+
+def leaf_layout(psize: int, width: int) -> LeafLayout:
+    """The layout LMDB gives values of ``width`` bytes, under 4-byte keys, in pages of
+    ``psize`` bytes (``mdb_node_add``, ``mdb_leaf_size``)."""
+    overflow = 0
+    value = width
+    if NODE.size + KEY_BYTES + width > node_max(psize):
+        overflow = (PAGE_HEADER - 1 + width) // psize + 1  # OVPAGES
+        value = _PGNO
+    node = _even(NODE.size + KEY_BYTES + value)
+    return LeafLayout(psize, width, node, (psize - PAGE_HEADER) // (node + _SLOT), overflow)
+
+
+def branch_pages(children: int, psize: int) -> list[int]:
+    """How many nodes each branch page over ``children`` pages holds, as LMDB splits them when
+    pages are appended: a page takes nodes until the next does not fit, then keeps all but its
+    last, which starts the next page with the new one (``mdb_page_split``, new index at end)."""
+    first = _even(BRANCH_FIRST_NODE) + _SLOT
+    other = _even(NODE.size + KEY_BYTES) + _SLOT
+    fits = 1 + (psize - PAGE_HEADER - first) // other
+    if children <= fits:
+        return [children]
+    full = -(-(children - fits) // (fits - 1))
+    return [fits - 1] * full + [children - full * (fits - 1)]
+
+
+@dataclass(frozen=True)
+class TreeShape:
+    """What LMDB's ``env.stat()`` says of the main tree of a file: the same names."""
+
+    psize: int
+    depth: int
+    branch_pages: int
+    leaf_pages: int
+    overflow_pages: int
+    entries: int
+
+    def stat(self) -> dict[str, int]:
+        return dataclasses.asdict(self)
+
+
+class PageWriter:
+    """Writes records of ``width`` bytes each, keyed 0, 1, ... in order, as the B-tree pages
+    of the LMDB file at ``path``, which LMDB has just created (its two meta pages, nothing
+    else). ``add`` writes every full leaf page as it comes; ``finish`` the rest, the branch
+    pages and the meta page, and says what LMDB should find. Samples of the values written
+    are kept in ``samples`` (record index: value) for that check."""
+
+    def __init__(self, path: str, width: int) -> None:
+        self.path = path
+        self.width = width
+        with open(path, "rb") as f:
+            metas = f.read()
+        psize = DB.unpack_from(metas, DB_OFFSET)[0] if len(metas) >= DB_OFFSET + DB.size else 0
+        if psize < 512 or len(metas) != META_PAGES * psize:
+            raise UnexpectedLayout(f"{path}: not a new LMDB file ({len(metas)} bytes)")
+        self._meta = bytearray(metas[psize:])  # the page LMDB's first commit would write
+        magic = META.unpack_from(self._meta, PAGE_HEADER)[0]
+        kind = struct.unpack_from("<H", self._meta, 10)[0]
+        root = DB.unpack_from(self._meta, DB_OFFSET + DB.size)[-1]
+        if magic != MAGIC or kind != P_META or root != 2**64 - 1:
+            raise UnexpectedLayout(f"{path}: not a new, empty LMDB file")
+        self.layout = leaf_layout(psize, width)
+        self.records = 0
+        self.samples: dict[int, bytes] = {}
+        self._carry = np.empty((0, width), np.uint8)  # records short of a full leaf page
+        self._pages = META_PAGES
+        self._file = open(path, "r+b", buffering=0)  # noqa: SIM115 (closed by finish/close)
+        self._file.seek(META_PAGES * psize)
+
+    def add(self, data: bytes | memoryview) -> None:
+        """Append the records laid end to end in ``data`` (a multiple of ``width`` bytes)."""
+        rows = np.frombuffer(data, np.uint8).reshape(-1, self.width)
+        first = self.records + len(self._carry)
+        for i in range(-first % _SAMPLE_EVERY, len(rows), _SAMPLE_EVERY):
+            self.samples[first + i] = rows[i].tobytes()
+        if len(rows):
+            self.samples[first + len(rows) - 1] = rows[-1].tobytes()
+        per_leaf = self.layout.per_leaf
+        if len(self._carry):
+            take = min(per_leaf - len(self._carry), len(rows))
+            self._carry = np.concatenate([self._carry, rows[:take]])
+            rows = rows[take:]
+            if len(self._carry) < per_leaf:
+                return
+            self._write_units(self._carry, per_leaf)
+            self._carry = self._carry[:0]
+        whole = len(rows) - len(rows) % per_leaf
+        if whole:
+            self._write_units(rows[:whole], per_leaf)
+        self._carry = rows[whole:].copy()
+
+    def finish(self, map_size: int) -> TreeShape:
+        """Write the last leaf page, the branch pages and the meta page; the file is then an
+        LMDB file of the records added, for a map of at least ``map_size`` bytes. Returns the
+        tree's shape, as LMDB should report it."""
+        layout = self.layout
+        if len(self._carry):
+            self._write_units(self._carry, len(self._carry))
+        leaves = -(-self.records // layout.per_leaf)
+        depth, pages, branches = 0, leaves, 0
+        if leaves:
+            depth = 1
+            starts = np.arange(leaves, dtype=np.int64) * layout.per_leaf
+            children = META_PAGES + np.arange(leaves, dtype=np.int64) * layout.unit
+            while len(children) > 1:
+                children, starts = self._write_branches(children, starts)
+                branches += len(children)
+                depth += 1
+            root = int(children[0])
+        shape = TreeShape(
+            layout.psize, depth, branches, pages, self.records * layout.overflow, self.records
+        )
+        if depth:
+            last = self._pages - 1
+            meta = self._meta
+            DB.pack_into(meta, DB_OFFSET + DB.size, 0, 0, depth, branches, pages,
+                         shape.overflow_pages, self.records, root)  # fmt: skip
+            struct.pack_into("<Q", meta, LAST_PAGE_OFFSET, last)
+            struct.pack_into("<Q", meta, TXNID_OFFSET, 1)
+            least = max(map_size, (last + 1) * layout.psize)
+            struct.pack_into("<Q", meta, MAPSIZE_OFFSET, least)
+            self._write(meta, at=layout.psize)
+        self.close()
+        return shape
+
+    def close(self) -> None:
+        self._file.close()
+
+    def written(self, start: int, stop: int) -> bytes:
+        """The values of records ``start .. stop - 1`` as they lie in the file written."""
+        with open(self.path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+            data = np.frombuffer(m, np.uint8)
+            at = self.layout.value_offsets(np.arange(start, stop, dtype=np.int64))
+            out = data[at[:, None] + np.arange(self.width)].tobytes()
+            del data
+            return out
+
+    def _write(self, data: bytes | bytearray | memoryview, at: int | None = None) -> None:
+        view = memoryview(data)
+        try:
+            if at is not None:
+                os.pwrite(self._file.fileno(), view, at)
+                return
+            while len(view):
+                view = view[self._file.write(view) or 0 :]
+        except OSError as exc:  # a full disk
+            raise unwritable(self.path, exc) from None
+
+    def _write_units(self, rows: np.ndarray, per_leaf: int) -> None:
+        """Write ``rows`` as units (a leaf page and its overflow pages) of ``per_leaf`` records
+        each, the next pages of the file."""
+        layout, psize = self.layout, self.layout.psize
+        units = len(rows) // per_leaf
+        size = 1 + per_leaf * layout.overflow  # pages a unit takes
+        pages = np.zeros((units, size, psize), np.uint8)
+        numbers = self._pages + np.arange(units, dtype=np.int64)[:, None] * size
+        leaf = pages[:, 0]
+        nodes = _header(leaf, numbers[:, 0], P_LEAF, per_leaf, layout.node)
+        nodes[:, :, 0:4] = np.frombuffer(struct.pack("<I", layout.width), np.uint8)  # lo, hi
+        nodes[:, :, 6] = KEY_BYTES
+        keys = np.arange(self.records, self.records + len(rows), dtype=_KEYS)
+        nodes[:, :, NODE.size : NODE.size + KEY_BYTES] = keys.view(np.uint8).reshape(
+            units, per_leaf, KEY_BYTES
+        )
+        values = rows.reshape(units, per_leaf, layout.width)
+        at = NODE.size + KEY_BYTES
+        if layout.overflow:
+            nodes[:, :, 4] = 1  # F_BIGDATA
+            spill = pages[:, 1:].reshape(units, per_leaf, layout.overflow * psize)
+            first = numbers + 1 + np.arange(per_leaf) * layout.overflow
+            numbered = first.astype("<u8").view(np.uint8).reshape(units, per_leaf, _PGNO)
+            nodes[:, :, at : at + _PGNO] = numbered
+            spill[:, :, :_PGNO] = numbered
+            spill[:, :, 10] = P_OVERFLOW
+            spill[:, :, 12:16] = np.frombuffer(struct.pack("<I", layout.overflow), np.uint8)
+            spill[:, :, PAGE_HEADER : PAGE_HEADER + layout.width] = values
+        else:
+            nodes[:, :, at : at + layout.width] = values
+        self._write(pages.reshape(-1).data)
+        self._pages += units * size
+        self.records += len(rows)
+
+    def _write_branches(
+        self, children: np.ndarray, starts: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Write the branch level over pages ``children`` (whose first records are ``starts``):
+        returns its pages and their first records."""
+        psize = self.layout.psize
+        counts = branch_pages(len(children), psize)
+        numbers = self._pages + np.arange(len(counts), dtype=np.int64)
+        pages = np.zeros((len(counts), psize), np.uint8)
+        firsts = np.cumsum([0, *counts[:-1]])
+        for page, number, first, count in zip(pages, numbers, firsts, counts):
+            _branch_page(page, int(number), children[first : first + count],
+                         starts[first : first + count])  # fmt: skip
+        self._write(pages.reshape(-1).data)
+        self._pages += len(counts)
+        return numbers, starts[firsts]
+
+
+def _header(pages: np.ndarray, numbers: np.ndarray, kind: int, count: int, node: int) -> np.ndarray:
+    """Fill the header and index of ``pages`` (each ``count`` nodes of ``node`` bytes, laid
+    from the page's end down, as LMDB adds them); returns the nodes, ``[page, node, byte]``."""
+    psize = pages.shape[1]
+    head = np.zeros(PAGE_HEADER + _SLOT * count, np.uint8)
+    struct.pack_into("<HHH", head.data, 10, kind, PAGE_HEADER + _SLOT * count, psize - count * node)
+    slots = psize - node * np.arange(1, count + 1, dtype=np.int64)
+    head[PAGE_HEADER:] = slots.astype("<u2").view(np.uint8)
+    pages[:, : len(head)] = head
+    pages[:, :8] = numbers.astype("<u8").view(np.uint8).reshape(-1, 8)
+    return pages[:, psize - count * node :].reshape(len(pages), count, node)[:, ::-1]
+
+
+def _branch_page(page: np.ndarray, number: int, children: np.ndarray, starts: np.ndarray) -> None:
+    """Fill ``page`` as the branch page ``number`` over ``children``: a node each, holding the
+    child's page number and its first key (none for the first node)."""
+    psize = len(page)
+    first = _even(BRANCH_FIRST_NODE)
+    other = _even(NODE.size + KEY_BYTES)
+    sizes = np.full(len(children), other, np.int64)
+    sizes[0] = first
+    ends = psize - np.cumsum(sizes)  # where each node starts, from the page's end down
+    lower = PAGE_HEADER + _SLOT * len(children)
+    struct.pack_into("<QHHHH", page.data, 0, number, 0, P_BRANCH, lower, int(ends[-1]))
+    page[PAGE_HEADER:lower] = ends.astype("<u2").view(np.uint8)
+    # A branch node's child page number is its lo, hi and flags words: 6 bytes, little-endian.
+    pgno = children.astype("<u8").view(np.uint8).reshape(-1, 8)[:, :6]
+    page[ends[:, None] + np.arange(6)] = pgno
+    page[ends[1:] + 6] = KEY_BYTES
+    keys = starts[1:].astype(_KEYS).view(np.uint8).reshape(-1, KEY_BYTES)
+    page[ends[1:, None] + NODE.size + np.arange(KEY_BYTES)] = keys
