@@ -564,11 +564,11 @@ def _checked_at_once(
         if version >= 2 and not (_hex(ids, 32) and len(set(ids)) == count):
             return None
         column_lists = list(map(tuple, columns))
-        for names in set(column_lists):  # (a value that is no str is unhashable, or refused)
+        for listed in set(column_lists):  # (a value that is no str is unhashable, or refused)
             if (
-                not _all(names, str)
-                or len(set(names)) != len(names)
-                or not allowed.issuperset(names)
+                not _all(listed, str)
+                or len(set(listed)) != len(listed)
+                or not allowed.issuperset(listed)
             ):
                 return None
     except TypeError:  # an unhashable value
