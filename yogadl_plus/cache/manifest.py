@@ -17,7 +17,10 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from operator import itemgetter
 from typing import Any
+
+import numpy as np
 
 from yogadl_plus.cache.tokencolumns import TokenCounts, token_fields
 from yogadl_plus.checks import check_name
@@ -54,6 +57,13 @@ _WRITTEN_NAME = re.compile(r"(?:p(\d+)-[0-9a-f]+-)?chunk-(\d+)\.mdb")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _CHUNK_ID = re.compile(r"[0-9a-f]{32}")  # (a build id too)
 _CHUNK_KEYS = {"file", "records", "bytes", "sha256", "columns", "id"}
+# The file names of a whole chunk list, one a line, each a _CHUNK_FILE that is a _WRITTEN_NAME
+# (ASCII digits, at most 9: part and number fit any int): its name, part and number.
+_WRITTEN_FILES = re.compile(
+    r"^(?:[A-Za-z0-9_-][A-Za-z0-9._-]*/)?((?:p([0-9]{1,9})-[0-9a-f]+-)?chunk-([0-9]{1,9})\.mdb)$",
+    re.MULTILINE,
+)
+_HEX = b"0123456789abcdef"
 _MAX_TOKENS = 2**62
 _NO_TOKENS = TokenCounts()
 
@@ -275,15 +285,19 @@ class _Checker:
             raise self.fail("chunks", "a list", chunks_json)
         columns_allowed = {f.name for f in schema if f.fixed and f.shape == ()}
         tokens = _token_columns(schema) if version >= 4 else None
-        chunks = self.chunks(chunks_json, version, columns_allowed, tokens)
-        self.in_written_order(chunks)
-        for attribute in ("file", "id"):
-            self.distinct(chunks, attribute)
-        build = ""
+        build = body.get("build", "") if version >= 3 else ""
+        quick = _checked_at_once(chunks_json, version, columns_allowed, tokens, build)
+        # Where anything is wrong, the entries are checked one by one, and what is named.
+        chunks = quick or self.chunks(chunks_json, version, columns_allowed, tokens)
+        if quick is None:
+            self.in_written_order(chunks)
+            for attribute in ("file", "id"):
+                self.distinct(chunks, attribute)
         if version >= 3:
             build = self.get(body, "build", "build")
             build = self.text(build, "build", lambda s: bool(_CHUNK_ID.fullmatch(s)))
-            self.of_build(chunks, build)
+            if quick is None:
+                self.of_build(chunks, build)
         total = sum(c.records for c in chunks)
         count = self.integer(self.get(body, "num_records", "num_records"), "num_records", 0, 2**62)
         if count != total:
@@ -509,3 +523,144 @@ def _tokens_fit(counts: Any, records: int, expected: Mapping[str, int | None]) -
         if per is not None and count != per * records:
             return False
     return True
+
+
+def _checked_at_once(
+    entries: list[Any],
+    version: int,
+    allowed: set[str],
+    tokens: Mapping[str, int | None] | None,
+    build: Any,
+) -> list[ChunkInfo] | None:
+    """The chunks of a manifest's entries, checked a field at a time over all entries (10^4
+    entries in a few milliseconds, where one by one took 80): or None if any check fails, and
+    ``_Checker`` checks them one by one, naming what is wrong. It checks all that
+    ``_Checker.chunks``, ``in_written_order``, ``distinct`` and ``of_build`` (``build``: the
+    manifest's field, format 3 on) check, never less; what it accepts, they accept."""
+    count = len(entries)
+    if not count:
+        return None
+    required = _chunk_keys(version)
+    try:
+        if set(map(type, entries)) != {dict}:
+            return None
+        if any(
+            len(keys) != len(required) or set(keys) != required for keys in set(map(tuple, entries))
+        ):
+            return None
+        files, records, sizes, hashes, columns = (
+            list(map(itemgetter(key), entries))
+            for key in ("file", "records", "bytes", "sha256", "columns")
+        )
+        ids = list(map(itemgetter("id"), entries)) if version >= 2 else [""] * count
+        if not (
+            _all(files, str) and _all(records, int) and _all(sizes, int) and _all(columns, list)
+        ):
+            return None
+        if min(records) < 0 or max(records) >= MAX_CHUNK_RECORDS:
+            return None
+        if min(sizes) < 1 or max(sizes) > 2**62 or not _hex(hashes, 64):
+            return None
+        if version >= 2 and not (_hex(ids, 32) and len(set(ids)) == count):
+            return None
+        column_lists = list(map(tuple, columns))
+        for listed in set(column_lists):  # (a value that is no str is unhashable, or refused)
+            if (
+                not _all(listed, str)
+                or len(set(listed)) != len(listed)
+                or not allowed.issuperset(listed)
+            ):
+                return None
+    except TypeError:  # an unhashable value
+        return None
+    names = _written_in_order(files)
+    counts = _token_counts(entries, records, tokens)
+    if names is None or counts is None or len(set(files)) != count:
+        return None
+    if version >= 3:
+        if type(build) is not str or not _CHUNK_ID.fullmatch(build):
+            return None
+        made = hashlib.sha256(f"{build}/".encode())
+        if list(map(lambda name: _continued(made, name), names)) != ids:
+            return None
+    return list(map(_chunk_info, files, records, sizes, hashes, column_lists, ids, counts))
+
+
+def _all(values: Any, kind: type) -> bool:
+    """Every one of ``values`` is exactly of type ``kind`` (a bool is no int)."""
+    return set(map(type, values)) <= {kind}
+
+
+def _hex(values: list[str], length: int) -> bool:
+    """Every one of ``values`` is a str of ``length`` lowercase hex digits."""
+    if not _all(values, str) or set(map(len, values)) != {length}:
+        return False
+    try:
+        joined = "".join(values).encode("ascii")
+    except UnicodeEncodeError:
+        return False
+    return not joined.translate(None, _HEX)
+
+
+def _written_in_order(files: list[str]) -> list[str] | None:
+    """The names (without the build folder) of chunk ``files`` that are plain relative names
+    as ChunkWriter writes them, listed in the order they were written (see
+    ``_Checker.in_written_order``); None if any is not."""
+    lines = "\n".join(files)
+    if lines.count("\n") != len(files) - 1:
+        return None
+    found = _WRITTEN_FILES.findall(lines)
+    if len(found) != len(files):
+        return None
+    names, parts, numbers = zip(*found)
+    part = np.array([int(p) if p else -1 for p in parts], dtype=np.int64)
+    number = np.array(list(map(int, numbers)), dtype=np.int64)
+    same_part = part[1:] == part[:-1]
+    follows = np.where(
+        same_part, number[1:] == number[:-1] + 1, (number[1:] == 0) & (part[1:] > part[:-1])
+    )
+    return list(names) if number[0] == 0 and follows.all() else None
+
+
+def _token_counts(
+    entries: list[dict[str, Any]], records: list[int], tokens: Mapping[str, int | None] | None
+) -> list[TokenCounts] | None:
+    """Each entry's token counts, checked (``_tokens_fit``); None if one is wrong."""
+    if tokens is None:
+        return [_NO_TOKENS] * len(entries)
+    counts = list(map(itemgetter("tokens"), entries))
+    if not tokens:  # no token fields: every entry's counts are {}
+        return [_NO_TOKENS] * len(entries) if _all(counts, dict) and not any(counts) else None
+    if not all(map(lambda c, r: _tokens_fit(c, r, tokens), counts, records)):
+        return None
+    return list(map(TokenCounts, counts))
+
+
+def _continued(digest: Any, name: str) -> str:
+    """``chunk_id(build, name)``, from the digest of ``build + "/"``."""
+    ours = digest.copy()
+    ours.update(name.encode())
+    return str(ours.hexdigest()[:32])
+
+
+def _chunk_info(
+    file: str,
+    records: int,
+    size: int,
+    sha256: str,
+    columns: tuple[str, ...],
+    id: str,
+    tokens: TokenCounts,
+) -> ChunkInfo:
+    """A ChunkInfo of values checked already (``ChunkInfo(...)`` would check them again, and
+    takes three times as long)."""
+    info = object.__new__(ChunkInfo)
+    fields = info.__dict__
+    fields["file"] = file
+    fields["records"] = records
+    fields["bytes"] = size
+    fields["sha256"] = sha256
+    fields["columns"] = columns
+    fields["id"] = id
+    fields["tokens"] = tokens
+    return info
