@@ -222,9 +222,10 @@ class ResumableDataLoader(DataLoader):
         self._items = _StreamItems(plan, unit, None if boundary.filtered else user_collate)
         self._rings: list[SharedRing | None] | None = None
         group = _group_size(plan, unit) if kwargs.get("num_workers") else 1
-        # Without DataLoader workers, a stream with workers of its own reads ahead with them.
-        no_workers = not kwargs.get("num_workers") and stream.workers.num_workers
-        self._ahead = _reading_copy(stream) if no_workers else None
+        # Without DataLoader workers, a copy of the stream reads the epochs (ahead, with the
+        # stream's workers if it has any): it reads units of several batches, where DataLoader
+        # would fetch one item at a time.
+        self._ahead = _reading_copy(stream) if not kwargs.get("num_workers") else None
         super().__init__(
             self._items,
             batch_size=None,
@@ -277,6 +278,10 @@ class ResumableDataLoader(DataLoader):
         before the one that fails, then raises its error (a RuntimeWarning says so if reading
         here meets none: a worker process died, or could not send a result back)."""
         cursor = self._cursor
+        if cursor.position >= self.plan.epoch_length(cursor.epoch):
+            # (A state taken after the epoch's last item: nothing is left of it. Its offset
+            # is also where the next epoch starts, which a seek would read.)
+            return
         ahead.seek(self.plan.offset_of(cursor.epoch, cursor.position))
         cursor.follows = ahead
         # (Left unfinished, this iteration drops ``items`` with it, and their units in flight.)

@@ -72,11 +72,6 @@ class FieldSpans:
         """The spans gathered from the record values (the fields not read ``whole``)."""
         return tuple(span for span, whole in zip(self.spans, self.whole) if not whole)
 
-    @property
-    def record_bytes(self) -> int:
-        """The bytes of one record's fields."""
-        return sum(width for _, width in self.spans)
-
     def reading_whole(self, columns: Collection[str]) -> FieldSpans:
         """These spans with the fields named in ``columns`` read from whole-chunk columns."""
         return replace(self, whole=tuple(name in columns for name in self.names))

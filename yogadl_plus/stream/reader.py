@@ -38,7 +38,7 @@ from yogadl_plus.stream.stats import (
 )
 
 if TYPE_CHECKING:
-    from yogadl_plus.cache.fixed import Allocate, Values
+    from yogadl_plus.cache.fixed import Allocate, FieldSpans, Values
     from yogadl_plus.ngram import NGram
     from yogadl_plus.order.placement import Placement
     from yogadl_plus.predicates import Predicate
@@ -76,10 +76,17 @@ class LeafReader:
         if self.predicate is not None:
             self._predicate_fields = self.dataref.select(sorted(self.predicate.get_fields()))
         # Records read plainly (every one, whole) whose fields lie at fixed places in their
-        # values have each field gathered from the chunk files straight into its array.
+        # values have each field gathered from the chunk files straight into its array: how,
+        # asked of the leaf at the first read (a stream made reads nothing).
         plain = self.predicate is None and self.skip is None and self.ngram is None
-        self._spans = self.dataref.field_spans(self.fields) if plain and not self.encoded else None
-        self._bytes = self._spans.record_bytes if self._spans is not None else 0
+        self._spans: FieldSpans | None | bool = plain and not self.encoded
+
+    def _field_spans(self) -> FieldSpans | None:
+        """How ``read_spans`` reads this reader's fields, or None (read values, decode)."""
+        spans = self._spans
+        if spans is True:
+            spans = self._spans = self.dataref.field_spans(self.fields)
+        return spans or None
 
     def __call__(self, start: int, indices: np.ndarray, epoch: int | np.ndarray = 0) -> Block:
         """The block of the records (or windows) at ``indices``, at consecutive positions from
@@ -91,7 +98,7 @@ class LeafReader:
             block.work[READING] += perf_counter() - began - block.work[TRANSFORMS]
             return block
         work = new_work()
-        spans = self._spans
+        spans = self._field_spans()
         # (Into a worker process's ring, ``allocate``, values are decoded as ever.)
         columns = (
             self.dataref.read_spans(indices, spans)
@@ -101,8 +108,6 @@ class LeafReader:
         if columns is not None:  # (gathered into their arrays: nothing left to decode)
             read = perf_counter()
             work[READING] += read - began
-            if self.as_columns:
-                return Block(ends, columns=columns, work=work, nbytes=len(ends) * self._bytes)
         else:
             keep, values = self.kept_values(indices, work)
             if keep is not None:

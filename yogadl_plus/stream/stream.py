@@ -26,6 +26,7 @@ from yogadl_plus.stream.ledger import Ledger, position_after
 from yogadl_plus.stream.lineage import lineage, position_after_items
 from yogadl_plus.stream.plan import StreamPlan
 from yogadl_plus.stream.state import StreamState
+from yogadl_plus.stream.units import FIRST_RECORDS
 from yogadl_plus.stream.stats import StatsCounter, StreamStats
 from yogadl_plus.stream.workers import OrderedPool
 
@@ -249,7 +250,10 @@ class Stream:
             # (A transform's work dwarfs the hand-over, and its output may be far bigger than
             # the records: units stay a batch, so that memory and the first batch's wait do.)
             unit = max(unit, unit * (sizes.pool_unit // unit))
-        units = plan.units.runs(epoch, position, unit, first_short=boundary.batch_size is None)
+        # The first unit is short, so that the first item comes quickly: a few records, or one
+        # batch (a unit of many, of a true shuffle over many chunks, opens that many more).
+        first = FIRST_RECORDS if boundary.batch_size is None else boundary.batch_size
+        units = plan.units.runs(epoch, position, unit, first)
         if self._pool is None:
             return _timed(plan.stats, map(plan.reader, units), waited=False)
         return _timed(plan.stats, self._pool.map(units), waited=True)

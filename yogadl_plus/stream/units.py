@@ -21,11 +21,10 @@ if TYPE_CHECKING:
     from yogadl_plus.stream.reader import SourceReader, Unit
     from yogadl_plus.streamsource import StreamSource
 
-__all__ = ["READ_AHEAD_BYTES", "UnitSizes", "Units"]
+__all__ = ["FIRST_RECORDS", "READ_AHEAD_BYTES", "UnitSizes", "Units"]
 
-# Positions whose order is computed at once: few first, so the first item comes fast (then
-# the source's place_block).
-_FIRST_BLOCK = 32
+#: Positions of a record stream's first unit: few, so that the first item comes fast.
+FIRST_RECORDS = 32
 # Positions placed at once for adapters that ask one item at a time.
 _CACHED_BLOCK = 16384
 # Positions a unit of work reads when iterating record by record (bounds memory and latency)...
@@ -114,13 +113,13 @@ class Units:
             cached = self._cached = (epoch, start, end, self.placed(epoch, start, end))
         return cached[3][start - cached[1] : stop - cached[1]]
 
-    def runs(self, epoch: int, position: int, unit: int, first_short: bool) -> Iterator[Unit]:
+    def runs(self, epoch: int, position: int, unit: int, first: int = 0) -> Iterator[Unit]:
         """Consecutive units of at most ``unit`` positions from ``position`` to the end of the
         epoch, each announced to the source's DataRefs about ``read_ahead`` positions before it
-        is read (n-gram windows announce their anchor records); with ``first_short``, the first
-        is short so that the first item comes quickly."""
+        is read (n-gram windows announce their anchor records); the first of ``first``
+        positions, where that is not 0 (so that the first item comes quickly)."""
         span = max(unit, self._block // unit * unit)
-        spans = self._spans(epoch, position, span, min(_FIRST_BLOCK, unit) if first_short else 0)
+        spans = self._spans(epoch, position, span, min(first, unit))
         if span <= self.sizes.read_ahead:
             # (Spans announced whole, a hint per span instead of one per unit: a warm stream
             # of small records pays its hints per several thousand positions.)
