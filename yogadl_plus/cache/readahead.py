@@ -9,6 +9,11 @@ starts the reads and returns: the disk sees a deep queue of reads of the records
 stream will read. Pages already in memory cost a few probes per hint (``RWF_NOWAIT`` reads of
 one byte), nothing more. Hints change only what is in the page cache, never what is read: a
 stale or wrong hint costs speed, not data.
+
+The kernel reads at most its read-ahead size of one ``WILLNEED`` call (``force_page_cache_ra``
+in mm/readahead.c caps it at the larger of the device's ``read_ahead_kb`` and
+``max_sectors_kb``, 128 KiB on many machines) and drops the rest without a word, so a range is
+asked for in pieces of that size (``hint_piece_bytes``).
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from yogadl_plus import lifecycle
 from yogadl_plus.cache.manifest import ChunkInfo
 from yogadl_plus.cache.pages import PageMap, page_map
 
-__all__ = ["MIN_RECORD_BYTES", "PENDING_HINTS", "ReadAhead"]
+__all__ = ["MIN_RECORD_BYTES", "PENDING_HINTS", "ReadAhead", "hint_piece_bytes"]
 
 #: Chunks whose records are smaller than this on average get no page hints. All are hinted: a
 #: small record's hint is its leaf page (found from the branch pages alone, 20 ms per 288 MiB
@@ -40,12 +45,21 @@ _PROBES = 4
 # After this many hints in a row found everything in memory, only a hint every _WARM_SAMPLE
 # records is looked at (a warm version costs the stream almost nothing); a miss looks at all
 # again. Counted in records, not hints: a serve costs about the same whatever its size, and the
-# sources of a mixture each get a share of every unit's records, a hint each.
+# sources of a mixture each get a share of every unit's records, a hint each. And at least a
+# hint every _WARM_SAMPLE_BYTES of records: pages go cold again (a version bigger than memory, a
+# page cache dropped between epochs), and 8192 big records unhinted are gigabytes read 4 KiB at
+# a time before a miss is seen.
 _WARM_STREAK = 8
 _WARM_SAMPLE = 8192
+_WARM_SAMPLE_BYTES = 4 << 20
 # Spans closer than this are asked for as one range (sequential reads become big ones).
 _MERGE_GAP = 64 << 10
 _CAN_PROBE = hasattr(os, "preadv") and hasattr(os, "RWF_NOWAIT")
+# The pieces a range is asked for in where the device's read-ahead size is not found (the
+# kernel's default read_ahead_kb).
+_DEFAULT_PIECE = 128 << 10
+# Each device's piece size, found once per process (a few reads of /sys).
+_PIECES: dict[int, int] = {}
 # Every live ReadAhead. At exit, while the interpreter is whole, each stops its thread: a daemon
 # thread still inside an extension when Python finalizes is ended from in there (pthread_exit),
 # and where that unwinds through C++ code the process aborts, "terminate called without an
@@ -71,6 +85,12 @@ class ReadAhead:
         self._busy = threading.Lock()
         self._resident_streak = 0  # hints in a row whose pages were all in memory
         self._skipped = 0  # records hinted since the last hint looked at, while warm
+        records = sum(info.records for info in chunks)
+        # Records hinted that are as many stored bytes as _WARM_SAMPLE_BYTES, on average.
+        self._sample = _WARM_SAMPLE
+        if records:
+            average = sum(info.bytes for info in chunks) / records
+            self._sample = max(1, min(_WARM_SAMPLE, int(_WARM_SAMPLE_BYTES // max(average, 1))))
         _ALL.add(self)
 
     def hint(self, indices: np.ndarray) -> None:
@@ -79,7 +99,7 @@ class ReadAhead:
             return
         if self._resident_streak >= _WARM_STREAK:
             self._skipped += len(indices)
-            if self._skipped < _WARM_SAMPLE:
+            if self._skipped < self._sample:
                 return
             self._skipped = 0
         with self._lock:
@@ -109,6 +129,9 @@ class ReadAhead:
                     os.close(entry[0])
         self._files = {}
         self._closed = False
+        # What is in memory may change before the next hint (a page cache dropped between
+        # epochs): look again from the first.
+        self._resident_streak = self._skipped = 0
 
     def _forget_after_fork(self) -> None:
         # The thread did not come along; the file descriptors did and stay usable.
@@ -140,9 +163,13 @@ class ReadAhead:
             if _resident(fd, offsets[:_PROBES]):
                 continue
             resident = False
+            piece = hint_piece_bytes(fd)
             for start, length in _merged(offsets, lengths):
-                with contextlib.suppress(OSError):
-                    os.posix_fadvise(fd, start, length, os.POSIX_FADV_WILLNEED)
+                for at in range(start, start + length, piece):
+                    with contextlib.suppress(OSError):
+                        os.posix_fadvise(
+                            fd, at, min(piece, start + length - at), os.POSIX_FADV_WILLNEED
+                        )
         self._resident_streak = self._resident_streak + 1 if resident else 0
 
     def _file(self, number: int) -> tuple[int, PageMap] | None:
@@ -180,6 +207,42 @@ def _run_thread(owner: weakref.ref[ReadAhead]) -> None:
             with ahead._busy, contextlib.suppress(Exception):  # a hint never fails a read
                 ahead._serve(indices)
         del ahead
+
+
+def hint_piece_bytes(fd: int) -> int:
+    """The most bytes one ``posix_fadvise(WILLNEED)`` on ``fd`` reads: the larger of its
+    device's ``read_ahead_kb`` and ``max_sectors_kb`` (128 KiB where /sys does not say)."""
+    device = os.fstat(fd).st_dev
+    piece = _PIECES.get(device)
+    if piece is None:
+        piece = _PIECES[device] = _device_piece(os.major(device), os.minor(device))
+    return piece
+
+
+def _device_piece(major: int, minor: int) -> int:
+    """The read-ahead cap of block device ``major:minor``, from /sys: its queue's (a
+    partition's is its disk's), else its backing device's (network and FUSE file systems)."""
+    block = f"/sys/dev/block/{major}:{minor}"
+    if os.path.exists(os.path.join(block, "partition")):
+        block = os.path.join(block, "..")
+    for folder, names in (
+        (os.path.join(block, "queue"), ("read_ahead_kb", "max_sectors_kb")),
+        (f"/sys/class/bdi/{major}:{minor}", ("read_ahead_kb",)),
+    ):
+        sizes = [_read_kib(os.path.join(folder, name)) for name in names]
+        found = [size for size in sizes if size is not None]
+        if found:
+            return max(max(found), 4096)
+    return _DEFAULT_PIECE
+
+
+def _read_kib(path: str) -> int | None:
+    """The number of KiB a /sys file holds, in bytes; None where it is missing or odd."""
+    try:
+        with open(path) as f:
+            return int(f.read().strip()) << 10
+    except (OSError, ValueError):
+        return None
 
 
 def _resident(fd: int, offsets: np.ndarray) -> bool:
