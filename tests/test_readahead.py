@@ -491,3 +491,28 @@ def test_hints_start_again_when_a_warm_version_goes_cold(local_storage, closed):
         )
     finally:
         ahead.close()
+
+
+def test_a_window_announced_in_many_small_hints_is_served_from_its_first(tmp_path, monkeypatch):
+    """A stream hands over its whole read-ahead window before reading a record, a hint per
+    unit: with batches of one that is a hundred hints at once. Hints waiting for the thread
+    are served in order, the first ones first (only 16 were kept, the newest: the records read
+    first were read unhinted, 4 KiB at a time)."""
+    import yogadl_plus.cache.readahead as readahead_module
+    from yogadl_plus.cache.readahead import ReadAhead
+
+    served: list[int] = []
+    monkeypatch.setattr(
+        readahead_module.ReadAhead, "_serve", lambda self, indices: served.append(int(indices[0]))
+    )
+    ahead = ReadAhead(str(tmp_path), [], np.zeros(1, np.int64))
+    try:
+        with ahead._busy:  # the thread waits here with the first hint it took
+            for first in range(128):
+                ahead.hint(np.array([first]))
+        deadline = time.monotonic() + 5
+        while len(served) < 128 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert served == list(range(128))
+    finally:
+        ahead.close()

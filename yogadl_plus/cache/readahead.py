@@ -31,15 +31,18 @@ from yogadl_plus import lifecycle
 from yogadl_plus.cache.manifest import ChunkInfo
 from yogadl_plus.cache.pages import PageMap, page_map
 
-__all__ = ["MIN_RECORD_BYTES", "PENDING_HINTS", "ReadAhead", "hint_piece_bytes"]
+__all__ = ["MIN_RECORD_BYTES", "PENDING_RECORDS", "ReadAhead", "hint_piece_bytes"]
 
 #: Chunks whose records are smaller than this on average get no page hints. All are hinted: a
 #: small record's hint is its leaf page (found from the branch pages alone, 20 ms per 288 MiB
 #: chunk, once), and cold, hinting them read a true shuffle of 264 B records 2.2x faster, while
 #: warm they pay 2-4% (docs/performance.md). Benchmarks set it to compare.
 MIN_RECORD_BYTES = 0
-#: Hints waiting for the thread at most; older ones are dropped (the stream has read past them).
-PENDING_HINTS = 16
+#: Records of hints waiting for the thread at most, far more than a stream announces ahead (a
+#: few thousand); past it, the oldest hints are dropped (the stream has read past them). A
+#: stream hands over its whole window before it reads a record, in as many hints as it has
+#: units there (a hundred of batches of one): those first hints are the ones read first.
+PENDING_RECORDS = 1 << 16
 # Spans probed for residency per chunk and hint: all in memory means nothing to ask for.
 _PROBES = 4
 # After this many hints in a row found everything in memory, only a hint every _WARM_SAMPLE
@@ -77,7 +80,8 @@ class ReadAhead:
         self._chunks = chunks
         self._starts = starts
         self._lock = threading.Condition()
-        self._pending: collections.deque[np.ndarray] = collections.deque(maxlen=PENDING_HINTS)
+        self._pending: collections.deque[np.ndarray] = collections.deque()
+        self._pending_records = 0
         self._thread: threading.Thread | None = None
         self._files: dict[int, tuple[int, PageMap] | None] = {}
         self._closed = False
@@ -104,6 +108,9 @@ class ReadAhead:
             self._skipped = 0
         with self._lock:
             self._pending.append(indices)
+            self._pending_records += len(indices)
+            while self._pending_records > PENDING_RECORDS and len(self._pending) > 1:
+                self._pending_records -= len(self._pending.popleft())
             if self._thread is None:
                 self._thread = threading.Thread(
                     target=_run_thread,
@@ -118,6 +125,7 @@ class ReadAhead:
         """Stop the thread and close the files (a later hint starts again)."""
         with self._lock:
             self._pending.clear()
+            self._pending_records = 0
             thread, self._thread = self._thread, None
             self._closed = True
             self._lock.notify()
@@ -138,6 +146,7 @@ class ReadAhead:
         self._lock = threading.Condition()
         self._busy = threading.Lock()
         self._pending.clear()
+        self._pending_records = 0
         self._thread = None
 
     def _next(self) -> np.ndarray | bool:
@@ -148,7 +157,11 @@ class ReadAhead:
                 self._lock.wait(timeout=1.0)
             if self._thread is not threading.current_thread():
                 return False
-            return self._pending.popleft() if self._pending else True
+            if not self._pending:
+                return True
+            indices = self._pending.popleft()
+            self._pending_records -= len(indices)
+            return indices
 
     def _serve(self, indices: np.ndarray) -> None:
         chunk = np.searchsorted(self._starts, indices, side="right") - 1
