@@ -372,3 +372,147 @@ def test_a_warm_version_looks_at_one_hint_per_sample_of_records(tmp_path, monkey
         assert len(served) == _WARM_STREAK + 19
     finally:
         ahead.close()
+
+
+def _evicted_chunk(ref):
+    """The path of ``ref``'s first chunk, its pages dropped from the page cache (no root
+    needed: POSIX_FADV_DONTNEED drops a file's clean pages no process maps); skips where the
+    file system keeps them (tmpfs)."""
+    path = os.path.join(ref.directory, ref.manifest.chunks[0].file)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+    if _resident_share(path, 0, os.path.getsize(path)) > 0.5:
+        pytest.skip("this file system keeps the pages of a file in memory")
+    return path
+
+
+def _resident_share(path, offset, length):
+    """The share of the pages of ``path``'s bytes ``[offset, offset + length)`` that are in the
+    page cache (mincore over a read-only map, which reads nothing)."""
+    import ctypes
+    import mmap
+
+    page = mmap.PAGESIZE
+    first = offset // page * page
+    pages = (offset + length - first + page - 1) // page
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+        address = np.frombuffer(m, np.uint8).ctypes.data + first
+        vector = (ctypes.c_ubyte * pages)()
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+        assert libc.mincore(address, pages * page, vector) == 0, ctypes.get_errno()
+        return sum(v & 1 for v in vector) / pages
+
+
+def _spans_of(path, records):
+    """(first byte, end) of each record's value in a chunk file, from its page map."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        pages = page_map(fd, records)
+    finally:
+        os.close(fd)
+    assert pages is not None
+    offsets, lengths = pages.spans(np.arange(records))
+    return offsets, offsets + lengths
+
+
+def _served(ahead, indices):
+    """Hands ``indices`` to ``ahead`` and waits until its thread took them."""
+    ahead.hint(indices)
+    deadline = time.monotonic() + 5
+    while ahead._pending and time.monotonic() < deadline:
+        time.sleep(0.001)
+    with ahead._busy:  # the hint taken is served
+        pass
+
+
+def _becomes_resident(path, start, end):
+    """True once ``path``'s bytes ``[start, end)`` are all in the page cache (the hinted reads
+    are done); False if they are not within 5 s."""
+    deadline = time.monotonic() + 5
+    while _resident_share(path, start, end - start) < 1.0:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux page cache")
+def test_a_hint_longer_than_the_kernel_reads_at_once_is_read_whole(local_storage):
+    """One posix_fadvise(WILLNEED) reads at most the device's read-ahead size (128 KiB on many
+    machines) and drops the rest: sequential records joined into one long range were read in
+    part, the rest later 4 KiB at a time. Every byte of a hint is asked for."""
+    from yogadl_plus.cache.readahead import ReadAhead
+
+    ref = _cache(local_storage, "long", 48, 256 << 10, chunk_bytes=64 << 20)  # 12 MiB
+    assert len(ref.manifest.chunks) == 1
+    path = _evicted_chunk(ref)
+    starts, ends = _spans_of(path, len(ref))
+    ahead = ReadAhead(ref.directory, ref.manifest.chunks, np.array([0]))
+    try:
+        _served(ahead, np.arange(len(ref)))
+        assert _becomes_resident(path, int(starts.min()), int(ends.max())), "read in part"
+    finally:
+        ahead.close()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux page cache")
+@pytest.mark.parametrize("closed", [False, True], ids=["same stream", "after close"])
+def test_hints_start_again_when_a_warm_version_goes_cold(local_storage, closed):
+    """A version whose pages were in memory (so that hints were only sampled) and then left it
+    (bigger than memory, or a page cache dropped between epochs) is hinted again within a few
+    MiB of records, and from the first hint after ``close``: sampled once per 8192 records,
+    big records were read unhinted for gigabytes."""
+    from yogadl_plus.cache.readahead import _WARM_STREAK, ReadAhead
+
+    ref = _cache(local_storage, f"cold{closed}", 64, 128 << 10, chunk_bytes=64 << 20)
+    path = os.path.join(ref.directory, ref.manifest.chunks[0].file)
+    with open(path, "rb") as f:  # in memory, read without a map (eviction skips mapped pages)
+        f.read()
+    starts, ends = _spans_of(path, len(ref))
+    ahead = ReadAhead(ref.directory, ref.manifest.chunks, np.array([0]))
+    try:
+        for _ in range(_WARM_STREAK + 1):
+            _served(ahead, np.arange(8))  # all in memory: the hints are only sampled now
+        if closed:
+            ahead.close()
+        _evicted_chunk(ref)
+        hinted = np.arange(8, 8 + (48 if not closed else 8))  # 6 MiB, or 1 MiB
+        for block in np.split(hinted, len(hinted) // 8):
+            _served(ahead, block)
+        # A hint looked at asks for its records (the last few of them at least).
+        last = hinted[-8:]
+        assert _becomes_resident(path, int(starts[last].min()), int(ends[last].max())), (
+            "the hints went unlooked-at"
+        )
+    finally:
+        ahead.close()
+
+
+def test_a_window_announced_in_many_small_hints_is_served_from_its_first(tmp_path, monkeypatch):
+    """A stream hands over its whole read-ahead window before reading a record, a hint per
+    unit: with batches of one that is a hundred hints at once. Hints waiting for the thread
+    are served in order, the first ones first (only 16 were kept, the newest: the records read
+    first were read unhinted, 4 KiB at a time)."""
+    import yogadl_plus.cache.readahead as readahead_module
+    from yogadl_plus.cache.readahead import ReadAhead
+
+    served: list[int] = []
+    monkeypatch.setattr(
+        readahead_module.ReadAhead, "_serve", lambda self, indices: served.append(int(indices[0]))
+    )
+    ahead = ReadAhead(str(tmp_path), [], np.zeros(1, np.int64))
+    try:
+        with ahead._busy:  # the thread waits here with the first hint it took
+            for first in range(128):
+                ahead.hint(np.array([first]))
+        deadline = time.monotonic() + 5
+        while len(served) < 128 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert served == list(range(128))
+    finally:
+        ahead.close()

@@ -9,10 +9,16 @@ starts the reads and returns: the disk sees a deep queue of reads of the records
 stream will read. Pages already in memory cost a few probes per hint (``RWF_NOWAIT`` reads of
 one byte), nothing more. Hints change only what is in the page cache, never what is read: a
 stale or wrong hint costs speed, not data.
+
+The kernel reads at most its read-ahead size of one ``WILLNEED`` call (``force_page_cache_ra``
+in mm/readahead.c caps it at the larger of the device's ``read_ahead_kb`` and
+``max_sectors_kb``, 128 KiB on many machines) and drops the rest without a word, so a range is
+asked for in pieces of that size (``hint_piece_bytes``).
 """
 
 from __future__ import annotations
 
+import bisect
 import collections
 import contextlib
 import os
@@ -26,26 +32,39 @@ from yogadl_plus import lifecycle
 from yogadl_plus.cache.manifest import ChunkInfo
 from yogadl_plus.cache.pages import PageMap, page_map
 
-__all__ = ["MIN_RECORD_BYTES", "PENDING_HINTS", "ReadAhead"]
+__all__ = ["MIN_RECORD_BYTES", "PENDING_RECORDS", "ReadAhead", "hint_piece_bytes"]
 
 #: Chunks whose records are smaller than this on average get no page hints. All are hinted: a
 #: small record's hint is its leaf page (found from the branch pages alone, 20 ms per 288 MiB
 #: chunk, once), and cold, hinting them read a true shuffle of 264 B records 2.2x faster, while
 #: warm they pay 2-4% (docs/performance.md). Benchmarks set it to compare.
 MIN_RECORD_BYTES = 0
-#: Hints waiting for the thread at most; older ones are dropped (the stream has read past them).
-PENDING_HINTS = 16
+#: Records of hints waiting for the thread at most, far more than a stream announces ahead (a
+#: few thousand); past it, the oldest hints are dropped (the stream has read past them). A
+#: stream hands over its whole window before it reads a record, in as many hints as it has
+#: units there (a hundred of batches of one): those first hints are the ones read first.
+PENDING_RECORDS = 1 << 16
 # Spans probed for residency per chunk and hint: all in memory means nothing to ask for.
 _PROBES = 4
 # After this many hints in a row found everything in memory, only a hint every _WARM_SAMPLE
 # records is looked at (a warm version costs the stream almost nothing); a miss looks at all
 # again. Counted in records, not hints: a serve costs about the same whatever its size, and the
-# sources of a mixture each get a share of every unit's records, a hint each.
+# sources of a mixture each get a share of every unit's records, a hint each. And at least a
+# hint every _WARM_SAMPLE_BYTES of records: pages go cold again (a version bigger than memory, a
+# page cache dropped between epochs), and 8192 big records unhinted are gigabytes read 4 KiB at
+# a time before a miss is seen. While warm, a sample looks at its first record only
+# (_first_resident: a whole serve every 4 MiB cost warm 256 KiB records 14%).
 _WARM_STREAK = 8
 _WARM_SAMPLE = 8192
+_WARM_SAMPLE_BYTES = 4 << 20
 # Spans closer than this are asked for as one range (sequential reads become big ones).
 _MERGE_GAP = 64 << 10
 _CAN_PROBE = hasattr(os, "preadv") and hasattr(os, "RWF_NOWAIT")
+# The pieces a range is asked for in where the device's read-ahead size is not found (the
+# kernel's default read_ahead_kb).
+_DEFAULT_PIECE = 128 << 10
+# Each device's piece size, found once per process (a few reads of /sys).
+_PIECES: dict[int, int] = {}
 # Every live ReadAhead. At exit, while the interpreter is whole, each stops its thread: a daemon
 # thread still inside an extension when Python finalizes is ended from in there (pthread_exit),
 # and where that unwinds through C++ code the process aborts, "terminate called without an
@@ -63,7 +82,8 @@ class ReadAhead:
         self._chunks = chunks
         self._starts = starts
         self._lock = threading.Condition()
-        self._pending: collections.deque[np.ndarray] = collections.deque(maxlen=PENDING_HINTS)
+        self._pending: collections.deque[np.ndarray] = collections.deque()
+        self._pending_records = 0
         self._thread: threading.Thread | None = None
         self._files: dict[int, tuple[int, PageMap] | None] = {}
         self._closed = False
@@ -71,6 +91,12 @@ class ReadAhead:
         self._busy = threading.Lock()
         self._resident_streak = 0  # hints in a row whose pages were all in memory
         self._skipped = 0  # records hinted since the last hint looked at, while warm
+        records = sum(info.records for info in chunks)
+        # Records hinted that are as many stored bytes as _WARM_SAMPLE_BYTES, on average.
+        self._sample = _WARM_SAMPLE
+        if records:
+            average = sum(info.bytes for info in chunks) / records
+            self._sample = max(1, min(_WARM_SAMPLE, int(_WARM_SAMPLE_BYTES // max(average, 1))))
         _ALL.add(self)
 
     def hint(self, indices: np.ndarray) -> None:
@@ -79,11 +105,14 @@ class ReadAhead:
             return
         if self._resident_streak >= _WARM_STREAK:
             self._skipped += len(indices)
-            if self._skipped < _WARM_SAMPLE:
+            if self._skipped < self._sample:
                 return
             self._skipped = 0
         with self._lock:
             self._pending.append(indices)
+            self._pending_records += len(indices)
+            while self._pending_records > PENDING_RECORDS and len(self._pending) > 1:
+                self._pending_records -= len(self._pending.popleft())
             if self._thread is None:
                 self._thread = threading.Thread(
                     target=_run_thread,
@@ -98,6 +127,7 @@ class ReadAhead:
         """Stop the thread and close the files (a later hint starts again)."""
         with self._lock:
             self._pending.clear()
+            self._pending_records = 0
             thread, self._thread = self._thread, None
             self._closed = True
             self._lock.notify()
@@ -109,12 +139,16 @@ class ReadAhead:
                     os.close(entry[0])
         self._files = {}
         self._closed = False
+        # What is in memory may change before the next hint (a page cache dropped between
+        # epochs): look again from the first.
+        self._resident_streak = self._skipped = 0
 
     def _forget_after_fork(self) -> None:
         # The thread did not come along; the file descriptors did and stay usable.
         self._lock = threading.Condition()
         self._busy = threading.Lock()
         self._pending.clear()
+        self._pending_records = 0
         self._thread = None
 
     def _next(self) -> np.ndarray | bool:
@@ -125,9 +159,15 @@ class ReadAhead:
                 self._lock.wait(timeout=1.0)
             if self._thread is not threading.current_thread():
                 return False
-            return self._pending.popleft() if self._pending else True
+            if not self._pending:
+                return True
+            indices = self._pending.popleft()
+            self._pending_records -= len(indices)
+            return indices
 
     def _serve(self, indices: np.ndarray) -> None:
+        if self._resident_streak >= _WARM_STREAK and self._first_resident(indices):
+            return  # warm: a sample's first record in memory says the version still is
         chunk = np.searchsorted(self._starts, indices, side="right") - 1
         resident = True
         for number in np.unique(chunk).tolist():
@@ -140,10 +180,25 @@ class ReadAhead:
             if _resident(fd, offsets[:_PROBES]):
                 continue
             resident = False
+            piece = hint_piece_bytes(fd)
             for start, length in _merged(offsets, lengths):
-                with contextlib.suppress(OSError):
-                    os.posix_fadvise(fd, start, length, os.POSIX_FADV_WILLNEED)
+                for at in range(start, start + length, piece):
+                    with contextlib.suppress(OSError):
+                        os.posix_fadvise(
+                            fd, at, min(piece, start + length - at), os.POSIX_FADV_WILLNEED
+                        )
         self._resident_streak = self._resident_streak + 1 if resident else 0
+
+    def _first_resident(self, indices: np.ndarray) -> bool:
+        """True when the first of these records is in memory: a few microseconds, where
+        serving the hint costs about 100 (looked at every few MiB of big records, warm)."""
+        first = int(indices[0])
+        number = bisect.bisect_right(self._starts, first) - 1
+        entry = self._file(number) if number >= 0 else None
+        if entry is None:
+            return False
+        offsets, _ = entry[1].spans(np.array([first - int(self._starts[number])]))
+        return _resident(entry[0], offsets)
 
     def _file(self, number: int) -> tuple[int, PageMap] | None:
         if number in self._files:
@@ -180,6 +235,42 @@ def _run_thread(owner: weakref.ref[ReadAhead]) -> None:
             with ahead._busy, contextlib.suppress(Exception):  # a hint never fails a read
                 ahead._serve(indices)
         del ahead
+
+
+def hint_piece_bytes(fd: int) -> int:
+    """The most bytes one ``posix_fadvise(WILLNEED)`` on ``fd`` reads: the larger of its
+    device's ``read_ahead_kb`` and ``max_sectors_kb`` (128 KiB where /sys does not say)."""
+    device = os.fstat(fd).st_dev
+    piece = _PIECES.get(device)
+    if piece is None:
+        piece = _PIECES[device] = _device_piece(os.major(device), os.minor(device))
+    return piece
+
+
+def _device_piece(major: int, minor: int) -> int:
+    """The read-ahead cap of block device ``major:minor``, from /sys: its queue's (a
+    partition's is its disk's), else its backing device's (network and FUSE file systems)."""
+    block = f"/sys/dev/block/{major}:{minor}"
+    if os.path.exists(os.path.join(block, "partition")):
+        block = os.path.join(block, "..")
+    for folder, names in (
+        (os.path.join(block, "queue"), ("read_ahead_kb", "max_sectors_kb")),
+        (f"/sys/class/bdi/{major}:{minor}", ("read_ahead_kb",)),
+    ):
+        sizes = [_read_kib(os.path.join(folder, name)) for name in names]
+        found = [size for size in sizes if size is not None]
+        if found:
+            return max(max(found), 4096)
+    return _DEFAULT_PIECE
+
+
+def _read_kib(path: str) -> int | None:
+    """The number of KiB a /sys file holds, in bytes; None where it is missing or odd."""
+    try:
+        with open(path) as f:
+            return int(f.read().strip()) << 10
+    except (OSError, ValueError):
+        return None
 
 
 def _resident(fd: int, offsets: np.ndarray) -> bool:
