@@ -79,7 +79,7 @@ class LeafReader:
         # values have each field gathered from the chunk files straight into its array: how,
         # asked of the leaf at the first read (a stream made reads nothing).
         plain = self.predicate is None and self.skip is None and self.ngram is None
-        self._spans: FieldSpans | None | bool = plain and not self.encoded
+        self._spans: FieldSpans | bool | None = plain and not self.encoded
 
     def _field_spans(self) -> FieldSpans | None:
         """How ``read_spans`` reads this reader's fields, or None (read values, decode)."""

@@ -26,8 +26,8 @@ from yogadl_plus.stream.ledger import Ledger, position_after
 from yogadl_plus.stream.lineage import lineage, position_after_items
 from yogadl_plus.stream.plan import StreamPlan
 from yogadl_plus.stream.state import StreamState
-from yogadl_plus.stream.units import FIRST_RECORDS
 from yogadl_plus.stream.stats import StatsCounter, StreamStats
+from yogadl_plus.stream.units import FIRST_RECORDS
 from yogadl_plus.stream.workers import OrderedPool
 
 if TYPE_CHECKING:

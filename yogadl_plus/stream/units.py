@@ -8,6 +8,7 @@ reads their pages meanwhile, a version read on demand fetches their chunks.
 
 from __future__ import annotations
 
+import itertools
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -143,6 +144,10 @@ class Units:
     def _announced(self, runs: Iterator[Unit]) -> Iterator[Unit]:
         """``runs``, each announced about ``read_ahead`` positions before it is handed on."""
         ahead = self.sizes.read_ahead
+        runs = iter(runs)
+        # The first is read at once, unannounced: no hint could come ahead of it, and starting
+        # the read-ahead (page maps of every chunk it touches) would only delay it.
+        yield from itertools.islice(runs, 1)
         if not ahead:
             yield from runs
             return
