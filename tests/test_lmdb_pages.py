@@ -2,29 +2,36 @@
 the one LMDB makes of the same records appended (its gets, its stat), the page map reads it, a
 version built so streams as any other, damage to its pages is found by the sha256 check, a
 file LMDB disagrees with is written again by puts, and a build killed while writing pages
-publishes nothing."""
+publishes nothing. LMDB's own tools (lmdb-utils: mdb_stat, mdb_dump, mdb_load) read such a file
+as theirs, and LMDB goes on writing it; records handed over one at a time are not held in
+memory; a full disk and a build killed after the pages are finished leave nothing behind."""
 
 from __future__ import annotations
 
 import itertools
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import textwrap
+import tracemalloc
 from pathlib import Path
+from unittest import mock
 
 import lmdb
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from helpers.damage import chunk_path, flip_byte
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import yogadl_plus as ydl
-from yogadl_plus.cache import pagemap, pagewriter
+from yogadl_plus.cache import pagemap, pages, pagewriter
 from yogadl_plus.cache.integrity import file_state
-from yogadl_plus.cache.keys import record_key
+from yogadl_plus.cache.keys import IDENTITY_KEY, record_key
 from yogadl_plus.cache.writer import ChunkWriter, EqualValues
 
 PSIZE = 4096  # the OS's page: LMDB's page size
@@ -191,12 +198,12 @@ import os, signal, sys
 import numpy as np
 import yogadl_plus as ydl
 from yogadl_plus.cache import pagewriter
-write = pagewriter.PageWriter._write_units
+write = pagewriter.PageWriter._write_on_leaves
 def killed(self, rows, per_leaf):
     write(self, rows, per_leaf)
     if self.records > 20_000:
         os.kill(os.getpid(), signal.SIGKILL)
-pagewriter.PageWriter._write_units = killed
+pagewriter.PageWriter._write_on_leaves = killed
 x = np.zeros((50_000, 16), np.float32)
 ydl.cache_dataset({"x": x}, "ds", "v1", ydl.LocalStorage(sys.argv[1]), progress=False)
 """
@@ -216,3 +223,173 @@ def test_a_build_killed_while_writing_pages_publishes_nothing(tmp_path: Path) ->
     x = np.arange(50_000 * 16, dtype=np.float32).reshape(-1, 16)
     ref = ydl.cache_dataset({"x": x}, "ds", "v1", storage, progress=False)
     assert (ref.get_batch([0, 49_999])["x"] == x[[0, 49_999]]).all()
+
+
+def lmdb_tool(*args: str | Path, given: bytes = b"") -> bytes:
+    """What one of LMDB's own tools prints (skipped where lmdb-utils is not installed)."""
+    if shutil.which(str(args[0])) is None:
+        pytest.skip("LMDB's tools are not installed (apt-get install lmdb-utils)")
+    done = subprocess.run([str(a) for a in args], input=given, capture_output=True)
+    assert done.returncode == 0, done.stderr.decode()
+    return done.stdout
+
+
+def records_of(env: lmdb.Environment) -> dict[bytes, bytes]:
+    with env.begin() as txn:
+        return dict(txn.cursor())
+
+
+@settings(max_examples=6, deadline=None)
+@given(
+    count=st.sampled_from([1, 14, 15, 186, 371]),
+    width=st.sampled_from([1, 264, 2026, OVERFLOW_FROM, 4081, 9000]),
+    cuts=st.lists(st.integers(0, 10**6), max_size=6),
+    group=st.sampled_from([PSIZE, 3 * PSIZE, 32 << 20]),
+)
+@example(count=371, width=4081, cuts=list(range(371)), group=PSIZE)  # one at a time
+def test_lmdb_reads_and_goes_on_writing_a_file_written_directly(
+    tmp_path_factory: pytest.TempPathFactory, count: int, width: int, cuts: list[int], group: int
+) -> None:
+    folder = tmp_path_factory.mktemp("pages")
+    rows = rows_of(count, width, count * width)
+    direct = folder / "direct.mdb"
+    with mock.patch.object(pagewriter, "_GROUP_BYTES", group, create=True):
+        written_directly(direct, rows, cuts)
+    appended_by_lmdb(folder / "lmdb.mdb", rows)
+    # LMDB's own tools: the same records as LMDB's appends, and a file they load back.
+    dump = lmdb_tool("mdb_dump", "-n", direct)
+    assert dump == lmdb_tool("mdb_dump", "-n", folder / "lmdb.mdb")
+    lmdb_tool("mdb_load", "-n", folder / "loaded.mdb", given=dump)
+    assert lmdb_tool("mdb_dump", "-n", folder / "loaded.mdb") == dump
+    lmdb_tool("mdb_stat", "-n", "-a", "-e", "-f", "-r", direct)
+    want = {record_key(i): row.tobytes() for i, row in enumerate(rows)}
+    env = open_env(direct, readonly=True)
+    with env.begin() as txn:
+        cursor = txn.cursor()
+        assert cursor.last()
+        backwards = [cursor.item()]
+        while cursor.prev():
+            backwards.append(cursor.item())
+        assert backwards == sorted(want.items(), reverse=True)
+        assert all(cursor.set_range(key) and cursor.key() == key for key in want)
+    env.copy(str(folder / "compact.mdb"), compact=True)
+    env.close()
+    assert records_of(open_env(folder / "compact.mdb", readonly=True)) == want
+    # Read-ahead's walk of the pages: each value's own pages, else its leaf page, holds it.
+    with open(direct, "rb") as f:
+        spans = pages.page_map(f.fileno(), count)
+        data = f.read()
+    assert spans is not None
+    for i, (at, size) in enumerate(zip(*spans.spans(np.arange(count)))):
+        assert rows[i].tobytes() in data[at : at + size]
+    # LMDB goes on writing it: values replaced by others of any size, deleted, added after.
+    rng = np.random.default_rng(count)
+    env = open_env(direct)
+    for _ in range(3):
+        with env.begin(write=True) as txn:
+            for key in map(record_key, rng.integers(0, count, 8).tolist()):
+                if key[-1] % 3 == 0:
+                    txn.delete(key)
+                    want.pop(key, None)
+                else:
+                    want[key] = rng.bytes(int(rng.integers(0, 3 * PSIZE)))
+                    txn.put(key, want[key])
+            extra = IDENTITY_KEY + rng.bytes(4)
+            want[extra] = rng.bytes(int(rng.integers(0, 2 * PSIZE)))
+            txn.put(extra, want[extra])
+    assert records_of(env) == want
+    env.close()
+    lmdb_tool("mdb_stat", "-n", "-a", "-e", "-f", "-r", direct)
+
+
+def test_records_handed_over_one_at_a_time_are_not_held_in_memory(tmp_path: Path) -> None:
+    # Parquet written a row per row group comes a row at a time: a chunk's records must not
+    # pile up in memory (nor be copied again with each record) before the chunk is finished.
+    x = np.random.default_rng(0).standard_normal((300, 25_000)).astype(np.float32)
+    column = pa.FixedSizeListArray.from_arrays(pa.array(x.reshape(-1)), x.shape[1])
+    pq.write_table(pa.table({"x": column}), tmp_path / "x.parquet", row_group_size=1)
+    tracemalloc.start()
+    try:
+        ref = ydl.cache_dataset(
+            str(tmp_path / "x.parquet"), "ds", "v1", ydl.LocalStorage(tmp_path), progress=False
+        )
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < x.nbytes / 2, f"{peak / 2**20:.0f} MiB held for {x.nbytes / 2**20:.0f} MiB"
+    assert (ref.get_batch([0, 150, 299])["x"] == x[[0, 150, 299]]).all()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root")
+def test_a_full_disk_while_writing_pages_names_the_chunk_and_leaves_nothing(
+    tmp_path: Path,
+) -> None:
+    small = tmp_path / "small"
+    small.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "none", str(small)])
+    if mounted.returncode:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        storage = ydl.LocalStorage(small / "store")
+        x = np.ones((40_000, 64), np.uint8)  # pages of ~3 MiB
+        with pytest.raises(ydl.StorageError, match=r"chunk-00000\.mdb: no space left"):
+            ydl.cache_dataset({"x": x}, "ds", "v1", storage, progress=False)
+        left = [f for _, _, files in os.walk(small) for f in files if not f.startswith("+lock")]
+        assert left == [] and storage.list() == []
+    finally:
+        subprocess.run(["umount", "-l", str(small)])
+
+
+BUILD_KILLED_AFTER_PAGES = """
+import os, signal, sys
+import numpy as np
+import yogadl_plus as ydl
+from yogadl_plus.cache import pagewriter, writer
+step = sys.argv[2]
+def killed(original):
+    def then_kill(*args, **kwargs):
+        done = original(*args, **kwargs)
+        os.kill(os.getpid(), signal.SIGKILL)
+    return then_kill
+if step == "pages finished":  # meta page written, LMDB has not opened the file yet
+    pagewriter.PageWriter.finish = killed(pagewriter.PageWriter.finish)
+elif step == "other entries added":  # LMDB's transaction committed, the file not yet synced
+    writer._Hash = killed(writer._Hash)
+else:  # the chunk synced and stamped, the version not yet published
+    writer.stamp = killed(writer.stamp)
+x = np.zeros((5_000, 16), np.float32)
+ydl.cache_dataset({"x": x, "y": np.arange(5_000)}, "ds", "v1", ydl.LocalStorage(sys.argv[1]),
+                  progress=False)
+"""
+
+
+@pytest.mark.crash
+@pytest.mark.parametrize("step", ["pages finished", "other entries added", "chunk stamped"])
+def test_a_build_killed_after_writing_pages_publishes_nothing(tmp_path: Path, step: str) -> None:
+    store = tmp_path / "store"
+    run = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(BUILD_KILLED_AFTER_PAGES), str(store), step],
+        capture_output=True,
+        timeout=120,
+    )
+    assert run.returncode == -signal.SIGKILL, run.stderr.decode()
+    storage = ydl.LocalStorage(store)
+    assert storage.list() == []
+    x = np.arange(5_000 * 16, dtype=np.float32).reshape(-1, 16)
+    ref = ydl.cache_dataset({"x": x}, "ds", "v1", storage, progress=False)
+    assert (ref.get_batch([0, 4_999])["x"] == x[[0, 4_999]]).all()
+    ref.verify()
+
+
+@pytest.mark.parametrize("width", [264, 9000])
+def test_writes_cut_short_are_finished(tmp_path: Path, width: int) -> None:
+    # A network or FUSE file system may take part of a write: the rest must follow it.
+    def short(fd: int, buffers: list[memoryview], offset: int) -> int:
+        return os.pwrite(fd, b"".join(buffers)[:1000], offset)
+
+    rows = rows_of(40, width, width)
+    with mock.patch("os.pwritev", short):
+        written_directly(tmp_path / "cut.mdb", rows, [7, 8, 20])
+    env = open_env(tmp_path / "cut.mdb", readonly=True)
+    assert records_of(env) == {record_key(i): row.tobytes() for i, row in enumerate(rows)}
+    env.close()
