@@ -33,6 +33,7 @@ from yogadl_plus.cache import pagemap, pages, pagewriter
 from yogadl_plus.cache.integrity import file_state
 from yogadl_plus.cache.keys import IDENTITY_KEY, record_key
 from yogadl_plus.cache.writer import ChunkWriter, EqualValues
+from yogadl_plus.errors import UnexpectedLayout
 
 PSIZE = 4096  # the OS's page: LMDB's page size
 PER_LEAF_264 = 14  # records of 264 bytes a leaf page holds
@@ -393,3 +394,32 @@ def test_writes_cut_short_are_finished(tmp_path: Path, width: int) -> None:
     env = open_env(tmp_path / "cut.mdb", readonly=True)
     assert records_of(env) == {record_key(i): row.tobytes() for i, row in enumerate(rows)}
     env.close()
+
+
+def test_a_file_of_another_lmdb_data_version_is_left_to_lmdb(tmp_path: Path) -> None:
+    # py-lmdb built on another LMDB (1.0 lays pages out otherwise) makes files of another data
+    # version: pages written as LMDB 0.9's would be garbage to it.
+    made = open_env(tmp_path / "new.mdb")
+    made.close()
+    with open(tmp_path / "new.mdb", "r+b") as f:
+        for meta in (0, PSIZE):
+            f.seek(meta + 20)  # mm_version, after the page header and the magic
+            f.write((2).to_bytes(4, "little"))
+    with pytest.raises(UnexpectedLayout, match=r"LMDB 0\.9"):
+        pagewriter.PageWriter(str(tmp_path / "new.mdb"), 8)
+
+
+def test_a_chunk_writer_given_such_a_file_has_lmdb_put_the_records(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(pagewriter, "DATA_VERSION", 2)  # every new file is "of another version"
+    rows = rows_of(500, 300, 0)
+    with ChunkWriter(str(tmp_path), chunk_bytes=100_000) as writer:
+        writer.add_many(EqualValues(rows.tobytes(), 300))
+    read = []
+    for info in writer.chunks:
+        env = open_env(tmp_path / info.file, readonly=True)
+        with env.begin() as txn:
+            read += [txn.get(record_key(i)) for i in range(info.records)]
+        env.close()
+    assert len(writer.chunks) > 1 and read == [row.tobytes() for row in rows]

@@ -46,6 +46,7 @@ import numpy as np
 from yogadl_plus.cache.keys import KEY_BYTES
 from yogadl_plus.cache.lmdbformat import (
     BRANCH_FIRST_NODE,
+    DATA_VERSION,
     DB,
     DB_OFFSET,
     LAST_PAGE_OFFSET,
@@ -166,11 +167,11 @@ class PageWriter:
         if psize < 512 or len(metas) != META_PAGES * psize:
             raise UnexpectedLayout(f"{path}: not a new LMDB file ({len(metas)} bytes)")
         self._meta = bytearray(metas[psize:])  # the page LMDB's first commit would write
-        magic = META.unpack_from(self._meta, PAGE_HEADER)[0]
+        magic, version = META.unpack_from(self._meta, PAGE_HEADER)[:2]
         kind = struct.unpack_from("<H", self._meta, 10)[0]
         root = DB.unpack_from(self._meta, DB_OFFSET + DB.size)[-1]
-        if magic != MAGIC or kind != P_META or root != 2**64 - 1:
-            raise UnexpectedLayout(f"{path}: not a new, empty LMDB file")
+        if magic != MAGIC or version != DATA_VERSION or kind != P_META or root != 2**64 - 1:
+            raise UnexpectedLayout(f"{path}: not a new, empty LMDB 0.9 file")
         self.layout = leaf_layout(psize, width)
         self.records = 0  # records on pages written, or on pages of their own (``overflow``)
         self.samples: dict[int, bytes] = {}
