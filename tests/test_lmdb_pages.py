@@ -12,6 +12,7 @@ import itertools
 import os
 import shutil
 import signal
+import struct
 import subprocess
 import sys
 import textwrap
@@ -29,9 +30,9 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import yogadl_plus as ydl
-from yogadl_plus.cache import pagemap, pages, pagewriter
+from yogadl_plus.cache import lmdbformat, pagemap, pages, pagewriter
 from yogadl_plus.cache.integrity import file_state
-from yogadl_plus.cache.keys import IDENTITY_KEY, record_key
+from yogadl_plus.cache.keys import IDENTITY_KEY, KEY_BYTES, record_key
 from yogadl_plus.cache.writer import ChunkWriter, EqualValues
 from yogadl_plus.errors import UnexpectedLayout
 
@@ -423,3 +424,40 @@ def test_a_chunk_writer_given_such_a_file_has_lmdb_put_the_records(
             read += [txn.get(record_key(i)) for i in range(info.records)]
         env.close()
     assert len(writer.chunks) > 1 and read == [row.tobytes() for row in rows]
+
+
+def new_file_of_pages(path: Path, psize: int) -> None:
+    """A new LMDB file of ``psize``-byte pages, as LMDB makes one on a machine whose OS pages
+    are that big (LMDB then keeps the file's page size): this machine's, its meta pages
+    grown and their page size changed."""
+    open_env(path).close()
+    made = path.read_bytes()
+    metas = bytearray()
+    for number in range(lmdbformat.META_PAGES):
+        page = bytearray(made[number * PSIZE : (number + 1) * PSIZE].ljust(psize, b"\0"))
+        struct.pack_into("<I", page, lmdbformat.DB_OFFSET, psize)  # the free DB's pad
+        metas += page
+    path.write_bytes(bytes(metas))
+
+
+@pytest.mark.parametrize("psize", [8192, 16384, 32768])
+@pytest.mark.parametrize("width", [1, "overflow threshold - 1", "overflow threshold", 50_000])
+def test_pages_of_other_sizes_are_the_tree_lmdb_appends(
+    tmp_path: Path, psize: int, width: int | str
+) -> None:
+    spilled = lmdbformat.node_max(psize) - lmdbformat.NODE.size - KEY_BYTES + 1  # (OVERFLOW_FROM)
+    width = {"overflow threshold - 1": spilled - 1, "overflow threshold": spilled}.get(
+        str(width), width
+    )
+    assert isinstance(width, int)
+    rows = rows_of(max(50, 40_000 // width), width, psize)
+    new_file_of_pages(tmp_path / "direct.mdb", psize)
+    writer = pagewriter.PageWriter(str(tmp_path / "direct.mdb"), width)
+    for batch in np.array_split(rows, 3):
+        writer.add(batch.tobytes())
+    shape = writer.finish(1 << 30)
+    new_file_of_pages(tmp_path / "lmdb.mdb", psize)
+    assert shape.psize == psize and shape.stat() == appended_by_lmdb(tmp_path / "lmdb.mdb", rows)
+    env = open_env(tmp_path / "direct.mdb", readonly=True)
+    assert records_of(env) == {record_key(i): row.tobytes() for i, row in enumerate(rows)}
+    env.close()
