@@ -461,3 +461,30 @@ def test_pages_of_other_sizes_are_the_tree_lmdb_appends(
     env = open_env(tmp_path / "direct.mdb", readonly=True)
     assert records_of(env) == {record_key(i): row.tobytes() for i, row in enumerate(rows)}
     env.close()
+
+
+def test_page_numbers_past_32_bits_are_written_whole(tmp_path: Path) -> None:
+    # A chunk never has 2**32 pages, but nothing in the page writer's arithmetic may wrap at
+    # 32 bits: a page's own number, a branch node's child (48 bits), a leaf node's first page
+    # of a value on pages of its own (64 bits). Checked on pages made in memory.
+    far = 2**45 + 12_345
+    writer = pagewriter.PageWriter.__new__(pagewriter.PageWriter)
+    writer.layout, writer.width = pagewriter.leaf_layout(PSIZE, 5000), 5000
+    leaf, nodes = writer._leaves(np.array([far], np.int64), 2**32 - 3, 2)
+    assert struct.unpack_from("<Q", leaf, 0)[0] == far
+    first = lmdbformat.NODE.size + KEY_BYTES
+    assert [int.from_bytes(node[first : first + 8], "little") for node in nodes[0]] == [
+        far + 1,
+        far + 1 + writer.layout.overflow,
+    ]
+    assert [bytes(node[lmdbformat.NODE.size : first]) for node in nodes[0]] == [
+        record_key(2**32 - 3),
+        record_key(2**32 - 2),
+    ]
+    branch = np.zeros(PSIZE, np.uint8)
+    children = np.array([far, 2**47 + 3], np.int64)
+    pagewriter._branch_page(branch, far + 9, children, np.array([0, 2**32 - 5], np.int64))
+    slots = np.frombuffer(branch, "<u2", 2, lmdbformat.PAGE_HEADER)
+    lo, hi, flags, _ = lmdbformat.NODE.unpack_from(branch, int(slots[1]))
+    assert struct.unpack_from("<Q", branch, 0)[0] == far + 9
+    assert lo | hi << 16 | flags << 32 == 2**47 + 3
