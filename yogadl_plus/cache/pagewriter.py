@@ -179,7 +179,7 @@ class PageWriter:
         self._carry = np.empty((0, width), np.uint8)  # records short of a full leaf page
         self._pages = META_PAGES  # the next page of the file
         self._leaf = 0  # the leaf page of the values on pages of their own being written
-        self._fd = os.open(path, os.O_RDWR)
+        self._file = open(path, "r+b", buffering=0)  # noqa: SIM115 (closed by finish/close)
 
     def add(self, data: bytes | memoryview) -> None:
         """Append the records laid end to end in ``data`` (a multiple of ``width`` bytes)."""
@@ -198,46 +198,25 @@ class PageWriter:
     def finish(self, map_size: int) -> TreeShape:
         """Write the last leaf page, the branch pages and the meta page; the file is then an
         LMDB file of the records added, for a map of at least ``map_size`` bytes. Returns the
-        tree's shape, as LMDB should report it."""
+        tree's shape, as LMDB should report it. The file is closed, written or not."""
         layout = self.layout
-        if len(self._carry):
-            self._write_on_leaves(self._carry, len(self._carry))
-        spilled = self.records % layout.per_leaf if layout.overflow else 0
-        if spilled:
-            self._write_leaf(spilled)
+        try:
+            if len(self._carry):
+                self._write_on_leaves(self._carry, len(self._carry))
+            spilled = self.records % layout.per_leaf if layout.overflow else 0
+            if spilled:
+                self._write_leaf(spilled)
+            shape, root = self._write_tree()
+            if shape.depth:
+                self._write_meta(shape, root, map_size)
+        finally:
+            self.close()
         if self.records:
             self.samples[self._last[0]] = self._last[1]
-        leaves = -(-self.records // layout.per_leaf)
-        depth, pages, branches = 0, leaves, 0
-        if leaves:
-            depth = 1
-            starts = np.arange(leaves, dtype=np.int64) * layout.per_leaf
-            children = META_PAGES + np.arange(leaves, dtype=np.int64) * layout.unit
-            while len(children) > 1:
-                children, starts = self._write_branches(children, starts)
-                branches += len(children)
-                depth += 1
-            root = int(children[0])
-        shape = TreeShape(
-            layout.psize, depth, branches, pages, self.records * layout.overflow, self.records
-        )
-        if depth:
-            last = self._pages - 1
-            meta = self._meta
-            DB.pack_into(meta, DB_OFFSET + DB.size, 0, 0, depth, branches, pages,
-                         shape.overflow_pages, self.records, root)  # fmt: skip
-            struct.pack_into("<Q", meta, LAST_PAGE_OFFSET, last)
-            struct.pack_into("<Q", meta, TXNID_OFFSET, 1)
-            least = max(map_size, (last + 1) * layout.psize)
-            struct.pack_into("<Q", meta, MAPSIZE_OFFSET, least)
-            self._write(meta, page=1)
-        self.close()
         return shape
 
     def close(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+        self._file.close()
 
     def written(self, start: int, stop: int) -> bytes:
         """The values of records ``start .. stop - 1`` as they lie in the file written."""
@@ -258,7 +237,7 @@ class PageWriter:
         at, i = page * self.layout.psize, 0
         try:
             while i < len(views):
-                done = os.pwritev(self._fd, views[i : i + _IOV_MAX], at)
+                done = os.pwritev(self._file.fileno(), views[i : i + _IOV_MAX], at)
                 at, before = at + done, i
                 while i < len(views) and done >= len(views[i]):
                     done -= len(views[i])
@@ -359,6 +338,35 @@ class PageWriter:
                 spilled.astype("<u8").view(np.uint8).reshape(units, count, _PGNO)
             )
         return pages, nodes
+
+    def _write_tree(self) -> tuple[TreeShape, int]:
+        """Write the branch levels over the leaf pages: the tree's shape, and its root page."""
+        layout = self.layout
+        leaves = -(-self.records // layout.per_leaf)
+        depth, branches, root = 0, 0, 0
+        if leaves:
+            depth = 1
+            starts = np.arange(leaves, dtype=np.int64) * layout.per_leaf
+            children = META_PAGES + np.arange(leaves, dtype=np.int64) * layout.unit
+            while len(children) > 1:
+                children, starts = self._write_branches(children, starts)
+                branches += len(children)
+                depth += 1
+            root = int(children[0])
+        overflow = self.records * layout.overflow
+        return TreeShape(layout.psize, depth, branches, leaves, overflow, self.records), root
+
+    def _write_meta(self, shape: TreeShape, root: int, map_size: int) -> None:
+        """Write the meta page of the tree ``shape`` (rooted at page ``root``) as LMDB's first
+        commit would: meta page 1, transaction 1."""
+        last = self._pages - 1
+        meta = self._meta
+        DB.pack_into(meta, DB_OFFSET + DB.size, 0, 0, shape.depth, shape.branch_pages,
+                     shape.leaf_pages, shape.overflow_pages, shape.entries, root)  # fmt: skip
+        struct.pack_into("<Q", meta, LAST_PAGE_OFFSET, last)
+        struct.pack_into("<Q", meta, TXNID_OFFSET, 1)
+        struct.pack_into("<Q", meta, MAPSIZE_OFFSET, max(map_size, (last + 1) * shape.psize))
+        self._write(meta, page=1)
 
     def _write_branches(
         self, children: np.ndarray, starts: np.ndarray
