@@ -115,9 +115,11 @@ def test_pages_written_directly_are_the_tree_lmdb_appends(
         assert (value_map.gather(some) == rows[some]).all()
 
 
-def build(storage: ydl.LocalStorage, n: int = 3000) -> tuple[ydl.DataRef, dict[str, np.ndarray]]:
+def build(
+    storage: ydl.LocalStorage, n: int = 3000, width: int = 64
+) -> tuple[ydl.DataRef, dict[str, np.ndarray]]:
     columns = {
-        "x": np.random.default_rng(1).standard_normal((n, 64)).astype(np.float32),
+        "x": np.random.default_rng(1).standard_normal((n, width)).astype(np.float32),
         "y": np.arange(n, dtype=np.int64),
     }
     return ydl.cache_dataset(columns, "ds", "v1", storage, progress=False), columns
@@ -162,8 +164,9 @@ def test_a_flipped_byte_in_a_page_written_directly_is_found(
         list(local_storage.fetch("ds", "v1").stream(batch_size=512))
 
 
+@pytest.mark.parametrize(("n", "width"), [(3000, 64), (300, 2000)])  # on the leaf, spilled
 def test_a_file_lmdb_reads_otherwise_is_written_again_by_puts(
-    local_storage: ydl.LocalStorage, monkeypatch: pytest.MonkeyPatch
+    local_storage: ydl.LocalStorage, monkeypatch: pytest.MonkeyPatch, n: int, width: int
 ) -> None:
     stat = pagewriter.TreeShape.stat
     monkeypatch.setattr(
@@ -175,10 +178,10 @@ def test_a_file_lmdb_reads_otherwise_is_written_again_by_puts(
         pagewriter.PageWriter, "written",
         lambda self, start, stop: read_back.append(stop - start) or written(self, start, stop),
     )  # fmt: skip
-    ref, columns = build(local_storage)
-    assert read_back == [3000]  # every record written again, from what was written
+    ref, columns = build(local_storage, n, width)
+    assert read_back == [n]  # every record written again, from what was written
     assert not os.path.exists(str(chunk_path(ref)) + ".again")
-    assert (ref.get_batch(list(range(0, 3000, 7)))["x"] == columns["x"][::7]).all()
+    assert (ref.get_batch(list(range(0, n, 7)))["x"] == columns["x"][::7]).all()
     ref.verify()
 
 
