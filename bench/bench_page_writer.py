@@ -9,6 +9,8 @@ yogadl_plus, the trees in alternating order (best of each, and B/A by round):
 
 - ``columns``: 1,000,000 records of ``{"x": float32[64], "y": int64}`` from numpy columns (values
   on their leaf pages);
+- ``records``: 300,000 of the same records from a generator of dicts (the records path, whose
+  values are all one size);
 - ``big values``: 2,000 records of ``float32[25000]`` (100 KB, each on pages of its own) from
   numpy columns, batches of 8,192 rows;
 - ``big values, a row at a time``: the same records from a Parquet file of one row per row group
@@ -29,7 +31,12 @@ import numpy as np
 from bench.harness import ROOT, SMOKE, alternate, call_in_tree, smoke, smoke_tree, write_json
 
 MODULE = "bench_page_writer"
-ROWS = {"columns": 1_000_000, "big values": 2_000, "big values, a row at a time": 2_000}
+ROWS = {
+    "columns": 1_000_000,
+    "records": 300_000,
+    "big values": 2_000,
+    "big values, a row at a time": 2_000,
+}
 
 
 def build(row: str, rows: int) -> float:
@@ -40,11 +47,11 @@ def build(row: str, rows: int) -> float:
     try:
         rng = np.random.default_rng(0)
         source: object
-        if row == "columns":
-            source = {
-                "x": rng.standard_normal((rows, 64)).astype(np.float32),
-                "y": np.arange(rows, dtype=np.int64),
-            }
+        if row in ("columns", "records"):
+            x = rng.standard_normal((rows, 64)).astype(np.float32)
+            source = {"x": x, "y": np.arange(rows, dtype=np.int64)}
+            if row == "records":
+                source = [{"x": x[i], "y": np.int64(i)} for i in range(rows)]
         else:
             x = rng.standard_normal((rows, 25_000)).astype(np.float32)
             source = {"x": x}

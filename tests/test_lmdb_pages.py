@@ -125,15 +125,21 @@ def build(
     return ydl.cache_dataset(columns, "ds", "v1", storage, progress=False), columns
 
 
-def test_a_version_of_columns_is_written_directly_and_streams_as_any_other(
-    local_storage: ydl.LocalStorage, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def finished_shapes(monkeypatch: pytest.MonkeyPatch) -> list[pagewriter.TreeShape]:
+    """The shapes of the trees the page writer finishes from now on."""
     finished: list[pagewriter.TreeShape] = []
     finish = pagewriter.PageWriter.finish
     monkeypatch.setattr(
         pagewriter.PageWriter, "finish", lambda self, size: finished.append(finish(self, size))
         or finished[-1],
     )  # fmt: skip
+    return finished
+
+
+def test_a_version_of_columns_is_written_directly_and_streams_as_any_other(
+    local_storage: ydl.LocalStorage, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    finished = finished_shapes(monkeypatch)
     ref, columns = build(local_storage)
     assert [shape.entries for shape in finished] == [3000]
     batches = list(ref.stream(batch_size=256, shuffle=True, shuffle_seed=3))
@@ -534,3 +540,29 @@ def test_a_full_disk_while_finishing_the_pages_closes_the_file(tmp_path: Path) -
     said, open_files = run.stdout.splitlines()
     assert said.startswith("StorageError:") and "chunk-00000.mdb" in said
     assert open_files == "open: []"
+
+
+def test_records_of_fixed_fields_are_written_directly(
+    local_storage: ydl.LocalStorage, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    finished = finished_shapes(monkeypatch)
+    x = np.random.default_rng(2).standard_normal((5000, 16)).astype(np.float32)
+    records = ({"x": x[i], "y": np.int64(i)} for i in range(5000))
+    ref = ydl.cache_dataset(records, "ds", "v1", local_storage, progress=False)
+    assert [shape.entries for shape in finished] == [5000]
+    got = ref.get_batch(list(range(5000)))
+    assert (got["x"] == x).all() and got["y"].tolist() == list(range(5000))
+    ref.verify()
+
+
+def test_records_of_one_size_then_others_are_all_kept(
+    local_storage: ydl.LocalStorage, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Variable fields whose first records happen to be of one size: those are written as
+    # pages, the rest of the chunk by LMDB's puts.
+    finished = finished_shapes(monkeypatch)
+    names = ["abc"] * 4096 + ["a" * (i % 7) for i in range(904)]
+    ref = ydl.cache_dataset(({"s": s} for s in names), "ds", "v1", local_storage, progress=False)
+    assert [shape.entries for shape in finished] == [4096]
+    assert list(ref.get_batch(list(range(5000)))["s"]) == names
+    ref.verify()
