@@ -9,8 +9,8 @@ yogadl_plus, the trees in alternating order (best of each, and B/A by round):
 
 - ``columns``: 1,000,000 records of ``{"x": float32[64], "y": int64}`` from numpy columns (values
   on their leaf pages);
-- ``records``: 300,000 of the same records from a generator of dicts (the records path, whose
-  values are all one size);
+- ``records``: 300,000 of the same records as a list of dicts (the records path, whose values
+  are all one size);
 - ``big values``: 2,000 records of ``float32[25000]`` (100 KB, each on pages of its own) from
   numpy columns, batches of 8,192 rows;
 - ``big values, a row at a time``: the same records from a Parquet file of one row per row group
