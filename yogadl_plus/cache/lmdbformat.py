@@ -9,6 +9,7 @@ import ctypes
 import struct
 
 __all__ = [
+    "DATA_VERSION",
     "DB",
     "BRANCH_FIRST_NODE",
     "DB_OFFSET",
@@ -37,6 +38,7 @@ PAGE_HEADER = 16  # PAGEHDRSZ: pgno (8), pad (2), flags (2), lower (2), upper (2
 P_BRANCH, P_LEAF, P_OVERFLOW, P_META, P_LEAF2, P_SUBPAGE = 0x01, 0x02, 0x04, 0x08, 0x20, 0x40
 F_BIGDATA = 0x01  # a leaf node whose value lives on overflow pages (the node holds its pgno)
 MAGIC = 0xBEEFC0DE
+DATA_VERSION = 1  # MDB_DATA_VERSION of LMDB 0.9 (LMDB 1.0's pages have another header)
 INVALID_PAGE = 2**64 - 1
 META = struct.Struct("<IIQQ")  # after the page header of pages 0 and 1: magic, version, fixed
 # address, map size; then the free DB's and the main DB's DB, then the last page and the txnid

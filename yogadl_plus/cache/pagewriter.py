@@ -14,9 +14,11 @@ data format version 1):
   keeps all but its last node, the right page starts with that one and the new one;
 - the free DB empty, and the two meta pages.
 
-So those pages are made here with numpy, a batch of records at a time, and written to the file
-in page order as they come (memory of a batch, not a chunk); the branch pages and the meta
-page are written last.
+So those pages are made here with numpy, a batch of records at a time (at most ``_GROUP_BYTES``
+of pages), and written to the file as they come: full leaf pages at once; a value on pages of
+its own at once too, straight from the batch, its leaf page's place kept before them and the
+leaf page written there once full. Nothing is held between batches but the values of a leaf
+page. The branch pages and the meta page are written last.
 
 Why this is safe: the file is a genuine LMDB file. Its meta pages are the ones LMDB wrote when
 it created the file; only the second one is given the tree (its root, depth, counts and last
@@ -33,6 +35,7 @@ and stamped, and every reader reads it through LMDB, or through the page map
 from __future__ import annotations
 
 import dataclasses
+import errno
 import mmap
 import os
 import struct
@@ -43,6 +46,7 @@ import numpy as np
 from yogadl_plus.cache.keys import KEY_BYTES
 from yogadl_plus.cache.lmdbformat import (
     BRANCH_FIRST_NODE,
+    DATA_VERSION,
     DB,
     DB_OFFSET,
     LAST_PAGE_OFFSET,
@@ -67,6 +71,9 @@ _SLOT = 2  # a node's place in its page's index (indx_t)
 _PGNO = 8  # pgno_t
 # Records whose values are kept as written, to compare with LMDB's gets of them.
 _SAMPLE_EVERY = 4099  # (prime: the samples fall at every place in a page)
+# Leaf pages made in memory at a time, at most.
+_GROUP_BYTES = 32 << 20
+_IOV_MAX = 1024  # buffers one pwritev takes (POSIX's least IOV_MAX)
 _KEYS = np.dtype(">u4")  # a record's key (keys.record_key)
 assert _KEYS.itemsize == KEY_BYTES
 
@@ -144,9 +151,12 @@ class TreeShape:
 class PageWriter:
     """Writes records of ``width`` bytes each, keyed 0, 1, ... in order, as the B-tree pages
     of the LMDB file at ``path``, which LMDB has just created (its two meta pages, nothing
-    else). ``add`` writes every full leaf page as it comes; ``finish`` the rest, the branch
-    pages and the meta page, and says what LMDB should find. Samples of the values written
-    are kept in ``samples`` (record index: value) for that check."""
+    else). ``add`` writes every full leaf page as it comes, and the pages of their own of
+    values too big for a leaf as they come; ``finish`` the rest, the branch pages and the meta
+    page, and says what LMDB should find. Samples of the values written are kept in
+    ``samples`` (record index: value) for that check. What it holds between calls is at most
+    a leaf page's values, whatever the batches: records handed over one at a time cost no
+    more than in one batch."""
 
     def __init__(self, path: str, width: int) -> None:
         self.path = path
@@ -157,73 +167,52 @@ class PageWriter:
         if psize < 512 or len(metas) != META_PAGES * psize:
             raise UnexpectedLayout(f"{path}: not a new LMDB file ({len(metas)} bytes)")
         self._meta = bytearray(metas[psize:])  # the page LMDB's first commit would write
-        magic = META.unpack_from(self._meta, PAGE_HEADER)[0]
+        magic, version = META.unpack_from(self._meta, PAGE_HEADER)[:2]
         kind = struct.unpack_from("<H", self._meta, 10)[0]
         root = DB.unpack_from(self._meta, DB_OFFSET + DB.size)[-1]
-        if magic != MAGIC or kind != P_META or root != 2**64 - 1:
-            raise UnexpectedLayout(f"{path}: not a new, empty LMDB file")
+        if magic != MAGIC or version != DATA_VERSION or kind != P_META or root != 2**64 - 1:
+            raise UnexpectedLayout(f"{path}: not a new, empty LMDB 0.9 file")
         self.layout = leaf_layout(psize, width)
-        self.records = 0
+        self.records = 0  # records on pages written, or on pages of their own (``overflow``)
         self.samples: dict[int, bytes] = {}
+        self._last = (0, b"")  # the last record added, sampled when the tree is finished
         self._carry = np.empty((0, width), np.uint8)  # records short of a full leaf page
-        self._pages = META_PAGES
+        self._pages = META_PAGES  # the next page of the file
+        self._leaf = 0  # the leaf page of the values on pages of their own being written
         self._file = open(path, "r+b", buffering=0)  # noqa: SIM115 (closed by finish/close)
-        self._file.seek(META_PAGES * psize)
 
     def add(self, data: bytes | memoryview) -> None:
         """Append the records laid end to end in ``data`` (a multiple of ``width`` bytes)."""
         rows = np.frombuffer(data, np.uint8).reshape(-1, self.width)
+        if not len(rows):
+            return
         first = self.records + len(self._carry)
         for i in range(-first % _SAMPLE_EVERY, len(rows), _SAMPLE_EVERY):
             self.samples[first + i] = rows[i].tobytes()
-        if len(rows):
-            self.samples[first + len(rows) - 1] = rows[-1].tobytes()
-        per_leaf = self.layout.per_leaf
-        if len(self._carry):
-            take = min(per_leaf - len(self._carry), len(rows))
-            self._carry = np.concatenate([self._carry, rows[:take]])
-            rows = rows[take:]
-            if len(self._carry) < per_leaf:
-                return
-            self._write_units(self._carry, per_leaf)
-            self._carry = self._carry[:0]
-        whole = len(rows) - len(rows) % per_leaf
-        if whole:
-            self._write_units(rows[:whole], per_leaf)
-        self._carry = rows[whole:].copy()
+        self._last = (first + len(rows) - 1, rows[-1].tobytes())
+        if self.layout.overflow:
+            self._add_spilled(rows)
+        else:
+            self._add_on_leaves(rows)
 
     def finish(self, map_size: int) -> TreeShape:
         """Write the last leaf page, the branch pages and the meta page; the file is then an
         LMDB file of the records added, for a map of at least ``map_size`` bytes. Returns the
-        tree's shape, as LMDB should report it."""
+        tree's shape, as LMDB should report it. The file is closed, written or not."""
         layout = self.layout
-        if len(self._carry):
-            self._write_units(self._carry, len(self._carry))
-        leaves = -(-self.records // layout.per_leaf)
-        depth, pages, branches = 0, leaves, 0
-        if leaves:
-            depth = 1
-            starts = np.arange(leaves, dtype=np.int64) * layout.per_leaf
-            children = META_PAGES + np.arange(leaves, dtype=np.int64) * layout.unit
-            while len(children) > 1:
-                children, starts = self._write_branches(children, starts)
-                branches += len(children)
-                depth += 1
-            root = int(children[0])
-        shape = TreeShape(
-            layout.psize, depth, branches, pages, self.records * layout.overflow, self.records
-        )
-        if depth:
-            last = self._pages - 1
-            meta = self._meta
-            DB.pack_into(meta, DB_OFFSET + DB.size, 0, 0, depth, branches, pages,
-                         shape.overflow_pages, self.records, root)  # fmt: skip
-            struct.pack_into("<Q", meta, LAST_PAGE_OFFSET, last)
-            struct.pack_into("<Q", meta, TXNID_OFFSET, 1)
-            least = max(map_size, (last + 1) * layout.psize)
-            struct.pack_into("<Q", meta, MAPSIZE_OFFSET, least)
-            self._write(meta, at=layout.psize)
-        self.close()
+        try:
+            if len(self._carry):
+                self._write_on_leaves(self._carry, len(self._carry))
+            spilled = self.records % layout.per_leaf if layout.overflow else 0
+            if spilled:
+                self._write_leaf(spilled)
+            shape, root = self._write_tree()
+            if shape.depth:
+                self._write_meta(shape, root, map_size)
+        finally:
+            self.close()
+        if self.records:
+            self.samples[self._last[0]] = self._last[1]
         return shape
 
     def close(self) -> None:
@@ -238,50 +227,146 @@ class PageWriter:
             del data
             return out
 
-    def _write(self, data: bytes | bytearray | memoryview, at: int | None = None) -> None:
-        view = memoryview(data)
+    def _write(self, data: bytes | bytearray | memoryview, page: int) -> None:
+        """Write ``data`` into the file from the start of page ``page`` on."""
+        self._write_parts([data], page)
+
+    def _write_parts(self, parts: list[bytes | bytearray | memoryview], page: int) -> None:
+        """Write ``parts``, one after the other, into the file from page ``page`` on."""
+        views = [memoryview(part) for part in parts]
+        at, i = page * self.layout.psize, 0
         try:
-            if at is not None:
-                os.pwrite(self._file.fileno(), view, at)
-                return
-            while len(view):
-                view = view[self._file.write(view) or 0 :]
+            while i < len(views):
+                done = os.pwritev(self._file.fileno(), views[i : i + _IOV_MAX], at)
+                at, before = at + done, i
+                while i < len(views) and done >= len(views[i]):
+                    done -= len(views[i])
+                    i += 1
+                if done:  # (a write cut short: the rest of that part next)
+                    views[i] = views[i][done:]
+                elif i == before:  # (nothing written, and no error said why)
+                    raise OSError(errno.EIO, "the file took none of the bytes written")
         except OSError as exc:  # a full disk
             raise unwritable(self.path, exc) from None
 
-    def _write_units(self, rows: np.ndarray, per_leaf: int) -> None:
-        """Write ``rows`` as units (a leaf page and its overflow pages) of ``per_leaf`` records
-        each, the next pages of the file."""
-        layout, psize = self.layout, self.layout.psize
+    def _add_on_leaves(self, rows: np.ndarray) -> None:
+        """Write ``rows`` (values that lie on their leaf page) page by page, keeping those
+        short of a full page for the next call."""
+        per_leaf = self.layout.per_leaf
+        if len(self._carry):
+            take = min(per_leaf - len(self._carry), len(rows))
+            self._carry = np.concatenate([self._carry, rows[:take]])
+            rows = rows[take:]
+            if len(self._carry) < per_leaf:
+                return
+            self._write_on_leaves(self._carry, per_leaf)
+            self._carry = self._carry[:0]
+        step = per_leaf * max(1, _GROUP_BYTES // self.layout.psize)
+        whole = len(rows) - len(rows) % per_leaf
+        for start in range(0, whole, step):
+            self._write_on_leaves(rows[start : min(start + step, whole)], per_leaf)
+        self._carry = rows[whole:].copy()
+
+    def _write_on_leaves(self, rows: np.ndarray, per_leaf: int) -> None:
+        """Write ``rows`` as the next leaf pages of the file, ``per_leaf`` records each."""
         units = len(rows) // per_leaf
-        size = 1 + per_leaf * layout.overflow  # pages a unit takes
-        pages = np.zeros((units, size, psize), np.uint8)
-        numbers = self._pages + np.arange(units, dtype=np.int64)[:, None] * size
-        leaf = pages[:, 0]
-        nodes = _header(leaf, numbers[:, 0], P_LEAF, per_leaf, layout.node)
+        numbers = self._pages + np.arange(units, dtype=np.int64)
+        pages, nodes = self._leaves(numbers, self.records, per_leaf)
+        at = NODE.size + KEY_BYTES
+        nodes[:, :, at : at + self.width] = rows.reshape(units, per_leaf, self.width)
+        self._write(pages.reshape(-1).data, self._pages)
+        self._pages += units
+        self.records += len(rows)
+
+    def _add_spilled(self, rows: np.ndarray) -> None:
+        """Write ``rows`` (values too big for a leaf page) on pages of their own as they come,
+        each leaf page's after it: its place is kept, and it is written once full."""
+        layout = self.layout
+        start = 0
+        while start < len(rows):
+            room = layout.per_leaf - self.records % layout.per_leaf
+            if room == layout.per_leaf:
+                self._leaf = self._pages
+                self._pages += 1
+            stop = min(start + room, len(rows))
+            self._write_spilled(rows[start:stop])
+            if stop - start == room:
+                self._write_leaf(layout.per_leaf)
+            start = stop
+
+    def _write_spilled(self, rows: np.ndarray) -> None:
+        """Write each of ``rows`` on the next pages of the file, pages of its own: its page
+        header, its bytes (not copied) and zeros to the end of its last page."""
+        layout = self.layout
+        heads = np.zeros((len(rows), PAGE_HEADER), np.uint8)
+        numbers = self._pages + np.arange(len(rows), dtype=np.int64) * layout.overflow
+        heads[:, :_PGNO] = numbers.astype("<u8").view(np.uint8).reshape(-1, _PGNO)
+        heads[:, 10] = P_OVERFLOW
+        heads[:, 12:16] = np.frombuffer(struct.pack("<I", layout.overflow), np.uint8)
+        rest = bytes(layout.overflow * layout.psize - PAGE_HEADER - layout.width)
+        parts: list[bytes | bytearray | memoryview] = []
+        for head, row in zip(heads, rows):
+            parts += (head.data, row.data, rest)
+        self._write_parts(parts, self._pages)
+        self._pages += len(rows) * layout.overflow
+        self.records += len(rows)
+
+    def _write_leaf(self, count: int) -> None:
+        """Write the leaf page of the last ``count`` records, whose values are on pages of
+        their own, in its place."""
+        page, _ = self._leaves(np.array([self._leaf], np.int64), self.records - count, count)
+        self._write(page.reshape(-1).data, self._leaf)
+
+    def _leaves(self, numbers: np.ndarray, first: int, count: int) -> tuple[np.ndarray, np.ndarray]:
+        """Leaf pages ``numbers`` of ``count`` records each, records ``first`` .. on: the
+        pages, and their nodes (``[page, node, byte]``) to put values on the leaf in."""
+        layout = self.layout
+        units = len(numbers)
+        pages = np.zeros((units, layout.psize), np.uint8)
+        nodes = _header(pages, numbers, P_LEAF, count, layout.node)
         nodes[:, :, 0:4] = np.frombuffer(struct.pack("<I", layout.width), np.uint8)  # lo, hi
         nodes[:, :, 6] = KEY_BYTES
-        keys = np.arange(self.records, self.records + len(rows), dtype=_KEYS)
+        keys = np.arange(first, first + units * count, dtype=_KEYS)
         nodes[:, :, NODE.size : NODE.size + KEY_BYTES] = keys.view(np.uint8).reshape(
-            units, per_leaf, KEY_BYTES
+            units, count, KEY_BYTES
         )
-        values = rows.reshape(units, per_leaf, layout.width)
-        at = NODE.size + KEY_BYTES
         if layout.overflow:
-            nodes[:, :, 4] = 1  # F_BIGDATA
-            spill = pages[:, 1:].reshape(units, per_leaf, layout.overflow * psize)
-            first = numbers + 1 + np.arange(per_leaf) * layout.overflow
-            numbered = first.astype("<u8").view(np.uint8).reshape(units, per_leaf, _PGNO)
-            nodes[:, :, at : at + _PGNO] = numbered
-            spill[:, :, :_PGNO] = numbered
-            spill[:, :, 10] = P_OVERFLOW
-            spill[:, :, 12:16] = np.frombuffer(struct.pack("<I", layout.overflow), np.uint8)
-            spill[:, :, PAGE_HEADER : PAGE_HEADER + layout.width] = values
-        else:
-            nodes[:, :, at : at + layout.width] = values
-        self._write(pages.reshape(-1).data)
-        self._pages += units * size
-        self.records += len(rows)
+            nodes[:, :, 4] = 1  # F_BIGDATA: the node holds the first of the value's pages
+            spilled = numbers[:, None] + 1 + np.arange(count) * layout.overflow
+            at = NODE.size + KEY_BYTES
+            nodes[:, :, at : at + _PGNO] = (
+                spilled.astype("<u8").view(np.uint8).reshape(units, count, _PGNO)
+            )
+        return pages, nodes
+
+    def _write_tree(self) -> tuple[TreeShape, int]:
+        """Write the branch levels over the leaf pages: the tree's shape, and its root page."""
+        layout = self.layout
+        leaves = -(-self.records // layout.per_leaf)
+        depth, branches, root = 0, 0, 0
+        if leaves:
+            depth = 1
+            starts = np.arange(leaves, dtype=np.int64) * layout.per_leaf
+            children = META_PAGES + np.arange(leaves, dtype=np.int64) * layout.unit
+            while len(children) > 1:
+                children, starts = self._write_branches(children, starts)
+                branches += len(children)
+                depth += 1
+            root = int(children[0])
+        overflow = self.records * layout.overflow
+        return TreeShape(layout.psize, depth, branches, leaves, overflow, self.records), root
+
+    def _write_meta(self, shape: TreeShape, root: int, map_size: int) -> None:
+        """Write the meta page of the tree ``shape`` (rooted at page ``root``) as LMDB's first
+        commit would: meta page 1, transaction 1."""
+        last = self._pages - 1
+        meta = self._meta
+        DB.pack_into(meta, DB_OFFSET + DB.size, 0, 0, shape.depth, shape.branch_pages,
+                     shape.leaf_pages, shape.overflow_pages, shape.entries, root)  # fmt: skip
+        struct.pack_into("<Q", meta, LAST_PAGE_OFFSET, last)
+        struct.pack_into("<Q", meta, TXNID_OFFSET, 1)
+        struct.pack_into("<Q", meta, MAPSIZE_OFFSET, max(map_size, (last + 1) * shape.psize))
+        self._write(meta, page=1)
 
     def _write_branches(
         self, children: np.ndarray, starts: np.ndarray
@@ -296,7 +381,7 @@ class PageWriter:
         for page, number, first, count in zip(pages, numbers, firsts, counts):
             _branch_page(page, int(number), children[first : first + count],
                          starts[first : first + count])  # fmt: skip
-        self._write(pages.reshape(-1).data)
+        self._write(pages.reshape(-1).data, self._pages)
         self._pages += len(counts)
         return numbers, starts[firsts]
 

@@ -176,6 +176,8 @@ class ChunkWriter:
             sizes = np.full(count, values.width + KEY_BYTES, np.int64)
         else:
             sizes = np.fromiter(map(len, values), np.int64, count) + KEY_BYTES
+            if sizes[0] > KEY_BYTES and (sizes == sizes[0]).all():  # (records of fixed fields)
+                values = EqualValues(b"".join(values), int(sizes[0]) - KEY_BYTES)
         offsets = {}
         for name, batch in tokens.items():
             sizes += batch.lengths * batch.tokens.itemsize + _TOKEN_RECORD_BYTES
