@@ -30,6 +30,7 @@ import numpy as np
 from yogadl_plus.cache.integrity import FileState
 from yogadl_plus.cache.keys import KEY_BYTES
 from yogadl_plus.cache.lmdbformat import (
+    DATA_VERSION,
     DB,
     DB_OFFSET,
     F_BIGDATA,
@@ -45,8 +46,6 @@ from yogadl_plus.cache.lmdbformat import (
 from yogadl_plus.errors import UnexpectedLayout
 
 __all__ = ["ValueMap", "gather_rows", "gather_spans", "map_values"]
-
-_DATA_VERSION = 1
 
 # Records whose values a map is checked against LMDB's own gets before it is used.
 _SAMPLES = 16
@@ -185,7 +184,7 @@ def _record_values(mapped: mmap.mmap, records: int) -> tuple[np.ndarray, np.ndar
     txnids = [struct.unpack_from("<Q", mapped, p * psize + TXNID_OFFSET)[0] for p in (0, 1)]
     meta = psize if txnids[1] > txnids[0] else 0
     magic, version = struct.unpack_from("<II", mapped, meta + PAGE_HEADER)
-    if magic != MAGIC or version != _DATA_VERSION:
+    if magic != MAGIC or version != DATA_VERSION:
         raise UnexpectedLayout("not an LMDB 0.9 file of this byte order")
     _, db_flags, depth, *counted, root = DB.unpack_from(mapped, meta + DB_OFFSET + DB.size)
     if db_flags or depth < 1:
