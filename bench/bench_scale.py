@@ -1,9 +1,12 @@
 """How the bookkeeping scales: opening a version of 10^8 records in 10^4 chunks, its first
-item and its memory, against a 10^6-record version of the same shape, in one run.
+item and batch (warm or cold) and its memory, against a 10^6-record version of the same shape,
+in one run.
 
     python -m bench.bench_scale                  # 10^8 records in 10^4 chunks vs 10^6 in 100
     python -m bench.bench_scale --quick          # 10^7 in 10^3 chunks vs 10^5 in 10
     python -m bench.bench_scale --keep DIR       # build into DIR once, reuse it on later runs
+    python -m bench.bench_scale --keep DIR --cold           # page cache dropped before each row
+    python -m bench.bench_scale --keep DIR --only batch     # only the rows whose name has "batch"
     python -m bench.bench_scale --tree CHECKOUT --keep DIR   # measure another checkout
 
 The versions hold records ``{"i": int64}`` whose value is their own index, 10^4 records per
@@ -24,6 +27,11 @@ out within seconds: warming whole versions once would not do). Time is the best 
 before it, anonymous and file-backed (the LMDB maps' pages) apart; tracemalloc peak the most
 Python and numpy memory held at once during it (measured in other processes, since tracing
 slows allocation), and "kept" what it still holds afterwards. Ratios are big / small.
+
+``--cold`` (root only; it skips otherwise) drops the page cache (``sync; echo 3 >
+/proc/sys/vm/drop_caches``) right before each timed row instead of warming, so that the row
+reads the manifest (rows from ``storage.fetch``) and every chunk it opens from the disk. The
+memory table is left out: it does not depend on the cache.
 """
 
 from __future__ import annotations
@@ -43,11 +51,13 @@ from typing import Any
 
 import numpy as np
 
+from bench.bench_bytes import drop_caches
 from bench.harness import (
     checkout_of,
     last_json_line,
     rerun_in_tree,
     run_bench,
+    skip,
     smoke,
     warm,
     write_json,
@@ -134,8 +144,9 @@ def build(root: str, dataset: str, records: int, workers: int) -> float:
 
 # --------------------------------------------------------------------------- the operations
 
-# row -> (what it runs, the stream's arguments for a version of n records). "open" and the parse
-# start from the storage; the others from a DataRef opened before the timing.
+# row -> (what it runs, the stream's arguments for a version of n records). "open", the parse and
+# "fetch_first" (from storage.fetch through the first item) start from the storage; the others
+# from a DataRef opened before the timing.
 
 
 SHUFFLED = {"shuffle": True, "shuffle_seed": SEED}
@@ -166,6 +177,14 @@ OPS: dict[str, tuple[str, Callable[[int], dict[str, Any]] | None]] = {
     "first batch of 256, shuffle=True": (
         "first",
         lambda n: {**SHUFFLED, "batch_size": 256},
+    ),
+    "fetch + first batch of 256, shuffle=True": (
+        "fetch_first",
+        lambda n: {**SHUFFLED, "batch_size": 256},
+    ),
+    "first batch of 256, num_workers=2 (processes)": (
+        "first",
+        lambda n: {**SHUFFLED, "batch_size": 256, "num_workers": 2, "worker_type": "process"},
     ),
     "ref[i], random i": ("getitem", None),
     "stream.state()": ("state", None),
@@ -214,7 +233,7 @@ def _prepare(kind: str, root: str, dataset: str, args: dict[str, Any]) -> Prepar
         manifest = Manifest.parse(data, path)
         return lambda: DataRef(folder, manifest), same_ref, [0]
     ref = storage.fetch(dataset, VERSION)
-    if kind == "first":
+    if kind in ("first", "fetch_first"):
         stream = ref.stream(**args)
         epoch, position = stream.next_epoch_position
         # What the first item reads: one unit of records (32) or the batch.
@@ -224,6 +243,13 @@ def _prepare(kind: str, root: str, dataset: str, args: dict[str, Any]) -> Prepar
         def first_is_right(item: Any) -> None:
             _check(np.atleast_1d(item["i"]), want[: len(np.atleast_1d(item["i"]))])
 
+        if kind == "fetch_first":
+            del ref  # (this row opens the version itself)
+            return (
+                lambda: next(iter(storage.fetch(dataset, VERSION).stream(**args))),
+                first_is_right,
+                want.tolist(),
+            )
         return lambda: next(iter(ref.stream(**args))), first_is_right, want.tolist()
     if kind == "getitem":
         i = int(np.random.default_rng(SEED).integers(len(ref)))
@@ -262,14 +288,19 @@ def _check(value: Any, want: Any) -> None:
         raise AssertionError(f"read {value}, expected {want}: wrong data")
 
 
-def run_row(row: str, root: str, dataset: str, records: int, trace: bool) -> dict[str, Any]:
+def run_row(
+    row: str, root: str, dataset: str, records: int, trace: bool, cold: bool
+) -> dict[str, Any]:
     kind, make_args = OPS[row]
     warm_args = make_args(WARM_RECORDS) if make_args else {}
     run, check, _ = _prepare(kind, root, WARM_ID, warm_args)
     check(run())  # one-time costs (lazy imports, first calls) out of the figures
     args = make_args(records) if make_args else {}
     run, check, reads = _prepare(kind, root, dataset, args)
-    _warm_chunks(root, dataset, reads)
+    if cold:
+        drop_caches()
+    else:
+        _warm_chunks(root, dataset, reads)
     out: dict[str, Any] = {}
     if trace:
         tracemalloc.start()
@@ -292,14 +323,16 @@ def run_row(row: str, root: str, dataset: str, records: int, trace: bool) -> dic
 
 
 def in_fresh_process(
-    row: str, root: str, dataset: str, records: int, trace: bool
+    row: str, root: str, dataset: str, records: int, trace: bool, cold: bool
 ) -> dict[str, Any]:
     """``run_row`` in a fresh process, with the yogadl_plus this one imported."""
     import yogadl_plus
 
     args = ["--child", row, "--root", root, "--dataset", dataset, "--records", str(records)]
+    args += ["--trace"] if trace else []
+    args += ["--cold"] if cold else []
     tree = checkout_of(yogadl_plus.__file__)
-    done = run_bench("bench_scale", *args, *(["--trace"] if trace else []), tree=tree)
+    done = run_bench("bench_scale", *args, tree=tree)
     if done.returncode:
         raise RuntimeError(f"row {row!r} failed:\n{done.stderr}")
     result: dict[str, Any] = last_json_line(done.stdout)
@@ -336,6 +369,10 @@ def main() -> None:
     parser.add_argument("--keep", help="build into (and reuse) this folder; kept at the end")
     parser.add_argument("--tmp", default=None, help="parent of the temporary folder")
     parser.add_argument("--json", help="also write every figure here")
+    parser.add_argument(
+        "--cold", action="store_true", help="drop the page cache before each row (root only)"
+    )
+    parser.add_argument("--only", help="only the rows whose name holds this text")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--root", help=argparse.SUPPRESS)
     parser.add_argument("--dataset", help=argparse.SUPPRESS)
@@ -343,9 +380,11 @@ def main() -> None:
     parser.add_argument("--trace", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        result = run_row(args.child, args.root, args.dataset, args.records, args.trace)
+        result = run_row(args.child, args.root, args.dataset, args.records, args.trace, args.cold)
         print(json.dumps(result))
         return
+    if args.cold and os.geteuid() != 0:
+        skip("--cold needs root (it drops the page cache)")
     if args.quick:
         args.big, args.small = 10_000_000, 100_000
     if args.tree:
@@ -353,6 +392,8 @@ def main() -> None:
         # (from a folder of its own: the paths it is given become absolute).
         again = ["--big", str(args.big), "--small", str(args.small)]
         again += ["--repeats", str(args.repeats), "--workers", str(args.workers)]
+        again += ["--cold"] if args.cold else []
+        again += ["--only", args.only] if args.only else []
         for option in ("keep", "tmp", "json"):
             if getattr(args, option):
                 again += [f"--{option}", os.path.abspath(getattr(args, option))]
@@ -390,14 +431,19 @@ def report(args: argparse.Namespace, root: str) -> None:
     rows: dict[str, dict[str, dict[str, Any]]] = {}
     for label, n in sizes.items():
         for row in OPS:
-            runs = [in_fresh_process(row, root, ids[label], n, False) for _ in range(args.repeats)]
-            traced = in_fresh_process(row, root, ids[label], n, True)
+            if args.only and args.only not in row:
+                continue
+            runs = [
+                in_fresh_process(row, root, ids[label], n, False, args.cold)
+                for _ in range(args.repeats)
+            ]
+            traced = {} if args.cold else in_fresh_process(row, root, ids[label], n, True, False)
             rows.setdefault(row, {})[label] = {
                 "seconds": min(r["seconds"] for r in runs),
                 "rss_anon": max(r["rss_anon"] for r in runs),
                 "rss_file": max(r["rss_file"] for r in runs),
-                "peak": traced["peak"],
-                "kept": traced["kept"],
+                "peak": traced.get("peak"),
+                "kept": traced.get("kept"),
                 "bytes": runs[0].get("bytes"),
                 "runs": runs,
             }
@@ -424,7 +470,8 @@ def report(args: argparse.Namespace, root: str) -> None:
                 f"| {row}: pickled size | {_mib(s['bytes'])} | {_mib(b['bytes'])} | "
                 f"{_ratio(b['bytes'], s['bytes'])} |"
             )
-    print("\n| operation | time, small | time, big | big / small |")
+    cache = "cold: page cache dropped before each row" if args.cold else "warm page cache"
+    print(f"\n| operation ({cache}) | time, small | time, big | big / small |")
     print("|---|---:|---:|---:|")
     for row, by in rows.items():
         s, b = by["small"], by["big"]
@@ -432,6 +479,9 @@ def report(args: argparse.Namespace, root: str) -> None:
             f"| {row} | {_ms(s['seconds'])} | {_ms(b['seconds'])} | "
             f"{_ratio(b['seconds'], s['seconds'])} |"
         )
+    if args.cold:
+        write_json(args.json, {"versions": facts, "rows": rows, "cold": True})
+        return
     print(
         "\n| operation | tracemalloc peak, small | big | big / small | kept after, big "
         "| RSS anon growth, small | big | RSS file growth, big |"
