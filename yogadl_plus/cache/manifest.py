@@ -9,6 +9,7 @@ field, never records served from the wrong place.
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import json
 import os
@@ -188,13 +189,22 @@ class Manifest:
 
     @classmethod
     def from_json(cls, text: str, where: str) -> Manifest:
+        # The cycle collector is paused meanwhile: the parse makes objects by the hundred
+        # thousand and none of them cyclic garbage, and at 10^4 chunks its passes over them
+        # were a quarter of opening a version (15 ms of 60).
+        collecting = gc.isenabled()
+        gc.disable()
         try:
-            body = json.loads(text)
-        except RecursionError:
-            raise CacheCorrupted(f"{where}: the manifest is nested too deeply") from None
-        except ValueError as exc:
-            raise CacheCorrupted(f"{where}: the manifest is not JSON ({exc})") from None
-        return _Checker(where).manifest(body)
+            try:
+                body = json.loads(text)
+            except RecursionError:
+                raise CacheCorrupted(f"{where}: the manifest is nested too deeply") from None
+            except ValueError as exc:
+                raise CacheCorrupted(f"{where}: the manifest is not JSON ({exc})") from None
+            return _Checker(where).manifest(body)
+        finally:
+            if collecting:
+                gc.enable()
 
     def write(self, directory: str) -> None:
         """Write the manifest durably: temp file, fsync, rename."""
