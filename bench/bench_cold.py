@@ -6,9 +6,11 @@ size at queue depths 1, 2, 4, 8, 16 and 32, and sequential 1 MiB reads at depth 
 three cold streams, each a whole epoch in a fresh process (as a job starts): a true global
 shuffle record by record (``shuffle=True``, no window), the same in batches of 16, and the
 sequential pass (``shuffle=False``). The shuffles are given against fio's best random figure,
-the sequential pass against its best sequential one. Rounds alternate (the disk, then the
-streams, again), best of each: this virtual disk varies from run to run. ``--tree CHECKOUT``
-adds the streams of another checkout, in the same rounds (before/after).
+the sequential pass against its best sequential one. The ceiling of the true shuffle: fio
+replaying its very reads (each record's pages, in the stream's order) at depths 1, 8 and 32.
+Rounds alternate (the disk, then the streams, again), best of each: this virtual disk varies
+from run to run. ``--tree CHECKOUT`` adds the streams of another checkout, in the same rounds
+(before/after).
 
 Needs root (``sync; echo 3 > /proc/sys/vm/drop_caches`` before every run) and fio; it says
 why and stops where either is missing.
@@ -20,8 +22,11 @@ why and stops where either is missing.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
+import subprocess
+import tempfile
 import time
 from typing import Any
 
@@ -34,6 +39,8 @@ RECORD = 256 << 10  # an image of 512 x 512 bytes, and an int64
 RECORDS = smoke(4096, 64)  # 1 GiB
 RANDOM_DEPTHS = smoke([1, 2, 4, 8, 16, 32], [16])
 SEQUENTIAL_DEPTHS = smoke([1, 16], [16])
+REPLAY_DEPTHS = smoke([1, 8, 32], [8])
+SHUFFLE = "true global shuffle, record by record"
 STREAMS = {
     "true global shuffle, record by record": {"shuffle": True, "shuffle_seed": 1},
     "true global shuffle, batches of 16": {"shuffle": True, "shuffle_seed": 1, "batch_size": 16},
@@ -82,6 +89,57 @@ def cold_stream(root: str, version: str, kwargs: dict[str, Any]) -> float:
     return count * (ref.schema["x"].nbytes + 8) / elapsed
 
 
+def replay_rate(ref: Any, kwargs: dict[str, Any], depth: int, folder: str) -> float:
+    """Bytes/s of records fio reads when it replays, cold, with O_DIRECT at queue ``depth``,
+    the very reads a stream of ``kwargs`` makes: each record's value (its pages, 4 KiB
+    aligned), in the stream's order of its first epoch. The ceiling of that stream on this
+    disk: the same bytes, in the same order, with nothing but the disk between."""
+    import yogadl_plus as ydl
+    from yogadl_plus.cache.integrity import FileState
+    from yogadl_plus.cache.pagemap import map_values
+
+    stream = (
+        ydl.LocalStorage(os.path.dirname(os.path.dirname(ref.directory)))
+        .fetch("cold", ref.version)
+        .stream(**kwargs)
+    )
+    order = stream.plan().indices(0, 0, len(ref))
+    paths = chunk_paths(ref)
+    starts = np.cumsum([0] + [c.records for c in ref.manifest.chunks])
+    lines = ["fio version 2 iolog"] + [f"{path} add" for path in paths]
+    lines += [f"{path} open" for path in paths]
+    maps = []
+    for number, path in enumerate(paths):
+        st = os.stat(path)
+        state = FileState(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+        def value(i: int, first: int = int(starts[number])) -> bytes:
+            record = ref[first + i]
+            return record["x"].tobytes() + record["y"].tobytes()
+
+        found = map_values(path, state, ref.manifest.chunks[number].records, value)
+        assert found is not None, f"{path}: no value map"
+        maps.append(found)
+    chunk = np.searchsorted(starts, order, side="right") - 1
+    for c, index in zip(chunk.tolist(), order.tolist()):
+        found = maps[c]
+        first = int(found.offsets[index - starts[c]])
+        begin, end = first // 4096 * 4096, -(-(first + found.size) // 4096) * 4096
+        lines.append(f"{paths[c]} read {begin} {end - begin}")
+    lines += [f"{path} close" for path in paths]
+    log = os.path.join(folder, "replay.iolog")
+    with open(log, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    drop_caches()
+    done = subprocess.run(
+        ["fio", "--name=replay", f"--read_iolog={log}", "--replay_no_stall=1", "--readonly",
+         "--direct=1", "--ioengine=libaio", f"--iodepth={depth}", "--output-format=json"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    runtime = json.loads(done.stdout)["jobs"][0]["read"]["runtime"] / 1000
+    return len(order) * (ref.schema["x"].nbytes + 8) / runtime
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--root", default="/tmp/ydl-bench-cold")
@@ -109,6 +167,10 @@ def main() -> int:
             for side, tree in trees.items():
                 rate = call_in_tree(tree, "bench_cold", "cold_stream", root, ref.version, kwargs)
                 best[side, name] = max(best.get((side, name), 0.0), rate)
+        with tempfile.TemporaryDirectory() as folder:
+            for depth in REPLAY_DEPTHS:
+                rate = replay_rate(ref, STREAMS[SHUFFLE], depth, folder)
+                best["replay", str(depth)] = max(best.get(("replay", str(depth)), 0.0), rate)
     report(best, disk, trees, len(ref))
     return 0
 
@@ -135,6 +197,14 @@ def report(
             rate = best[side, name]
             cells.append(f"{rate / 1e6:,.0f} | {rate / RECORD:,.0f} | {rate / against[0]:.2f}x")
         print(f"| {name} | {' | '.join(cells)} | {against[1]} |")
+    print(f"\nThe ceiling: fio replaying the reads of the {SHUFFLE} (each record's pages, in\n"
+          "its order; O_DIRECT, libaio, the page cache dropped), and this checkout's stream "
+          "against it\n")  # fmt: skip
+    print("| replay | MB/s | the stream / it |\n| --- | ---: | ---: |")
+    for depth in REPLAY_DEPTHS:
+        rate = best["replay", str(depth)]
+        ratio = best["this checkout", SHUFFLE] / rate
+        print(f"| depth {depth} | {rate / 1e6:,.0f} | {ratio:.2f}x |")
 
 
 if __name__ == "__main__":
