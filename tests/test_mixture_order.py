@@ -111,7 +111,7 @@ class HugeRef(DataRef):
         self._len = n
         self._fingerprint = None
 
-    def read_ahead(self, indices: np.ndarray) -> None:
+    def read_ahead(self, indices: np.ndarray, now: bool = False) -> None:
         pass
 
     def close(self) -> None:

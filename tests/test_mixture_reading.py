@@ -92,7 +92,7 @@ def test_read_ahead_announces_the_records_each_epoch_reads(
     announced: dict[int, set[int]] = {}
     for j, leaf in enumerate(mix.leaves):
 
-        def note(indices: np.ndarray, j: int = j) -> None:
+        def note(indices: np.ndarray, now: bool = False, j: int = j) -> None:
             announced.setdefault(j, set()).update(np.asarray(indices).tolist())
 
         monkeypatch.setattr(leaf.ref, "read_ahead", note)

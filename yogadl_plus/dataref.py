@@ -126,12 +126,12 @@ class DataRef(RecordSource):
         self._chunks.close()
         self._layout.recycler.clear()
 
-    def read_ahead(self, indices: np.ndarray) -> None:
+    def read_ahead(self, indices: np.ndarray, now: bool = False) -> None:
         """Records at ``indices`` will be read soon (a Stream says so for the units it reads
-        next): a version read on demand fetches their chunks in the background, a local one
-        asks the disk for their pages (cold disks). A hint: returns at once, and what is read
-        does not change."""
-        self._chunks.read_ahead(indices)
+        next; ``now``: they are read at once): a version read on demand fetches their chunks in
+        the background, a local one asks the disk for their pages (cold disks), ahead of time
+        only. A hint: returns at once, and what is read does not change."""
+        self._chunks.read_ahead(indices, now)
 
     # --- token columns (for token blocks, tokenblocks.py) ---
 

@@ -67,8 +67,8 @@ class LeafSource(Protocol):
         """How the record values are laid out: decodes what ``read_values`` gives."""
         ...
 
-    def read_ahead(self, indices: np.ndarray) -> None:
-        """The records at ``indices`` will be read soon (a hint)."""
+    def read_ahead(self, indices: np.ndarray, now: bool = False) -> None:
+        """The records at ``indices`` will be read soon (``now``: at once); a hint."""
         ...
 
     # (What sources made of leaves, and the faces, ask of them besides.)

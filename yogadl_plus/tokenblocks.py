@@ -265,7 +265,7 @@ class TokenBlocks(RecordSource):
         batch = self.read_columns(np.array([index], np.int64), fields)
         return {name: column[0] for name, column in batch.items()}
 
-    def read_ahead(self, indices: np.ndarray) -> None:
+    def read_ahead(self, indices: np.ndarray, now: bool = False) -> None:
         """The blocks at ``indices`` will be read soon: to a version read on demand, the first
         document of every chunk they take tokens from is announced, in the order they are read
         (it fetches those chunks in the background; a block may span many small chunks). A
@@ -276,7 +276,7 @@ class TokenBlocks(RecordSource):
             return
         index = self.index
         spanned = pieces(np.asarray(indices, np.int64) * self.length, self.length, index.cum)
-        self.ref.read_ahead(index.documents[spanned.chunk])
+        self.ref.read_ahead(index.documents[spanned.chunk], now)
 
     @property
     def record_bytes(self) -> float:

@@ -397,12 +397,14 @@ class ChunkSet(ChunkTransactions):
         if self._demand is not None:
             self._demand.read_ends()
 
-    def read_ahead(self, indices: np.ndarray) -> None:
-        """Records at ``indices`` will be read soon: a hint, returns at once, changes nothing
-        that is read. Reading on demand, the chunks they live in that are not open are fetched
-        in the background, in the order first needed; from a local disk, their pages are asked
-        of the disk (cache/readahead.py)."""
-        if not len(indices):
+    def read_ahead(self, indices: np.ndarray, now: bool = False) -> None:
+        """Records at ``indices`` will be read soon (``now``: at once): a hint, returns at
+        once, changes nothing that is read. Reading on demand, the chunks they live in that
+        are not open are fetched in the background, in the order first needed; from a local
+        disk, their pages are asked of the disk (cache/readahead.py), unless they are read at
+        once: a hint would give the disk no time, and start the read-ahead's work (the page
+        maps of every chunk they touch) while the read waits."""
+        if not len(indices) or (now and self._demand is None):
             return
         if self._demand is not None:
             chunk = np.searchsorted(self.starts, np.asarray(indices, np.int64), side="right") - 1

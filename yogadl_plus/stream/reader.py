@@ -164,10 +164,11 @@ class LeafReader:
             work[PREDICATES] += perf_counter() - began
         return keep, _taken(values, keep)
 
-    def read_ahead(self, indices: np.ndarray) -> None:
-        """The records of these indices will be read soon (``DataRef.read_ahead``); n-gram
-        windows announce their anchor records."""
-        self.dataref.read_ahead(self.anchors[indices] if self.anchors is not None else indices)
+    def read_ahead(self, indices: np.ndarray, now: bool = False) -> None:
+        """The records of these indices will be read soon (``now``: at once;
+        ``DataRef.read_ahead``); n-gram windows announce their anchor records."""
+        records = self.anchors[indices] if self.anchors is not None else indices
+        self.dataref.read_ahead(records, now)
 
     def record(self, index: int) -> int:
         """The record (or window anchor) at ``index``."""
@@ -262,10 +263,10 @@ class SourceReader:
         for reader in self.readers:
             reader.allocate = allocate
 
-    def read_ahead(self, placement: Placement) -> None:
-        """Each leaf's records of these positions will be read soon."""
+    def read_ahead(self, placement: Placement, now: bool = False) -> None:
+        """Each leaf's records of these positions will be read soon (``now``: at once)."""
         for leaf, _, indices in placement.parts:
-            self.readers[leaf].read_ahead(indices)
+            self.readers[leaf].read_ahead(indices, now)
 
     def _merged(self, start: int, placement: Placement) -> Block:
         parts = []

@@ -144,13 +144,16 @@ class Units:
     def _announced(self, runs: Iterator[Unit]) -> Iterator[Unit]:
         """``runs``, each announced about ``read_ahead`` positions before it is handed on."""
         ahead = self.sizes.read_ahead
-        runs = iter(runs)
-        # The first is read at once, unannounced: no hint could come ahead of it, and starting
-        # the read-ahead (page maps of every chunk it touches) would only delay it.
-        yield from itertools.islice(runs, 1)
         if not ahead:
             yield from runs
             return
+        runs = iter(runs)
+        # The first is read at once (a bucket fetches its chunks meanwhile, a local disk is
+        # told nothing); the window after it is announced only then, so that the first item
+        # does not wait for the read-ahead to start on it.
+        for run in itertools.islice(runs, 1):
+            self.reader.read_ahead(run[1], now=True)
+            yield run
         queued: deque[Unit] = deque()
         positions = 0
         for run in runs:
