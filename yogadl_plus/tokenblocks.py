@@ -276,7 +276,12 @@ class TokenBlocks(RecordSource):
             return
         index = self.index
         spanned = pieces(np.asarray(indices, np.int64) * self.length, self.length, index.cum)
-        self.ref.read_ahead(index.documents[spanned.chunk], now)
+        documents = index.documents[spanned.chunk]
+        # (``now`` named only where set: a hint's usual call is of the records alone.)
+        if now:
+            self.ref.read_ahead(documents, now=True)
+        else:
+            self.ref.read_ahead(documents)
 
     @property
     def record_bytes(self) -> float:

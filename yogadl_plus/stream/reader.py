@@ -168,7 +168,11 @@ class LeafReader:
         """The records of these indices will be read soon (``now``: at once;
         ``DataRef.read_ahead``); n-gram windows announce their anchor records."""
         records = self.anchors[indices] if self.anchors is not None else indices
-        self.dataref.read_ahead(records, now)
+        # (``now`` named only where set: a hint's usual call is of the records alone.)
+        if now:
+            self.dataref.read_ahead(records, now=True)
+        else:
+            self.dataref.read_ahead(records)
 
     def record(self, index: int) -> int:
         """The record (or window anchor) at ``index``."""
