@@ -7,6 +7,7 @@ for large values, of one copy per field straight into its array.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -67,7 +68,7 @@ class FieldSpans:
     shapes: tuple[tuple[int, ...], ...]
     whole: tuple[bool, ...]
 
-    @property
+    @functools.cached_property
     def value_spans(self) -> tuple[tuple[int, int], ...]:
         """The spans gathered from the record values (the fields not read ``whole``)."""
         return tuple(span for span, whole in zip(self.spans, self.whole) if not whole)

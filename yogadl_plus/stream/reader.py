@@ -11,6 +11,7 @@ and gives the same result.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import operator
 import pickle
@@ -75,18 +76,15 @@ class LeafReader:
     def __post_init__(self) -> None:
         if self.predicate is not None:
             self._predicate_fields = self.dataref.select(sorted(self.predicate.get_fields()))
-        # Records read plainly (every one, whole) whose fields lie at fixed places in their
-        # values have each field gathered from the chunk files straight into its array: how,
-        # asked of the leaf at the first read (a stream made reads nothing).
-        plain = self.predicate is None and self.skip is None and self.ngram is None
-        self._spans: FieldSpans | bool | None = plain and not self.encoded
 
-    def _field_spans(self) -> FieldSpans | None:
-        """How ``read_spans`` reads this reader's fields, or None (read values, decode)."""
-        spans = self._spans
-        if spans is True:
-            spans = self._spans = self.dataref.field_spans(self.fields)
-        return spans or None
+    @functools.cached_property
+    def _spans(self) -> FieldSpans | None:
+        """How ``read_spans`` reads this reader's fields, or None (read the values, decode
+        them). Records read plainly (every one, whole) whose fields lie at fixed places in
+        their values have each field gathered from the chunk files straight into its array;
+        asked of the leaf at the first read (a stream made reads nothing)."""
+        plain = self.predicate is None and self.skip is None and self.ngram is None
+        return self.dataref.field_spans(self.fields) if plain and not self.encoded else None
 
     def __call__(self, start: int, indices: np.ndarray, epoch: int | np.ndarray = 0) -> Block:
         """The block of the records (or windows) at ``indices``, at consecutive positions from
@@ -98,7 +96,7 @@ class LeafReader:
             block.work[READING] += perf_counter() - began - block.work[TRANSFORMS]
             return block
         work = new_work()
-        spans = self._field_spans()
+        spans = self._spans
         # (Into a worker process's ring, ``allocate``, values are decoded as ever.)
         columns = (
             self.dataref.read_spans(indices, spans)
